@@ -1,0 +1,1 @@
+"""The Farm node agent."""

@@ -1,0 +1,25 @@
+"""The one small interface every backend implements (one backend per module in this package).
+
+Offering runs in the agent daemon and must stay light (no torch); running happens in a Ray worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from farm.core.models import BackendOffer, Hardware
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Backend(Protocol):
+    def offers(self, hardware: Hardware, cpus: int) -> list[BackendOffer]:
+        """What this backend can run on this machine; an unavailable offer says why."""
+        ...
+
+    def run(self, module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+        """Outputs for `inputs`, in input order."""
+        ...

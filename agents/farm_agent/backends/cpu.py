@@ -1,0 +1,35 @@
+"""PyTorch on the CPU: the backend every node has."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from farm.core.models import BackendName, BackendOffer, Hardware
+
+if TYPE_CHECKING:
+    import torch
+
+
+def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
+    # One slot using every core the agent was given: intra-op threads beat several single-threaded shards on a
+    # node whose cores share caches and memory bandwidth.
+    return [
+        BackendOffer(
+            name=BackendName.CPU, device="cpu", detail=f"{hardware.cpu_model}, {cpus} threads", slots=1, threads=cpus
+        )
+    ]
+
+
+def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+    import torch
+
+    torch.set_num_threads(max(threads, 1))
+    module.eval()
+    outputs = []
+    with torch.inference_mode():
+        for start in range(0, len(inputs), batch_size):
+            batch = torch.from_numpy(np.ascontiguousarray(inputs[start : start + batch_size]))
+            outputs.append(module(batch).numpy())
+    return np.concatenate(outputs)

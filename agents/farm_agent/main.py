@@ -1,0 +1,137 @@
+"""The node agent daemon: register, join the Ray cluster as a worker node, heartbeat, leave cleanly.
+
+It stays light on purpose (no torch): shards run in the Ray worker processes it starts, not in the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import grpc
+import psutil
+
+from farm.core.errors import AgentError
+from farm.local import RayProcess, local_ip_towards, read_json, write_json, write_private
+from farm.proto.v1 import agent_pb2
+from farm_agent import backends
+from farm_agent.client import HeadClient
+from farm_agent.hardware import detect, nvidia_gpus
+from farm_agent.settings import AgentSettings
+
+log = logging.getLogger("farm.agent")
+
+NODE_LABEL = "farm.io/node"
+# How often the agent retries its heartbeat stream after losing the head, in seconds.
+RECONNECT_S = 2.0
+
+
+class Agent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.client = HeadClient(settings.head)
+        self.stopping = asyncio.Event()
+        self.node_id = ""
+        self.node_token = ""
+        self.interval = 2.0
+        self.ray: RayProcess | None = None
+        self.ray_failure: AgentError | None = None
+        self.status: dict[str, object] = {}
+
+    async def run(self) -> None:
+        settings = self.settings
+        hardware = detect()
+        _, gpu_reason = nvidia_gpus()
+        if gpu_reason:
+            log.info("no NVIDIA GPUs: %s", gpu_reason)
+        offers = backends.offers(hardware, settings.cpus)
+        host = urlsplit(f"//{settings.head}").hostname or "127.0.0.1"
+        address = local_ip_towards(host)
+        identity = read_json(settings.identity_path) or {}
+        reply = await self.client.register(
+            settings.token, settings.name, hardware, offers, address, str(identity.get("node_id", ""))
+        )
+        self.node_id, self.node_token, self.interval = reply.node_id, reply.node_token, reply.heartbeat_interval_s
+        write_json(settings.identity_path, {"node_id": self.node_id})
+        write_private(settings.ray_token_path, reply.ray_token.encode())
+        log.info("registered with %s as node %s", settings.head, self.node_id)
+
+        resources = {f"farm.{o.name.value}": o.slots for o in offers if o.available and o.slots}
+        self.ray = RayProcess(
+            [
+                "--address", reply.ray_address, "--node-ip-address", address, "--num-cpus", str(settings.cpus),
+                "--num-gpus", str(len(hardware.gpus)), "--resources", json.dumps(resources),
+                "--labels", f"{NODE_LABEL}={self.node_id}",
+                "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
+            ],
+            settings.ray_token_path, settings.state_dir / "ray.log",
+        )
+        self.ray.start()
+        self.status = {
+            "pid": os.getpid(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
+            "started_at": time.time(), "state": "joining",
+        }
+        write_json(settings.status_path, self.status)
+        try:
+            await self._heartbeat_until_stopped(self.ray)
+            if self.ray_failure is not None:
+                raise self.ray_failure
+        finally:
+            self.ray.stop()
+            await self.client.deregister(self.node_id, self.node_token)
+            await self.client.close()
+            settings.status_path.unlink(missing_ok=True)
+            log.info("stopped")
+
+    async def _heartbeat_until_stopped(self, ray: RayProcess) -> None:
+        psutil.cpu_percent()  # the first reading only starts psutil's interval
+        while not self.stopping.is_set():
+            call = self.client.heartbeats(self._beats(ray))
+            try:
+                async for reply in call:
+                    if reply.state != self.status["state"]:  # `farm agent start --detach` waits on this
+                        self.status["state"] = reply.state
+                        write_json(self.settings.status_path, self.status)
+            except grpc.aio.AioRpcError as exc:
+                if self.stopping.is_set():
+                    return
+                log.warning("heartbeat stream lost (%s); retrying in %.0f s", exc.code().name, RECONNECT_S)
+            try:
+                await asyncio.wait_for(self.stopping.wait(), RECONNECT_S)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _beats(self, ray: RayProcess) -> AsyncIterator[agent_pb2.HeartbeatRequest]:
+        while not self.stopping.is_set():
+            if not ray.running:  # the node cannot work without its Ray worker: leave, and say why
+                self.ray_failure = ray.failure()
+                self.stopping.set()
+                return
+            yield agent_pb2.HeartbeatRequest(
+                node_id=self.node_id, node_token=self.node_token, cpu_percent=psutil.cpu_percent(),
+                memory_percent=psutil.virtual_memory().percent, ray_running=True,
+            )
+            try:
+                await asyncio.wait_for(self.stopping.wait(), self.interval)
+            except asyncio.TimeoutError:
+                pass
+
+
+def serve(settings: AgentSettings) -> None:
+    """Run the agent in the foreground until SIGTERM or SIGINT."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> None:
+        agent = Agent(settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, agent.stopping.set)
+        await agent.run()
+
+    asyncio.run(main())

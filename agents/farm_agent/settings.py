@@ -1,0 +1,31 @@
+"""The agent's settings, built once at the entry point and passed down."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AgentSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    head: str  # HOST:PORT of the head's gRPC endpoint
+    token: str = Field(repr=False)  # the join token
+    name: str
+    state_dir: Path  # this agent's own folder: agents/<name>/ under the Farm state directory
+    cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    object_store_mb: int = Field(default=1024, ge=100)
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.state_dir / "ray.token"
+
+    @property
+    def status_path(self) -> Path:
+        return self.state_dir / "agent.json"
+
+    @property
+    def identity_path(self) -> Path:
+        return self.state_dir / "node.json"

@@ -1,0 +1,1 @@
+"""Example jobs that run on Farm."""

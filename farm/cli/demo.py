@@ -1,0 +1,89 @@
+"""`farm demo`: a local head, two agents and the digits job, end to end; leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+import farm
+from farm.cli.jobs import follow, show_summary
+from farm.cli.render import console
+from farm.client import Client, find_head
+from farm.client.preflight import prepare
+from farm.core.errors import FarmError, UserError
+from farm.local import free_port, pid_alive, read_json, terminate
+
+SPEC = Path("examples/digits/infer.yaml")
+ACCURACY_BAR = 0.90
+
+
+def demo(
+    agents: Annotated[int, typer.Option(help="Local agents to start.", min=1, max=8)] = 2,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's state folder (logs, store).")] = False,
+) -> None:
+    """Start a local head and agents, run the digits inference job across them, print a summary, stop it all."""
+    root = Path(farm.__file__).resolve().parents[1]
+    if not (root / SPEC).is_file():
+        raise UserError(f"farm demo needs a source checkout of Farm: {root / SPEC} is missing")
+    state = Path(tempfile.mkdtemp(prefix="farm-demo-"))
+    began = time.monotonic()
+    ok = False
+    try:
+        port, ray_port = free_port(), free_port()
+        with console.status("starting a local head..."):
+            _farm("head", "start", "--host", "127.0.0.1", "--port", str(port), "--ray-port", str(ray_port),
+                  "--state-dir", str(state), "--detach")
+        head = find_head(state_dir=state)
+        cpus = max(1, (os.cpu_count() or 1) // agents)
+        for index in range(1, agents + 1):
+            with console.status(f"starting agent demo-{index} ({cpus} cores)..."):
+                _farm("agent", "start", "--head", head.address, "--token", head.join_token, "--name",
+                      f"demo-{index}", "--cpus", str(cpus), "--state-dir", str(state), "--detach")
+        with Client(head) as client:
+            prepared = prepare(root / SPEC, root)
+            job_id = client.submit(prepared.spec_yaml, prepared.code_zip, prepared.items, str(prepared.output))
+            job = follow(client, job_id)
+        show_summary(job)
+        nodes_used = {s.node_name for s in job.shards}
+        accuracy = job.metrics.get("accuracy", 0.0)
+        ok = job.state == "succeeded" and accuracy >= ACCURACY_BAR
+        verdict = "[green]passed[/]" if ok else "[red]failed[/]"
+        console.print(
+            f"demo {verdict}: {len(nodes_used)} of {agents} agents ran shards; accuracy {accuracy:.2%} "
+            f"(bar: {ACCURACY_BAR:.0%})"
+        )
+    finally:
+        with console.status("stopping agents and head..."):
+            _stop_all(state)
+        if ok and not keep:
+            shutil.rmtree(state, ignore_errors=True)
+        else:
+            console.print(f"state, logs and store kept in {state}")
+    console.print(f"done in {time.monotonic() - began:.1f} s; nothing left running")
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _farm(*args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "farm.cli.main", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        message = (result.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
+        raise FarmError(f"`farm {' '.join(args[:2])}` failed: {message}")
+
+
+def _stop_all(state: Path) -> None:
+    for status_path in sorted((state / "agents").glob("*/agent.json")):
+        status = read_json(status_path) or {}
+        if pid_alive(int(status.get("pid", 0))):
+            terminate(int(status["pid"]))
+    info = read_json(state / "head.json") or {}
+    if pid_alive(int(info.get("pid", 0))):
+        terminate(int(info["pid"]))

@@ -1,0 +1,79 @@
+"""`farm head start|stop`."""
+
+from __future__ import annotations
+
+import logging
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from farm.cli.options import StateDir, state_dir
+from farm.cli.render import console
+from farm.core.errors import UserError
+from farm.local import pid_alive, primary_ip, read_json, spawn_detached, terminate, wait_for
+
+app = typer.Typer(help="Run the head: the control plane, the scheduler and the Ray head.", no_args_is_help=True)
+
+
+@app.command()
+def start(
+    port: Annotated[int, typer.Option(help="gRPC port agents and the CLI connect to.")] = 7700,
+    ray_port: Annotated[int | None, typer.Option(help="Ray's GCS port (default: --port + 1).")] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "0.0.0.0",
+    advertise: Annotated[
+        str | None, typer.Option(help="Address agents reach this head at (default: this machine's first IPv4).")
+    ] = None,
+    state: StateDir = None,
+    detach: Annotated[bool, typer.Option("--detach", help="Run in the background and return once ready.")] = False,
+) -> None:
+    """Start a head; prints the command that joins other machines to it."""
+    from farm.head.server import serve
+    from farm.head.settings import HeadSettings
+
+    loopback = host.startswith("127.") or host == "localhost"
+    settings = HeadSettings(
+        state_dir=state_dir(state), host=host, port=port, ray_port=ray_port or port + 1,
+        advertise=advertise or ("127.0.0.1" if loopback else primary_ip()),
+    )
+    if detach:
+        _start_detached(settings.state_dir, sys.argv[1:])
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(settings, on_ready=lambda join: console.print(f"head ready; join other machines with:\n  {join}",
+                                                         highlight=False))
+
+
+def _start_detached(directory: Path, argv: list[str]) -> None:
+    info = read_json(directory / "head.json")
+    if info and pid_alive(int(info.get("pid", 0))):
+        raise UserError(f"a head is already running from {directory} (pid {info['pid']})")
+    args = [sys.executable, "-m", "farm.cli.main", *[a for a in argv if a != "--detach"]]
+    log = directory / "head.log"
+    proc = spawn_detached(args, log)
+
+    def ready() -> bool:
+        info = read_json(directory / "head.json")
+        return (info is not None and info.get("pid") == proc.pid) or proc.poll() is not None
+
+    wait_for(ready, timeout=120)
+    if proc.poll() is not None or read_json(directory / "head.json") is None:
+        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        raise UserError(f"the head did not start: {last[0] if last else 'no output'} (log: {log})")
+    info = read_json(directory / "head.json") or {}
+    console.print(f"head running (pid {proc.pid}), state in {directory}, log in {log}")
+    console.print("join other machines with:")
+    console.print(f"  farm agent start --head {info['address']} --token {info['join_token']}", highlight=False)
+
+
+@app.command()
+def stop(state: StateDir = None) -> None:
+    """Stop the local head (and its Ray head)."""
+    directory = state_dir(state)
+    info = read_json(directory / "head.json")
+    if info is None or not pid_alive(int(info.get("pid", 0))):
+        raise UserError(f"no head running from {directory}")
+    terminate(int(info["pid"]))
+    console.print(f"head {info['pid']} stopped")

@@ -1,0 +1,34 @@
+"""The `farm` entry point: composes the command modules and turns every FarmError into one line and an exit code."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from farm.cli import agent, demo, head, jobs, nodes
+from farm.cli.render import fail
+from farm.core.errors import FarmError
+
+app = typer.Typer(
+    help="Farm: idle Macs and NVIDIA boxes as one compute farm.", no_args_is_help=True,
+    pretty_exceptions_enable=False, add_completion=False,
+)
+app.add_typer(head.app, name="head")
+app.add_typer(agent.app, name="agent")
+app.command("nodes")(nodes.nodes)
+jobs.register(app)
+app.command("demo")(demo.demo)
+
+
+def main() -> None:
+    try:
+        app()
+    except FarmError as exc:
+        fail(exc.message, exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

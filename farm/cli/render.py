@@ -1,0 +1,120 @@
+"""How the CLI prints: rich tables for people, JSON for scripts, one line on stderr for errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from farm.proto import convert
+from farm.proto.v1 import fleet_pb2, job_pb2
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def fail(message: str, code: int) -> None:
+    errors.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(code)
+
+
+def ago(ts: float) -> str:
+    if not ts:
+        return "-"
+    seconds = max(time.time() - ts, 0)
+    return f"{seconds:.0f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"
+
+
+def node_json(node: fleet_pb2.Node) -> dict[str, Any]:
+    return convert.to_dict(node)
+
+
+def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
+    table = Table(title="Nodes", title_justify="left")
+    for column in ("ID", "NAME", "STATE", "BACKENDS", "CPU", "MEMORY", "HEARTBEAT"):
+        table.add_column(column)
+    colours = {"ready": "green", "joining": "yellow", "draining": "yellow", "offline": "red"}
+    for node in nodes:
+        backends = ", ".join(
+            f"{b.name} ({b.device}, {b.threads} threads)" if b.available else f"[dim]{b.name}: {b.reason}[/]"
+            for b in node.backends
+        )
+        table.add_row(
+            node.id, node.name, f"[{colours.get(node.state, 'white')}]{node.state}[/]", backends,
+            f"{node.cpu_percent:.0f}%", f"{node.memory_percent:.0f}%", ago(node.last_heartbeat),
+        )
+    return table
+
+
+def job_json(job: job_pb2.Job) -> dict[str, Any]:
+    data = convert.to_dict(job)
+    data.pop("spec_yaml", None)
+    data["items_done"] = items_done(job)
+    return data
+
+
+def items_done(job: job_pb2.Job) -> int:
+    return sum(s.items for s in job.shards if s.state == "succeeded")
+
+
+def jobs_table(jobs: list[job_pb2.Job]) -> Table:
+    table = Table(title="Jobs", title_justify="left")
+    for column in ("ID", "NAME", "KIND", "STATE", "PROGRESS", "ITEMS/S", "SUBMITTED"):
+        table.add_column(column)
+    for job in jobs:
+        rate = job.metrics.get("items_per_s")
+        table.add_row(
+            job.id, job.name, job.kind, job.state, f"{items_done(job)}/{job.items}",
+            f"{rate:,.0f}" if rate else "-", ago(job.created_at),
+        )
+    return table
+
+
+def shards_table(job: job_pb2.Job) -> Table:
+    table = Table(title=f"Shards of {job.id}", title_justify="left")
+    for column in ("#", "STATE", "NODE", "BACKEND", "ITEMS", "SECONDS", "TRIES", "ERROR"):
+        table.add_column(column)
+    for s in job.shards:
+        table.add_row(
+            str(s.index), s.state, s.node_name or "-", s.backend or "-", f"{s.stop - s.start}",
+            f"{s.seconds:.3f}" if s.seconds else "-", str(s.attempts), s.error,
+        )
+    return table
+
+
+def job_header(job: job_pb2.Job) -> str:
+    lines = [f"[bold]{job.id}[/]  {job.name}  ({job.kind})  state: [bold]{job.state}[/]",
+             f"items: {items_done(job)}/{job.items}   output: {job.output}"]
+    if job.error:
+        lines.append(f"[red]error: {job.error}[/]")
+    return "\n".join(lines)
+
+
+def summary_table(job: job_pb2.Job) -> Table:
+    """Per node: what it ran and how fast."""
+    per_node: dict[str, dict[str, Any]] = defaultdict(lambda: {"shards": 0, "items": 0, "seconds": 0.0, "backends": set()})
+    for s in job.shards:
+        if s.state != "succeeded":
+            continue
+        row = per_node[s.node_name]
+        row["shards"] += 1
+        row["items"] += s.items
+        row["seconds"] += s.seconds
+        row["backends"].add(s.backend)
+    table = Table(title=f"{job.name} ({job.id}): {job.state}", title_justify="left")
+    for column in ("NODE", "BACKEND", "SHARDS", "ITEMS", "SECONDS", "ITEMS/S"):
+        table.add_column(column, justify="right" if column not in ("NODE", "BACKEND") else "left")
+    for name, row in sorted(per_node.items()):
+        rate = row["items"] / row["seconds"] if row["seconds"] else 0.0
+        table.add_row(name, ", ".join(sorted(row["backends"])), str(row["shards"]), str(row["items"]),
+                      f"{row['seconds']:.3f}", f"{rate:,.0f}")
+    return table

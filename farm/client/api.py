@@ -1,0 +1,109 @@
+"""A synchronous client of the head's JobService and FleetService."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from farm.core.errors import ERRORS_BY_STATUS, FarmError, HeadUnavailableError, UserError
+from farm.local import default_state_dir, pid_alive, read_json
+from farm.proto.v1 import fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
+
+MAX_MESSAGE = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HeadInfo:
+    address: str
+    api_token: str
+    join_token: str = ""
+    pid: int = 0
+
+
+def find_head(head: str | None = None, token: str | None = None, state_dir: Path | None = None) -> HeadInfo:
+    """`--head` and `--token` (or FARM_TOKEN) when given; otherwise the local head in the state directory."""
+    token = token or os.environ.get("FARM_TOKEN")
+    if head:
+        if not token:
+            raise UserError("--head needs an API token: pass --token or set FARM_TOKEN")
+        return HeadInfo(address=head, api_token=token)
+    state_dir = state_dir or default_state_dir()
+    info = read_json(state_dir / "head.json")
+    if info is None or not pid_alive(int(info.get("pid", 0))):
+        raise HeadUnavailableError(
+            f"no head running from {state_dir}: start one with `farm head start`, or pass --head HOST:PORT"
+        )
+    return HeadInfo(address=info["address"], api_token=token or info["api_token"], join_token=info["join_token"],
+                    pid=int(info["pid"]))
+
+
+class Client:
+    def __init__(self, head: HeadInfo, timeout: float = 30.0) -> None:
+        self.head = head
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(
+            head.address,
+            options=[("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)],
+        )
+        self.jobs = job_pb2_grpc.JobServiceStub(self.channel)
+        self.fleet = fleet_pb2_grpc.FleetServiceStub(self.channel)
+        self.metadata = (("authorization", f"Bearer {head.api_token}"),)
+
+    @classmethod
+    def local(cls, state_dir: Path | None = None) -> Client:
+        return cls(find_head(state_dir=state_dir))
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: grpc.UnaryUnaryMultiCallable, request: object) -> object:
+        try:
+            return method(request, metadata=self.metadata, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
+
+    def _error(self, exc: grpc.RpcError) -> FarmError:
+        code = exc.code()  # type: ignore[attr-defined]
+        if code is grpc.StatusCode.UNAVAILABLE:
+            return HeadUnavailableError(f"the head at {self.head.address} does not answer")
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return HeadUnavailableError(f"the head at {self.head.address} did not answer in time")
+        error_class = ERRORS_BY_STATUS.get(code.name, FarmError)
+        return error_class(str(exc.details()))  # type: ignore[attr-defined]
+
+    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str) -> str:
+        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, code_zip=code_zip, items=items, output=output)
+        reply = self._call(self.jobs.Submit, request)
+        return str(reply.job_id)  # type: ignore[attr-defined]
+
+    def job(self, job_id: str) -> job_pb2.Job:
+        return self._call(self.jobs.Get, job_pb2.GetJobRequest(job_id=job_id))  # type: ignore[return-value]
+
+    def list_jobs(self, limit: int = 100) -> list[job_pb2.Job]:
+        return list(self._call(self.jobs.List, job_pb2.ListJobsRequest(limit=limit)).jobs)  # type: ignore[attr-defined]
+
+    def cancel(self, job_id: str) -> job_pb2.Job:
+        return self._call(self.jobs.Cancel, job_pb2.CancelJobRequest(job_id=job_id))  # type: ignore[return-value]
+
+    def logs(self, job_id: str) -> list[job_pb2.LogLine]:
+        return list(self._call(self.jobs.Logs, job_pb2.LogsRequest(job_id=job_id)).lines)  # type: ignore[attr-defined]
+
+    def nodes(self) -> list[fleet_pb2.Node]:
+        return list(self._call(self.fleet.ListNodes, fleet_pb2.ListNodesRequest()).nodes)  # type: ignore[attr-defined]
+
+    def watch(self, job_id: str) -> Iterator[job_pb2.Job]:
+        """The job's record now and after each change, until it finishes."""
+        try:
+            yield from self.jobs.Watch(job_pb2.WatchJobRequest(job_id=job_id), metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None

@@ -1,0 +1,69 @@
+"""Before a job leaves the user's machine: its code must import, its data load, and both fit in one archive."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from farm.core.errors import SpecError
+from farm.core.spec import JobSpec, parse_spec
+
+# Never shipped with a job: environments, caches, and hidden folders (VCS data, tool state).
+EXCLUDED_DIRS = {"venv", "__pycache__", "node_modules"}
+MAX_CODE_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    spec: JobSpec
+    spec_yaml: str
+    code_zip: bytes
+    items: int
+    output: Path
+
+
+def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
+    """Parse the spec, load its model and dataset as a node would, and zip the working directory."""
+    try:
+        spec_yaml = spec_path.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"{spec_path}: no such file") from None
+    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
+        raise SpecError(f"{spec_path}: cannot read: {exc}") from None
+    spec = parse_spec(spec_yaml, str(spec_path))
+    if not workdir.is_dir():
+        raise SpecError(f"working directory {workdir} does not exist")
+    workdir = workdir.resolve()
+    from farm_agent.jobcode import load_dataset, load_model
+
+    inputs, _ = load_dataset(spec.dataset, workdir)
+    load_model(spec.model, spec.weights, workdir)
+    output = (workdir / spec.output_dir).resolve()
+    return PreparedJob(spec, spec_yaml, zip_code(workdir, skip=output), len(inputs), output)
+
+
+def zip_code(root: Path, skip: Path | None = None) -> bytes:
+    buffer = io.BytesIO()
+    total = 0
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for folder, dirs, files in os.walk(root):
+            here = Path(folder)
+            dirs[:] = sorted(
+                d for d in dirs
+                if d not in EXCLUDED_DIRS and not d.startswith(".") and not d.endswith(".egg-info") and here / d != skip
+            )
+            for name in sorted(files):
+                path = here / name
+                if path.is_symlink() or not path.is_file():
+                    continue
+                total += path.stat().st_size
+                if total > MAX_CODE_BYTES:
+                    raise SpecError(
+                        f"the working directory {root} holds over {MAX_CODE_BYTES // 2**20} MB: "
+                        "submit from a smaller folder (--workdir)"
+                    )
+                archive.write(path, path.relative_to(root).as_posix())
+    return buffer.getvalue()

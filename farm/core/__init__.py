@@ -1,0 +1,1 @@
+"""The pure domain: models, job specs, errors. No I/O happens here."""

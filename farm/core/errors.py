@@ -1,0 +1,59 @@
+"""One error hierarchy for all of Farm.
+
+Each error knows its gRPC status name (mapped to a status code in farm.head.errors) and its CLI exit code, so that a
+user sees one line and a meaningful exit status whichever layer the problem came from.
+"""
+
+from __future__ import annotations
+
+
+class FarmError(Exception):
+    """Base of every error Farm reports to a user."""
+
+    grpc_status = "INTERNAL"
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UserError(FarmError):
+    """The user asked for something that cannot be done as asked: exit code 2."""
+
+    exit_code = 2
+    grpc_status = "INVALID_ARGUMENT"
+
+
+class SpecError(UserError):
+    """A job spec that is missing, malformed or refers to code or data that does not load."""
+
+
+class AuthError(UserError):
+    grpc_status = "UNAUTHENTICATED"
+
+
+class NotFoundError(UserError):
+    grpc_status = "NOT_FOUND"
+
+
+class ConflictError(UserError):
+    """The request is valid but the target's state forbids it (cancelling a finished job)."""
+
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class HeadUnavailableError(UserError):
+    """No head answers where the CLI looked for one."""
+
+    grpc_status = "UNAVAILABLE"
+
+
+class AgentError(FarmError):
+    """The node agent could not do its part (start Ray, reach the head)."""
+
+
+ERRORS_BY_STATUS: dict[str, type[FarmError]] = {
+    cls.grpc_status: cls
+    for cls in (FarmError, UserError, AuthError, NotFoundError, ConflictError, HeadUnavailableError)
+}

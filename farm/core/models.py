@@ -1,0 +1,108 @@
+"""Frozen domain models shared by the head, the scheduler, the agent and the CLI."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+class ShardState(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class NodeState(StrEnum):
+    JOINING = "joining"  # registered, its Ray worker not yet seen by the head
+    READY = "ready"
+    DRAINING = "draining"
+    OFFLINE = "offline"
+
+
+class BackendName(StrEnum):
+    CUDA = "cuda"
+    ANE = "ane"
+    MPS = "mps"
+    CPU = "cpu"
+
+
+class Gpu(Frozen):
+    index: int
+    name: str
+    uuid: str = ""
+    memory_bytes: int = 0
+    driver: str = ""
+
+
+class Hardware(Frozen):
+    hostname: str
+    os: str
+    arch: str
+    cpu_model: str
+    cpu_cores: int = Field(ge=1)
+    memory_bytes: int = Field(ge=0)
+    gpus: tuple[Gpu, ...] = ()
+    apple_chip: str = ""
+
+
+class BackendOffer(Frozen):
+    """A backend a node offers (or has detected but cannot run, with the reason)."""
+
+    name: BackendName
+    device: str
+    detail: str = ""
+    slots: int = Field(default=1, ge=0)
+    threads: int = Field(default=1, ge=0)
+    available: bool = True
+    reason: str = ""
+
+
+class Node(Frozen):
+    id: str
+    name: str
+    state: NodeState
+    hardware: Hardware
+    backends: tuple[BackendOffer, ...]
+    ray_node_id: str = ""
+    address: str = ""
+    last_heartbeat: float = 0.0
+    registered_at: float = 0.0
+    cpu_percent: float = 0.0
+    memory_percent: float = 0.0
+
+
+class Shard(Frozen):
+    index: int
+    start: int
+    stop: int
+    state: ShardState = ShardState.PENDING
+    node_id: str = ""
+    node_name: str = ""
+    backend: str = ""
+    items: int = 0
+    seconds: float = 0.0
+    error: str = ""
+    attempts: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start

@@ -1,0 +1,31 @@
+"""The contract between the head's dispatcher and the code that runs a shard on a node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    job_id: str
+    index: int
+    start: int
+    stop: int
+    model: str  # module:callable returning a torch.nn.Module
+    weights: str | None  # state_dict path inside the job's code
+    dataset: str  # module:callable or a data file inside the job's code
+    batch_size: int
+    backend: str
+    device: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    outputs: np.ndarray
+    items: int
+    seconds: float  # time spent in the model, loading excluded
+    correct: int | None  # predictions equal to the dataset's labels, when it has labels
+    node_ray_id: str

@@ -1,0 +1,231 @@
+"""The Ray driver: turns the scheduler's placements into Ray tasks pinned to nodes, and their results into state.
+
+Runs on the head's event loop. Blocking Ray calls (cluster state) go to a thread; task results are awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import exceptions as ray_errors
+
+from farm.core.errors import FarmError
+from farm.core.models import JobState, Node, NodeState, ShardState
+from farm.core.spec import parse_spec
+from farm.core.tasks import ShardResult, ShardTask
+from farm.head.output import shard_file, write_manifest, write_shard
+from farm.head.settings import HeadSettings
+from farm.head.store import Job, Store
+from farm.scheduler import Assignment, ShardRequest, place
+from farm_agent.runner import run_shard
+
+log = logging.getLogger("farm.head")
+
+NODE_LABEL = "farm.io/node"
+# Failures of the place a shard ran, not of the job's code: the shard goes back to the queue.
+NODE_FAILURES = (
+    ray_errors.NodeDiedError, ray_errors.WorkerCrashedError, ray_errors.ObjectLostError,
+    ray_errors.OutOfMemoryError, ray_errors.LocalRayletDiedError,
+)
+# The remote shard runner; Ray pickles it by reference, so the nodes import it from their own farm_agent.
+remote_run_shard = ray.remote(num_cpus=0, max_retries=0)(run_shard)
+
+
+@dataclass
+class Running:
+    node_id: str
+    device: str
+    ref: Any
+
+
+class Dispatcher:
+    def __init__(self, store: Store, settings: HeadSettings, notify: Callable[[str], None]) -> None:
+        self.store = store
+        self.settings = settings
+        self.notify = notify
+        self.wake = asyncio.Event()
+        self.running: dict[tuple[str, int], Running] = {}
+        self.code: dict[str, tuple[Any, str]] = {}  # job id → (object ref of its code zip, hash)
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        requeued = self.store.requeue_running()
+        if requeued:
+            log.info("recovered %d shards that were running when the head stopped", requeued)
+        while True:
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=1.0)
+            except asyncio.TimeoutError:
+                pass
+            self.wake.clear()
+            await self.refresh_nodes()
+            self.schedule()
+
+    async def refresh_nodes(self) -> None:
+        """Node state from heartbeats and from Ray's own view of its nodes."""
+        ray_nodes = await asyncio.to_thread(ray.nodes)
+        alive = {
+            n["Labels"][NODE_LABEL]: n["NodeID"] for n in ray_nodes if n.get("Alive") and NODE_LABEL in n.get("Labels", {})
+        }
+        now = time.time()
+        for node in self.store.nodes():
+            if node.state is NodeState.OFFLINE and node.id not in alive:
+                continue
+            if now - node.last_heartbeat > self.settings.offline_after_s:
+                state, ray_id = NodeState.OFFLINE, None
+            elif node.id in alive:
+                state, ray_id = NodeState.READY, alive[node.id]
+            else:
+                state, ray_id = NodeState.JOINING, None
+            if state is not node.state or (ray_id and ray_id != node.ray_node_id):
+                log.info("node %s is %s", node.name, state.value)
+                self.store.set_node_state(node.id, state, ray_id)
+
+    def schedule(self) -> None:
+        jobs = self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING))
+        if not jobs:
+            return
+        by_id = {job.id: job for job in jobs}
+        requests = []
+        for job in jobs:
+            spec = parse_spec(job.spec_yaml, job.id)
+            requests += [
+                ShardRequest(job_id=job.id, index=s.index, items=s.size, backends=spec.backends, policy=spec.policy)
+                for s in job.shards if s.state is ShardState.PENDING and (job.id, s.index) not in self.running
+            ]
+        if not requests:
+            return
+        nodes = {node.id: node for node in self.store.nodes()}
+        busy = Counter((r.node_id, r.device) for r in self.running.values())
+        placement = place(requests, list(nodes.values()), busy)
+        for assignment in placement.assignments:
+            self.launch(by_id[assignment.job_id], assignment, nodes[assignment.node_id])
+        for job in jobs:
+            waiting = [w for w in placement.waiting if w.job_id == job.id]
+            explanation = "\n".join(sorted({f"waiting: {w.why}" for w in waiting}))
+            if explanation != job.explanation:
+                self.store.set_explanation(job.id, explanation)
+
+    def _code(self, job: Job) -> tuple[Any, str]:
+        if job.id not in self.code:
+            data = Path(job.code_path).read_bytes()
+            self.code[job.id] = (ray.put(data), hashlib.sha256(data).hexdigest()[:16])
+        return self.code[job.id]
+
+    def launch(self, job: Job, assignment: Assignment, node: Node) -> None:
+        spec = parse_spec(job.spec_yaml, job.id)
+        shard = job.shards[assignment.index]
+        task = ShardTask(
+            job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model,
+            weights=spec.weights, dataset=spec.dataset, batch_size=spec.batch_size,
+            backend=assignment.backend.value, device=assignment.device, threads=assignment.threads,
+        )
+        code_ref, code_hash = self._code(job)
+        ref = remote_run_shard.options(
+            label_selector={NODE_LABEL: node.id},
+            resources={f"farm.{assignment.backend.value}": 1},
+            name=f"farm:{job.name}:{shard.index}",
+        ).remote(task, code_ref, code_hash)
+        self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
+        self.store.shard_started(job.id, shard.index, node, assignment.backend.value)
+        if job.state is JobState.QUEUED:
+            self.store.set_job_state(job.id, JobState.RUNNING)
+            job.state = JobState.RUNNING
+        self.notify(job.id)
+        watcher = asyncio.create_task(self._collect(job.id, shard.index, ref))
+        self.tasks.add(watcher)
+        watcher.add_done_callback(self.tasks.discard)
+
+    async def _collect(self, job_id: str, index: int, ref: Any) -> None:
+        try:
+            result: ShardResult = await ref
+            job = self.store.job(job_id)
+            if job.state.finished:
+                return
+            await asyncio.to_thread(write_shard, Path(job.output), index, result.outputs)
+            self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct)
+            self._finish_if_done(job_id)
+        except ray_errors.TaskCancelledError:
+            pass
+        except NODE_FAILURES as exc:
+            self._retry_or_fail(job_id, index, f"{type(exc).__name__}: {_first_line(exc)}")
+        except ray_errors.RayTaskError as exc:
+            cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+            message = cause.message if isinstance(cause, FarmError) else f"{type(cause).__name__}: {_first_line(cause)}"
+            self._fail(job_id, index, message)
+        except Exception as exc:  # the head itself failed at writing the output: the job cannot finish
+            log.exception("shard %s/%d", job_id, index)
+            self._fail(job_id, index, f"head: {type(exc).__name__}: {exc}")
+        finally:
+            self.running.pop((job_id, index), None)
+            self.notify(job_id)
+            self.wake.set()
+
+    def _retry_or_fail(self, job_id: str, index: int, error: str) -> None:
+        job = self.store.job(job_id)
+        if job.state.finished:
+            return
+        if job.shards[index].attempts < self.settings.max_attempts:
+            self.store.shard_requeued(job_id, index, error)
+        else:
+            self._fail(job_id, index, f"{error} (after {job.shards[index].attempts} attempts)")
+
+    def _fail(self, job_id: str, index: int, error: str) -> None:
+        if self.store.job(job_id).state.finished:
+            return
+        self.store.shard_failed(job_id, index, error)
+        self._cancel_running(job_id)
+        self.store.set_job_state(job_id, JobState.FAILED, f"shard {index}: {error}")
+
+    def cancel(self, job_id: str) -> None:
+        self._cancel_running(job_id)
+        self.store.set_job_state(job_id, JobState.CANCELLED)
+        self.notify(job_id)
+
+    def _cancel_running(self, job_id: str) -> None:
+        for (running_job, _), running in list(self.running.items()):
+            if running_job == job_id:
+                ray.cancel(running.ref, force=True)
+
+    def _finish_if_done(self, job_id: str) -> None:
+        job = self.store.job(job_id)
+        if any(s.state is not ShardState.SUCCEEDED for s in job.shards):
+            return
+        metrics = job_metrics(job)
+        self.store.set_metrics(job_id, metrics)
+        write_manifest(Path(job.output), manifest(job, metrics))
+        self.store.set_job_state(job_id, JobState.SUCCEEDED)
+        self.code.pop(job_id, None)
+
+
+def job_metrics(job: Job) -> dict[str, float]:
+    busy_s = sum(s.seconds for s in job.shards)
+    metrics = {"items_per_s": job.items / busy_s if busy_s else 0.0, "wall_s": time.time() - job.started_at}
+    if job.correct is not None:
+        metrics["accuracy"] = job.correct / job.items
+    return metrics
+
+
+def manifest(job: Job, metrics: dict[str, float]) -> dict[str, Any]:
+    return {
+        "job_id": job.id, "name": job.name, "items": job.items, "metrics": metrics, "format": "npy",
+        "shards": [
+            {"index": s.index, "start": s.start, "stop": s.stop, "file": shard_file(s.index), "node": s.node_name,
+             "backend": s.backend, "seconds": s.seconds}
+            for s in job.shards
+        ],
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

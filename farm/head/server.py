@@ -1,0 +1,126 @@
+"""The head process: a Ray head, the Ray driver, the SQLite store and the gRPC control plane, composed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import ray
+
+from farm import __version__
+from farm.core.errors import UserError
+from farm.head.auth import Tokens
+from farm.head.dispatch import Dispatcher
+from farm.head.events import JobEvents
+from farm.head.jobs import Jobs
+from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
+from farm.head.settings import HeadSettings
+from farm.head.store import Store
+from farm.local import RayProcess, free_port, pid_alive, ray_env, read_json, wait_for, write_json
+from farm.proto.v1 import agent_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
+
+log = logging.getLogger("farm.head")
+
+MAX_MESSAGE = 256 * 1024 * 1024  # a Submit carries the job's zipped code
+GRPC_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+
+
+def join_command(settings: HeadSettings, tokens: Tokens) -> str:
+    return f"farm agent start --head {settings.address} --token {tokens.join}"
+
+
+def check_can_start(settings: HeadSettings) -> None:
+    info = read_json(settings.info_path)
+    if info and pid_alive(int(info.get("pid", 0))):
+        raise UserError(f"a head is already running from {settings.state_dir} (pid {info['pid']})")
+    for port, what in ((settings.port, "--port"), (settings.ray_port, "--ray-port")):
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((settings.host if what == "--port" else settings.advertise, port))
+            except OSError as exc:
+                raise UserError(f"cannot listen on port {port} ({what}): {exc.strerror}") from None
+
+
+def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join: None) -> None:
+    """Run the head in the foreground until SIGTERM or SIGINT; leaves no Ray process behind."""
+    check_can_start(settings)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    tokens = Tokens.load_or_create(settings.state_dir, settings.ray_token_path)
+    use_ray_token(settings.ray_token_path)
+    ray_head = RayProcess(
+        [
+            "--head", "--port", str(settings.ray_port), "--node-ip-address", settings.advertise, "--num-cpus", "0",
+            "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
+            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
+        ],
+        settings.ray_token_path, settings.state_dir / "ray-head.log",
+    )
+    ray_head.start()
+    try:
+        if not wait_for(lambda: _accepts(settings.advertise, settings.ray_port) or not ray_head.running, 60):
+            raise UserError("the Ray head did not start within 60 s; see " + str(ray_head.log))
+        if not ray_head.running:
+            raise ray_head.failure()
+        ray.init(address=settings.ray_address, namespace="farm", log_to_driver=False, logging_level=logging.WARNING)
+        asyncio.run(_serve(settings, tokens, on_ready))
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        ray_head.stop()
+        settings.info_path.unlink(missing_ok=True)
+
+
+async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str], None]) -> None:
+    store = Store(settings.state_dir / "state.db")
+    events = JobEvents()
+    dispatcher = Dispatcher(store, settings, events.publish)
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(store, tokens, settings, dispatcher.wake), server)
+    fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
+    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
+    server.add_insecure_port(f"{settings.host}:{settings.port}")
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    dispatch = asyncio.create_task(dispatcher.run())
+    write_json(settings.info_path, {
+        "pid": os.getpid(), "address": settings.address, "ray_address": settings.ray_address,
+        "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
+    })
+    log.info("head listening on %s:%d", settings.host, settings.port)
+    on_ready(join_command(settings, tokens))
+    try:
+        await stopping.wait()
+    finally:
+        log.info("stopping")
+        dispatch.cancel()
+        await server.stop(grace=2)
+        store.close()
+
+
+def use_ray_token(token_path: Path) -> None:
+    """Point this process's Ray driver at Farm's token. Ray caches its auth settings when it is imported, so they
+    are reloaded here (ray==2.60 is pinned for these two calls)."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ.update(ray_env(token_path))
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,134 @@
+"""The gRPC servicers: thin translations between the wire and the head's services."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+
+from farm.core.ids import new_id
+from farm.core.models import NodeState
+from farm.head.auth import Tokens, check_node_token, new_node_token
+from farm.head.errors import streaming, unary
+from farm.head.jobs import Jobs
+from farm.head.settings import HeadSettings
+from farm.head.store import Job, Store
+from farm.proto import convert
+from farm.proto.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
+
+log = logging.getLogger("farm.head")
+
+
+def job_to_pb(job: Job) -> job_pb2.Job:
+    return job_pb2.Job(
+        id=job.id, name=job.name, kind=job.kind, state=job.state.value, output=job.output, error=job.error,
+        created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, items=job.items,
+        metrics=job.metrics, explanation=job.explanation, spec_yaml=job.spec_yaml,
+        shards=[job_pb2.Shard(**s.model_dump(mode="json")) for s in job.shards],
+    )
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(self, store: Store, tokens: Tokens, settings: HeadSettings, wake: asyncio.Event) -> None:
+        self.store = store
+        self.tokens = tokens
+        self.settings = settings
+        self.wake = wake
+
+    @unary
+    async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+                       ) -> agent_pb2.RegisterReply:
+        self.tokens.check_join(request.join_token)
+        known = request.node_id and self.store.node_token_hash(request.node_id) is not None
+        node_id = request.node_id if known else new_id("n")
+        token, token_hash = new_node_token()
+        self.store.upsert_node(
+            node_id, request.name, convert.hardware_from_pb(request.hardware),
+            [convert.offer_from_pb(b) for b in request.backends], request.address, token_hash,
+        )
+        log.info("node %s registered as %s from %s", request.name, node_id, context.peer())
+        self.wake.set()
+        return agent_pb2.RegisterReply(
+            node_id=node_id, node_token=token, ray_address=self.settings.ray_address,
+            ray_token=self.settings.ray_token_path.read_text().strip(),
+            heartbeat_interval_s=self.settings.heartbeat_interval_s,
+        )
+
+    @streaming
+    async def Heartbeat(self, request_iterator: AsyncIterator[agent_pb2.HeartbeatRequest],
+                        context: grpc.aio.ServicerContext) -> AsyncIterator[agent_pb2.HeartbeatReply]:
+        verified = ""
+        async for beat in request_iterator:
+            if beat.node_id != verified:
+                check_node_token(beat.node_token, self.store.node_token_hash(beat.node_id))
+                verified = beat.node_id
+            self.store.heartbeat(beat.node_id, beat.cpu_percent, beat.memory_percent)
+            yield agent_pb2.HeartbeatReply(state=self._state(beat.node_id))
+
+    def _state(self, node_id: str) -> str:
+        return next((n.state.value for n in self.store.nodes() if n.id == node_id), NodeState.OFFLINE.value)
+
+    @unary
+    async def Deregister(self, request: agent_pb2.DeregisterRequest, context: grpc.aio.ServicerContext
+                         ) -> agent_pb2.DeregisterReply:
+        check_node_token(request.node_token, self.store.node_token_hash(request.node_id))
+        self.store.set_node_state(request.node_id, NodeState.OFFLINE, "")
+        log.info("node %s deregistered", request.node_id)
+        self.wake.set()
+        return agent_pb2.DeregisterReply()
+
+
+class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
+    def __init__(self, store: Store, tokens: Tokens) -> None:
+        self.store = store
+        self.tokens = tokens
+
+    @unary
+    async def ListNodes(self, request: fleet_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
+                        ) -> fleet_pb2.ListNodesReply:
+        self.tokens.check_api(context)
+        return fleet_pb2.ListNodesReply(nodes=[convert.node_to_pb(n) for n in self.store.nodes()])
+
+
+class JobServicer(job_pb2_grpc.JobServiceServicer):
+    def __init__(self, jobs: Jobs, tokens: Tokens) -> None:
+        self.jobs = jobs
+        self.tokens = tokens
+
+    @unary
+    async def Submit(self, request: job_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> job_pb2.SubmitReply:
+        self.tokens.check_api(context)
+        job_id = self.jobs.submit(request.spec_yaml, request.code_zip, request.items, request.output)
+        return job_pb2.SubmitReply(job_id=job_id)
+
+    @unary
+    async def Get(self, request: job_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> job_pb2.Job:
+        self.tokens.check_api(context)
+        return job_to_pb(self.jobs.get(request.job_id))
+
+    @unary
+    async def List(self, request: job_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+                   ) -> job_pb2.ListJobsReply:
+        self.tokens.check_api(context)
+        return job_pb2.ListJobsReply(jobs=[job_to_pb(j) for j in self.jobs.list(request.limit)])
+
+    @unary
+    async def Cancel(self, request: job_pb2.CancelJobRequest, context: grpc.aio.ServicerContext) -> job_pb2.Job:
+        self.tokens.check_api(context)
+        return job_to_pb(self.jobs.cancel(request.job_id))
+
+    @streaming
+    async def Watch(self, request: job_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
+                    ) -> AsyncIterator[job_pb2.Job]:
+        self.tokens.check_api(context)
+        async for job in self.jobs.watch(request.job_id):
+            yield job_to_pb(job)
+
+    @unary
+    async def Logs(self, request: job_pb2.LogsRequest, context: grpc.aio.ServicerContext) -> job_pb2.LogsReply:
+        self.tokens.check_api(context)
+        lines = self.jobs.store.logs(request.job_id)
+        return job_pb2.LogsReply(lines=[job_pb2.LogLine(**line) for line in lines])

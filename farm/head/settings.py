@@ -1,0 +1,38 @@
+"""The head's settings, built once at the entry point and passed down."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class HeadSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    state_dir: Path
+    host: str = "0.0.0.0"  # where the gRPC control plane listens
+    port: int = Field(default=7700, ge=1, le=65535)
+    advertise: str = "127.0.0.1"  # the address agents and Ray nodes use to reach this head
+    ray_port: int = Field(default=7701, ge=1, le=65535)
+    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    offline_after_s: float = Field(default=10.0, gt=0)  # silence after which a node counts as offline
+    max_attempts: int = Field(default=3, ge=1)  # tries per shard when nodes or workers die under it
+    object_store_mb: int = Field(default=512, ge=100)
+    max_code_mb: int = Field(default=100, ge=1)
+
+    @property
+    def address(self) -> str:
+        return f"{self.advertise}:{self.port}"
+
+    @property
+    def ray_address(self) -> str:
+        return f"{self.advertise}:{self.ray_port}"
+
+    @property
+    def info_path(self) -> Path:
+        return self.state_dir / "head.json"
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.state_dir / "ray.token"

@@ -1,0 +1,308 @@
+"""The head's state: nodes, jobs, shards and job logs in SQLite (WAL), so that an accepted job survives the head.
+
+All calls happen on the head's event-loop thread; each is a short transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from farm.core.errors import NotFoundError
+from farm.core.models import BackendOffer, Hardware, JobState, Node, NodeState, Shard, ShardState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS nodes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    hardware TEXT NOT NULL,
+    backends TEXT NOT NULL,
+    address TEXT NOT NULL DEFAULT '',
+    ray_node_id TEXT NOT NULL DEFAULT '',
+    token_hash TEXT NOT NULL,
+    registered_at REAL NOT NULL,
+    last_heartbeat REAL NOT NULL DEFAULT 0,
+    cpu_percent REAL NOT NULL DEFAULT 0,
+    memory_percent REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    state TEXT NOT NULL,
+    spec_yaml TEXT NOT NULL,
+    code_path TEXT NOT NULL,
+    output TEXT NOT NULL,
+    items INTEGER NOT NULL,
+    error TEXT NOT NULL DEFAULT '',
+    explanation TEXT NOT NULL DEFAULT '',
+    metrics TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL,
+    started_at REAL NOT NULL DEFAULT 0,
+    finished_at REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS shards (
+    job_id TEXT NOT NULL REFERENCES jobs(id),
+    idx INTEGER NOT NULL,
+    start INTEGER NOT NULL,
+    stop INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    node_id TEXT NOT NULL DEFAULT '',
+    node_name TEXT NOT NULL DEFAULT '',
+    backend TEXT NOT NULL DEFAULT '',
+    items INTEGER NOT NULL DEFAULT 0,
+    seconds REAL NOT NULL DEFAULT 0,
+    correct INTEGER,
+    error TEXT NOT NULL DEFAULT '',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (job_id, idx)
+);
+CREATE TABLE IF NOT EXISTS job_logs (
+    job_id TEXT NOT NULL,
+    ts REAL NOT NULL,
+    level TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, ts);
+"""
+
+
+class Job:
+    """A job's row and its shards, as read from the store."""
+
+    def __init__(self, row: sqlite3.Row, shards: list[Shard], correct: int | None) -> None:
+        self.id: str = row["id"]
+        self.name: str = row["name"]
+        self.kind: str = row["kind"]
+        self.state = JobState(row["state"])
+        self.spec_yaml: str = row["spec_yaml"]
+        self.code_path: str = row["code_path"]
+        self.output: str = row["output"]
+        self.items: int = row["items"]
+        self.error: str = row["error"]
+        self.explanation: str = row["explanation"]
+        self.metrics: dict[str, float] = json.loads(row["metrics"])
+        self.created_at: float = row["created_at"]
+        self.started_at: float = row["started_at"]
+        self.finished_at: float = row["finished_at"]
+        self.shards = shards
+        self.correct = correct  # predictions matching the dataset's labels, when it has labels
+
+    @property
+    def items_done(self) -> int:
+        return sum(s.items for s in self.shards if s.state is ShardState.SUCCEEDED)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ---- nodes
+
+    def upsert_node(
+        self, node_id: str, name: str, hardware: Hardware, backends: list[BackendOffer], address: str, token_hash: str
+    ) -> None:
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                """INSERT INTO nodes (id, name, state, hardware, backends, address, token_hash, registered_at,
+                                      last_heartbeat)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT(id) DO UPDATE SET name=excluded.name, state=excluded.state,
+                     hardware=excluded.hardware, backends=excluded.backends, address=excluded.address,
+                     token_hash=excluded.token_hash, ray_node_id='', last_heartbeat=excluded.last_heartbeat""",
+                (
+                    node_id, name, NodeState.JOINING.value, hardware.model_dump_json(),
+                    json.dumps([b.model_dump(mode="json") for b in backends]), address, token_hash, now, now,
+                ),
+            )
+
+    def node_token_hash(self, node_id: str) -> str | None:
+        row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
+        return None if row is None else str(row["token_hash"])
+
+    def node_id_by_name(self, name: str) -> str | None:
+        row = self._db.execute("SELECT id FROM nodes WHERE name=?", (name,)).fetchone()
+        return None if row is None else str(row["id"])
+
+    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float) -> None:
+        self._db.execute(
+            "UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=? WHERE id=?",
+            (time.time(), cpu_percent, memory_percent, node_id),
+        )
+
+    def set_node_state(self, node_id: str, state: NodeState, ray_node_id: str | None = None) -> None:
+        if ray_node_id is None:
+            self._db.execute("UPDATE nodes SET state=? WHERE id=?", (state.value, node_id))
+        else:
+            self._db.execute(
+                "UPDATE nodes SET state=?, ray_node_id=? WHERE id=?", (state.value, ray_node_id, node_id)
+            )
+
+    def nodes(self) -> list[Node]:
+        rows = self._db.execute("SELECT * FROM nodes ORDER BY name").fetchall()
+        return [
+            Node(
+                id=r["id"], name=r["name"], state=NodeState(r["state"]),
+                hardware=Hardware.model_validate_json(r["hardware"]),
+                backends=tuple(BackendOffer.model_validate(b) for b in json.loads(r["backends"])),
+                ray_node_id=r["ray_node_id"], address=r["address"], last_heartbeat=r["last_heartbeat"],
+                registered_at=r["registered_at"], cpu_percent=r["cpu_percent"], memory_percent=r["memory_percent"],
+            )
+            for r in rows
+        ]
+
+    # ---- jobs
+
+    def add_job(
+        self, job_id: str, name: str, kind: str, spec_yaml: str, code_path: str, output: str, items: int,
+        ranges: list[tuple[int, int]],
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                """INSERT INTO jobs (id, name, kind, state, spec_yaml, code_path, output, items, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (job_id, name, kind, JobState.QUEUED.value, spec_yaml, code_path, output, items, time.time()),
+            )
+            db.executemany(
+                "INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
+                [(job_id, i, a, b, ShardState.PENDING.value) for i, (a, b) in enumerate(ranges)],
+            )
+            self._log(db, job_id, "info", f"accepted: {items} items in {len(ranges)} shards")
+
+    def job(self, job_id: str) -> Job:
+        row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return self._job(row)
+
+    def _job(self, row: sqlite3.Row) -> Job:
+        rows = self._db.execute("SELECT * FROM shards WHERE job_id=? ORDER BY idx", (row["id"],)).fetchall()
+        shards = [
+            Shard(
+                index=r["idx"], start=r["start"], stop=r["stop"], state=ShardState(r["state"]), node_id=r["node_id"],
+                node_name=r["node_name"], backend=r["backend"], items=r["items"], seconds=r["seconds"],
+                error=r["error"], attempts=r["attempts"],
+            )
+            for r in rows
+        ]
+        counted = [r["correct"] for r in rows if r["correct"] is not None]
+        return Job(row, shards, sum(counted) if counted else None)
+
+    def jobs(self, limit: int = 100, states: tuple[JobState, ...] | None = None) -> list[Job]:
+        if states:
+            marks = ",".join("?" * len(states))
+            rows = self._db.execute(
+                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY seq", [s.value for s in states]
+            ).fetchall()
+        else:
+            rows = self._db.execute("SELECT * FROM jobs ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+        return [self._job(r) for r in rows]
+
+    def set_job_state(self, job_id: str, state: JobState, error: str = "") -> None:
+        now = time.time()
+        with self._tx() as db:
+            if state is JobState.RUNNING:
+                db.execute(
+                    "UPDATE jobs SET state=?, started_at=CASE WHEN started_at=0 THEN ? ELSE started_at END WHERE id=?",
+                    (state.value, now, job_id),
+                )
+            else:
+                db.execute(
+                    "UPDATE jobs SET state=?, error=?, finished_at=? WHERE id=?", (state.value, error, now, job_id)
+                )
+            if state is JobState.CANCELLED or state is JobState.FAILED:
+                db.execute(
+                    "UPDATE shards SET state=? WHERE job_id=? AND state IN (?, ?)",
+                    (ShardState.CANCELLED.value, job_id, ShardState.PENDING.value, ShardState.RUNNING.value),
+                )
+            self._log(db, job_id, "error" if error else "info", f"job {state.value}" + (f": {error}" if error else ""))
+
+    def set_metrics(self, job_id: str, metrics: dict[str, float]) -> None:
+        self._db.execute("UPDATE jobs SET metrics=? WHERE id=?", (json.dumps(metrics), job_id))
+
+    def set_explanation(self, job_id: str, explanation: str) -> None:
+        self._db.execute("UPDATE jobs SET explanation=? WHERE id=?", (explanation, job_id))
+
+    # ---- shards
+
+    def shard_started(self, job_id: str, index: int, node: Node, backend: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                """UPDATE shards SET state=?, node_id=?, node_name=?, backend=?, attempts=attempts+1, error=''
+                   WHERE job_id=? AND idx=?""",
+                (ShardState.RUNNING.value, node.id, node.name, backend, job_id, index),
+            )
+            self._log(db, job_id, "info", f"shard {index} → {node.name} ({backend})")
+
+    def shard_succeeded(self, job_id: str, index: int, items: int, seconds: float, correct: int | None) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE shards SET state=?, items=?, seconds=?, correct=? WHERE job_id=? AND idx=?",
+                (ShardState.SUCCEEDED.value, items, seconds, correct, job_id, index),
+            )
+            self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s")
+
+    def shard_requeued(self, job_id: str, index: int, error: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE shards SET state=?, error=? WHERE job_id=? AND idx=?",
+                (ShardState.PENDING.value, error, job_id, index),
+            )
+            self._log(db, job_id, "warning", f"shard {index} goes back to the queue: {error}")
+
+    def shard_failed(self, job_id: str, index: int, error: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE shards SET state=?, error=? WHERE job_id=? AND idx=?",
+                (ShardState.FAILED.value, error, job_id, index),
+            )
+            self._log(db, job_id, "error", f"shard {index} failed: {error}")
+
+    def requeue_running(self) -> int:
+        """After a head restart: shards that were running belonged to the old Ray driver and died with it."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "UPDATE shards SET state=? WHERE state=?", (ShardState.PENDING.value, ShardState.RUNNING.value)
+            )
+            return cursor.rowcount
+
+    # ---- logs
+
+    def log(self, job_id: str, level: str, message: str) -> None:
+        self._log(self._db, job_id, level, message)
+
+    @staticmethod
+    def _log(db: sqlite3.Connection, job_id: str, level: str, message: str) -> None:
+        db.execute("INSERT INTO job_logs VALUES (?, ?, ?, ?)", (job_id, time.time(), level, message))
+
+    def logs(self, job_id: str) -> list[dict[str, Any]]:
+        self.job(job_id)  # NotFoundError for an unknown id
+        rows = self._db.execute("SELECT ts, level, message FROM job_logs WHERE job_id=? ORDER BY ts", (job_id,))
+        return [dict(r) for r in rows.fetchall()]

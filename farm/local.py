@@ -1,0 +1,181 @@
+"""Helpers for the processes and files Farm keeps on one machine: state files, background processes, Ray.
+
+Shared by the head, the agent and the CLI; none of it is domain logic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from farm.core.errors import AgentError
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("FARM_STATE_DIR") or Path.home() / ".farm").expanduser()
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write atomically, readable by the owner only (state files hold tokens)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    write_private(path, json.dumps(data, indent=2).encode())
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def primary_ip() -> str:
+    """The first non-loopback IPv4 address, read from the interfaces (no packet is sent)."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    return "127.0.0.1"
+
+
+def local_ip_towards(host: str) -> str:
+    """The address this machine's Ray node should bind to reach `host`: loopback for a head on loopback."""
+    if host in ("localhost", "::1") or host.startswith("127."):
+        return "127.0.0.1"
+    return primary_ip()
+
+
+def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a process in its own session (it outlives the terminal), output appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(env) if env is not None else None,
+        )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+def stop_session(leader: int, grace: float = 15.0) -> None:
+    """SIGTERM a session leader and everything in its session, SIGKILL what outlives the grace period.
+
+    Ray's worker processes take process groups of their own, so the session, not the group, is what holds a Ray
+    node together.
+    """
+    members = [p for p in psutil.process_iter(["pid"]) if _session(p) == leader]
+    for proc in members:
+        _signal(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(members, timeout=grace)
+    for proc in alive:
+        _signal(proc, signal.SIGKILL)
+    psutil.wait_procs(alive, timeout=5)
+
+
+def terminate(pid: int, grace: float = 60.0) -> None:
+    """SIGTERM one process and wait for it (it cleans up after itself); SIGKILL it after the grace period."""
+    try:
+        proc = psutil.Process(pid)
+    except psutil.Error:
+        return
+    _signal(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs([proc], timeout=grace)
+    for straggler in alive:
+        _signal(straggler, signal.SIGKILL)
+
+
+def _session(proc: psutil.Process) -> int | None:
+    try:
+        return os.getsid(proc.pid)
+    except OSError:
+        return None
+
+
+def _signal(proc: psutil.Process, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except psutil.Error:
+        pass  # already gone
+
+
+def ray_executable() -> str:
+    candidate = Path(sys.executable).parent / "ray"
+    return str(candidate) if candidate.exists() else "ray"
+
+
+def ray_env(token_path: Path) -> dict[str, str]:
+    """The environment for Ray processes and drivers: token authentication, with Farm's own token file."""
+    env = dict(os.environ)
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path), RAY_USAGE_STATS_ENABLED="0")
+    return env
+
+
+class RayProcess:
+    """A Ray node (`ray start --block`) owned by this process: it lives in its own session and dies with `stop`."""
+
+    def __init__(self, args: Sequence[str], token_path: Path, log: Path) -> None:
+        self.args = [ray_executable(), "start", "--block", "--disable-usage-stats", *args]
+        self.token_path = token_path
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path))
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_session(self.proc.pid)
+            self.proc.wait()
+
+    def failure(self) -> AgentError:
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-5:] if self.log.exists() else []
+        return AgentError(f"Ray exited with {self.proc.returncode if self.proc else '?'}: " + " | ".join(tail))

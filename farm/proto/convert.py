@@ -1,0 +1,74 @@
+"""Conversions between the domain models (farm.core) and their wire messages. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+
+from farm.core.models import BackendOffer, Gpu, Hardware, Node
+from farm.proto.v1 import common_pb2, fleet_pb2
+
+
+def hardware_to_pb(hw: Hardware) -> common_pb2.Hardware:
+    return common_pb2.Hardware(
+        hostname=hw.hostname, os=hw.os, arch=hw.arch, cpu_model=hw.cpu_model, cpu_cores=hw.cpu_cores,
+        memory_bytes=hw.memory_bytes, apple_chip=hw.apple_chip,
+        gpus=[common_pb2.Gpu(**g.model_dump()) for g in hw.gpus],
+    )
+
+
+def hardware_from_pb(msg: common_pb2.Hardware) -> Hardware:
+    return Hardware(
+        hostname=msg.hostname, os=msg.os, arch=msg.arch, cpu_model=msg.cpu_model, cpu_cores=max(msg.cpu_cores, 1),
+        memory_bytes=msg.memory_bytes, apple_chip=msg.apple_chip,
+        gpus=tuple(Gpu(index=g.index, name=g.name, uuid=g.uuid, memory_bytes=g.memory_bytes, driver=g.driver)
+                   for g in msg.gpus),
+    )
+
+
+def offer_to_pb(offer: BackendOffer) -> common_pb2.Backend:
+    return common_pb2.Backend(**offer.model_dump(mode="json"))
+
+
+def offer_from_pb(msg: common_pb2.Backend) -> BackendOffer:
+    return BackendOffer.model_validate(to_dict(msg))
+
+
+def node_to_pb(node: Node) -> fleet_pb2.Node:
+    return fleet_pb2.Node(
+        id=node.id, name=node.name, state=node.state.value, hardware=hardware_to_pb(node.hardware),
+        backends=[offer_to_pb(b) for b in node.backends], ray_node_id=node.ray_node_id,
+        last_heartbeat=node.last_heartbeat, cpu_percent=node.cpu_percent, memory_percent=node.memory_percent,
+        address=node.address, registered_at=node.registered_at,
+    )
+
+
+def to_dict(msg: Message) -> dict[str, Any]:
+    """A message as JSON-ready data with the proto's field names and every field present.
+
+    Unlike protobuf's JSON mapping, 64-bit integers stay numbers: these dicts are for people and scripts reading
+    `--json`, not for round-tripping through protobuf.
+    """
+    data = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+    return _int64_as_numbers(msg, data)
+
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64}
+
+
+def _int64_as_numbers(msg: Message, data: dict[str, Any]) -> dict[str, Any]:
+    for field in msg.DESCRIPTOR.fields:
+        if field.name not in data:
+            continue
+        value = getattr(msg, field.name)
+        if field.type in _INT64:
+            data[field.name] = [int(v) for v in value] if field.is_repeated else int(value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and not field.message_type.GetOptions().map_entry:
+            if field.is_repeated:
+                data[field.name] = [_int64_as_numbers(m, d) for m, d in zip(value, data[field.name], strict=True)]
+            else:
+                data[field.name] = _int64_as_numbers(value, data[field.name])
+    return data

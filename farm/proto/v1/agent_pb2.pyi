@@ -1,0 +1,72 @@
+from farm.proto.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id")
+    JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HARDWARE_FIELD_NUMBER: _ClassVar[int]
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    join_token: str
+    name: str
+    hardware: _common_pb2.Hardware
+    backends: _containers.RepeatedCompositeFieldContainer[_common_pb2.Backend]
+    agent_version: str
+    address: str
+    node_id: str
+    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("node_id", "node_token", "ray_address", "ray_token", "heartbeat_interval_s")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RAY_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    ray_address: str
+    ray_token: str
+    heartbeat_interval_s: float
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., ray_address: _Optional[str] = ..., ray_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "node_token", "cpu_percent", "memory_percent", "ray_running")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RAY_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    cpu_percent: float
+    memory_percent: float
+    ray_running: bool
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., ray_running: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: str
+    def __init__(self, state: _Optional[str] = ...) -> None: ...
+
+class DeregisterRequest(_message.Message):
+    __slots__ = ("node_id", "node_token")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ...) -> None: ...
+
+class DeregisterReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,37 @@
+"""Scorers: rank the candidates that passed the filters; higher is better.
+
+Measured rates win over priors. Until a (node, backend) has been measured, a prior stands in for it: a rough
+items-per-second by backend kind, scaled by the threads a CPU offers. The prior only has to order devices
+sensibly on first contact; the first finished shard replaces it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from farm.core.models import BackendName, BackendOffer, Node
+from farm.core.spec import Policy
+from farm.scheduler.types import Rate
+
+# Relative speed of one device of each kind against one CPU core, for models too small to be measured yet.
+PRIOR_SPEEDUP: Mapping[BackendName, float] = {
+    BackendName.CUDA: 50.0,
+    BackendName.ANE: 20.0,
+    BackendName.MPS: 15.0,
+    BackendName.CPU: 1.0,
+}
+
+
+def prior_rate(offer: BackendOffer) -> float:
+    per_device = PRIOR_SPEEDUP[offer.name]
+    return per_device * max(offer.threads, 1) if offer.name is BackendName.CPU else per_device
+
+
+def score(node: Node, offer: BackendOffer, policy: Policy, rates: Mapping[tuple[str, str], Rate]) -> float:
+    """Items per joule under the efficiency policy when measured, items per second otherwise."""
+    rate = rates.get((node.id, offer.device))
+    if rate is None:
+        return prior_rate(offer)
+    if policy is Policy.EFFICIENCY and rate.items_per_j is not None:
+        return rate.items_per_j
+    return rate.items_per_s
