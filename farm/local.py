@@ -116,14 +116,18 @@ def stop_session(leader: int, grace: float = 15.0) -> None:
     psutil.wait_procs(alive, timeout=5)
 
 
-def terminate(pid: int, grace: float = 60.0) -> None:
-    """SIGTERM one process and wait for it (it cleans up after itself); SIGKILL it after the grace period."""
-    try:
-        proc = psutil.Process(pid)
-    except psutil.Error:
-        return
-    _signal(proc, signal.SIGTERM)
-    _, alive = psutil.wait_procs([proc], timeout=grace)
+def terminate(*pids: int, grace: float = 60.0) -> None:
+    """SIGTERM processes and wait for them together (each cleans up after itself); SIGKILL what outlives the grace
+    period."""
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    _, alive = psutil.wait_procs(procs, timeout=grace)
     for straggler in alive:
         _signal(straggler, signal.SIGKILL)
 

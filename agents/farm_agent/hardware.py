@@ -48,7 +48,8 @@ class NvmlMemory(Protocol):
 class Nvml(Protocol):
     """The part of pynvml (nvidia-ml-py) used here; tests pass a fake that replays a recording."""
 
-    NVMLError: type[Exception]
+    @property
+    def NVMLError(self) -> type[Exception]: ...
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...

@@ -82,6 +82,6 @@ def stop(
     running = [(p, s) for p in paths if (s := read_json(p)) and pid_alive(int(s.get("pid", 0)))]
     if not running:
         raise UserError(f"no agent{' ' + repr(name) if name else ''} running from {root}")
+    terminate(*[int(status["pid"]) for _, status in running])
     for _, status in running:
-        terminate(int(status["pid"]))
         console.print(f"agent {status['name']} (pid {status['pid']}) stopped")

@@ -43,10 +43,12 @@ def demo(
                   "--state-dir", str(state), "--detach")
         head = find_head(state_dir=state)
         cpus = max(1, (os.cpu_count() or 1) // agents)
-        for index in range(1, agents + 1):
-            with console.status(f"starting agent demo-{index} ({cpus} cores)..."):
-                _farm("agent", "start", "--head", head.address, "--token", head.join_token, "--name",
-                      f"demo-{index}", "--cpus", str(cpus), "--state-dir", str(state), "--detach")
+        with console.status(f"starting {agents} agents ({cpus} cores each)..."):
+            _farm_all([
+                ["agent", "start", "--head", head.address, "--token", head.join_token, "--name", f"demo-{index}",
+                 "--cpus", str(cpus), "--state-dir", str(state), "--detach"]
+                for index in range(1, agents + 1)
+            ])
         with Client(head) as client:
             prepared = prepare(root / SPEC, root)
             job_id = client.submit(prepared.spec_yaml, prepared.code_zip, prepared.items, str(prepared.output))
@@ -73,17 +75,27 @@ def demo(
 
 
 def _farm(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "farm.cli.main", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        message = (result.stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
-        raise FarmError(f"`farm {' '.join(args[:2])}` failed: {message}")
+    _farm_all([list(args)])
+
+
+def _farm_all(commands: list[list[str]]) -> None:
+    """Run `farm` commands side by side; the first failure is reported."""
+    procs = [
+        (args, subprocess.Popen([sys.executable, "-m", "farm.cli.main", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True))
+        for args in commands
+    ]
+    for args, proc in procs:
+        _, stderr = proc.communicate()
+        if proc.returncode != 0:
+            message = (stderr.strip().splitlines() or ["no output"])[-1].removeprefix("error: ")
+            raise FarmError(f"`farm {' '.join(args[:2])}` failed: {message}")
 
 
 def _stop_all(state: Path) -> None:
-    for status_path in sorted((state / "agents").glob("*/agent.json")):
-        status = read_json(status_path) or {}
-        if pid_alive(int(status.get("pid", 0))):
-            terminate(int(status["pid"]))
+    """Agents first (together), so that they deregister from a head that still listens; then the head."""
+    agents = [read_json(path) or {} for path in (state / "agents").glob("*/agent.json")]
+    terminate(*[int(status["pid"]) for status in agents if pid_alive(int(status.get("pid", 0)))])
     info = read_json(state / "head.json") or {}
     if pid_alive(int(info.get("pid", 0))):
         terminate(int(info["pid"]))

@@ -301,7 +301,7 @@ def test_detect_reads_the_proc_tree_under_root(tmp_path: Path) -> None:
 def test_detect_without_cpuinfo_falls_back_and_logs(
     processor: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(hardware.platform, "processor", lambda: processor)
+    monkeypatch.setattr(platform, "processor", lambda: processor)
     with caplog.at_level(logging.WARNING, logger="farm.agent.hardware"):
         hw = detect(tmp_path, system="linux", nvidia=lambda: ((), ""))
     assert hw.cpu_model == expected
@@ -312,7 +312,7 @@ def test_detect_without_cpuinfo_falls_back_and_logs(
 def test_detect_counts_logical_cores(
     count: int | None, expected: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hardware.os, "cpu_count", lambda: count)
+    monkeypatch.setattr(os, "cpu_count", lambda: count)
     hw = detect(fake_root(tmp_path, "cpuinfo-x86.txt"), system="linux", nvidia=lambda: ((), ""))
     assert hw.cpu_cores == expected
 

@@ -1,0 +1,82 @@
+"""Shared fixtures. `cluster` starts a real head (Ray head, gRPC, SQLite) and two real agents as separate processes
+on 127.0.0.1 with free ports, once per test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from farm.client import HeadInfo, find_head
+from farm.local import free_port, pid_alive, read_json, terminate
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def farm(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cwd: Path = ROOT
+         ) -> subprocess.CompletedProcess[str]:
+    """Run the real `farm` command line."""
+    return subprocess.run(
+        [sys.executable, "-m", "farm.cli.main", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@dataclass
+class Cluster:
+    state_dir: Path
+    head: HeadInfo
+
+    def env(self) -> dict[str, str]:
+        return {"FARM_STATE_DIR": str(self.state_dir)}
+
+    def farm(self, *args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+        return farm(*args, env=self.env(), timeout=timeout, cwd=cwd)
+
+    def agent_pids(self) -> dict[str, int]:
+        found = {}
+        for path in (self.state_dir / "agents").glob("*/agent.json"):
+            status = read_json(path) or {}
+            if pid_alive(int(status.get("pid", 0))):
+                found[str(status["name"])] = int(status["pid"])
+        return found
+
+
+def ray_processes() -> set[int]:
+    """Ray's long-lived processes on this machine (GCS servers and raylets)."""
+    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("gcs_server", "raylet")}
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    state = tmp_path_factory.mktemp("farm-state")
+    before = ray_processes()
+    started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
+                   str(free_port()), "--state-dir", str(state), "--detach")
+    assert started.returncode == 0, started.stderr
+    head = find_head(state_dir=state)
+    agents = [
+        subprocess.Popen(
+            [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.address, "--token",
+             head.join_token, "--name", name, "--cpus", "1", "--state-dir", str(state), "--detach"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for name in ("agent-a", "agent-b")
+    ]
+    for proc in agents:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+    yield Cluster(state_dir=state, head=head)
+    stopped = farm("agent", "stop", "--state-dir", str(state))
+    assert stopped.returncode in (0, 2), stopped.stderr  # 2: a test already stopped them all
+    assert farm("head", "stop", "--state-dir", str(state)).returncode == 0
+    leftover = ray_processes() - before
+    terminate(*leftover, grace=5)
+    assert not leftover, f"Ray processes left behind: {leftover}"

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+import pytest
+
+from farm.core.errors import SpecError
+from farm.core.models import BackendName
+from farm.core.spec import JobKind, Policy, parse_spec, shard_ranges
+
+VALID = """
+name: digits-infer
+kind: inference
+model: examples.digits.model:build
+weights: examples/digits/weights.pt
+dataset: examples.digits.data:test_set
+shards: 8
+batch_size: 64
+backends: [cuda, cpu]
+policy: throughput
+tolerance: {atol: 1.0e-3}
+output: out/x
+"""
+
+
+def test_parses_the_fields_of_a_valid_spec() -> None:
+    spec = parse_spec(VALID)
+    assert spec.kind is JobKind.INFERENCE
+    assert spec.backends == (BackendName.CUDA, BackendName.CPU)
+    assert spec.policy is Policy.THROUGHPUT
+    assert spec.tolerance.atol == 1e-3 and spec.tolerance.rtol == 1e-4
+    assert (spec.shards, spec.batch_size, spec.output_dir) == (8, 64, "out/x")
+
+
+def test_defaults() -> None:
+    spec = parse_spec("name: a\nmodel: m:build\ndataset: data.npz\n")
+    assert spec.shards == 1 and spec.batch_size == 64 and spec.weights is None
+    assert spec.backends == tuple(BackendName) and spec.policy is Policy.EFFICIENCY
+    assert spec.output_dir == "out/a" and spec.dataset_is_file
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: a\nmodel: m:b\ndataset: d.npy\nshardz: 2\n", "unknown field 'shardz'"),
+        ("name: a\ndataset: d.npy\n", "missing required field 'model'"),
+        ("name: a\nmodel: m.b\ndataset: d.npy\n", "field 'model': 'm.b' is not of the form"),
+        ("name: a\nmodel: m:b\ndataset: d.csv\n", "field 'dataset'"),
+        ("name: a\nmodel: m:b\ndataset: d.npy\nshards: 0\n", "field 'shards'"),
+        ("name: a\nmodel: m:b\ndataset: d.npy\nbackends: [gpu]\n", "field 'backends.0'"),
+        ("name: a\nmodel: m:b\ndataset: d.npy\nbackends: []\n", "at least one backend"),
+        ("name: a\nmodel: m:b\ndataset: d.npy\npolicy: deadline\n", "needs deadline_s"),
+        ("name: 'bad name'\nmodel: m:b\ndataset: d.npy\n", "field 'name'"),
+        ("name: [unclosed\n", "not valid YAML (line"),
+        ("- a\n- b\n", "expected a mapping of fields, got list"),
+        ("", "expected a mapping of fields, got NoneType"),
+    ],
+)
+def test_bad_specs_give_one_line_naming_the_problem(text: str, message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "job.yaml")
+    assert str(caught.value).startswith("job.yaml: ")
+    assert message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(("items", "shards"), [(540, 8), (10, 3), (7, 7), (3, 8), (1, 1), (10_001, 97)])
+def test_shard_ranges_cover_every_item_once_in_order(items: int, shards: int) -> None:
+    ranges = shard_ranges(items, shards)
+    assert len(ranges) == min(items, shards)
+    assert ranges[0][0] == 0 and ranges[-1][1] == items
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    sizes = [stop - start for start, stop in ranges]
+    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+
+
+def test_an_empty_dataset_cannot_be_sharded() -> None:
+    with pytest.raises(SpecError, match="empty"):
+        shard_ranges(0, 4)

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from farm.core.errors import NotFoundError
+from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
+from farm.head.store import Store
+
+HW = Hardware(hostname="h", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=2, memory_bytes=2**30)
+
+
+def add_job(store: Store, job_id: str = "j-1") -> None:
+    store.add_job(job_id, "digits", "inference", "name: digits\n", "/code.zip", "/out", 10, [(0, 5), (5, 10)])
+
+
+def test_an_accepted_job_survives_a_new_process(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)
+    store.close()
+    job = Store(tmp_path / "state.db").job("j-1")
+    assert (job.name, job.state, job.items) == ("digits", JobState.QUEUED, 10)
+    assert [(s.start, s.stop, s.state) for s in job.shards] == [(0, 5, ShardState.PENDING), (5, 10, ShardState.PENDING)]
+
+
+def test_the_store_uses_wal(tmp_path: Path) -> None:
+    Store(tmp_path / "state.db").close()
+    assert sqlite3.connect(tmp_path / "state.db").execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_shard_lifecycle_and_accuracy_count(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)
+    store.upsert_node("n-1", "a", HW, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.1", "hash")
+    node = store.nodes()[0]
+    store.shard_started("j-1", 0, node, "cpu")
+    store.shard_started("j-1", 1, node, "cpu")
+    store.shard_succeeded("j-1", 0, 5, 0.5, correct=4)
+    store.shard_requeued("j-1", 1, "NodeDiedError")
+    job = store.job("j-1")
+    assert job.shards[0].state is ShardState.SUCCEEDED and job.shards[0].node_name == "a"
+    assert job.shards[1].state is ShardState.PENDING and job.shards[1].attempts == 1
+    assert job.items_done == 5 and job.correct == 4
+    messages = [line["message"] for line in store.logs("j-1")]
+    assert messages[0].startswith("accepted") and any("back to the queue" in m for m in messages)
+
+
+def test_cancelling_a_job_cancels_its_unfinished_shards(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)
+    store.shard_succeeded("j-1", 0, 5, 0.5, None)
+    store.set_job_state("j-1", JobState.CANCELLED)
+    job = store.job("j-1")
+    assert job.state is JobState.CANCELLED and job.finished_at > 0
+    assert [s.state for s in job.shards] == [ShardState.SUCCEEDED, ShardState.CANCELLED]
+
+
+def test_running_shards_return_to_the_queue_after_a_restart(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)
+    store.upsert_node("n-1", "a", HW, [], "", "hash")
+    store.shard_started("j-1", 1, store.nodes()[0], "cpu")
+    assert store.requeue_running() == 1
+    assert store.job("j-1").shards[1].state is ShardState.PENDING
+
+
+def test_re_registering_keeps_the_node_id_and_resets_its_state(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.upsert_node("n-1", "a", HW, [], "", "old")
+    store.set_node_state("n-1", NodeState.READY, "ray-1")
+    store.upsert_node("n-1", "a", HW, [], "", "new")
+    (node,) = store.nodes()
+    assert (node.state, node.ray_node_id, store.node_token_hash("n-1")) == (NodeState.JOINING, "", "new")
+
+
+def test_unknown_jobs_are_not_found(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    with pytest.raises(NotFoundError):
+        store.job("j-nope")
+    with pytest.raises(NotFoundError):
+        store.logs("j-nope")
+
+
+def test_jobs_by_state_come_in_submission_order(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    for job_id in ("j-b", "j-a", "j-c"):
+        add_job(store, job_id)
+    store.set_job_state("j-a", JobState.RUNNING)
+    assert [j.id for j in store.jobs(states=(JobState.QUEUED, JobState.RUNNING))] == ["j-b", "j-a", "j-c"]
+    assert [j.id for j in store.jobs(limit=2)] == ["j-c", "j-a"]
