@@ -5,6 +5,7 @@ Shared by the head, the agent and the CLI; none of it is domain logic.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -159,6 +160,9 @@ def ray_env(token_path: Path) -> dict[str, str]:
     return env
 
 
+RAY_START_LOCK = Path(tempfile.gettempdir()) / "farm" / "ray-start.lock"
+
+
 class RayProcess:
     """A Ray node (`ray start --block`) owned by this process: it lives in its own session and dies with `stop`."""
 
@@ -168,8 +172,26 @@ class RayProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path))
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the node and wait until Ray says it runs (or the process dies).
+
+        Ray nodes starting side by side on one host race for the same local ports, so starts are serialised by a
+        host-wide lock; once up, a node keeps its ports.
+        """
+        RAY_START_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        with open(RAY_START_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                offset = self.log.stat().st_size if self.log.exists() else 0
+                self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path))
+                wait_for(lambda: not self.running or self._started(offset), timeout, interval=0.2)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _started(self, offset: int) -> bool:
+        with open(self.log, "rb") as handle:
+            handle.seek(offset)
+            return b"Ray runtime started" in handle.read()
 
     @property
     def running(self) -> bool:

@@ -23,7 +23,7 @@ from farm.head.jobs import Jobs
 from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import RayProcess, free_port, pid_alive, ray_env, read_json, wait_for, write_json
+from farm.local import RayProcess, free_port, pid_alive, ray_env, read_json, write_json
 from farm.proto.v1 import agent_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
 
 log = logging.getLogger("farm.head")
@@ -65,8 +65,6 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     )
     ray_head.start()
     try:
-        if not wait_for(lambda: _accepts(settings.advertise, settings.ray_port) or not ray_head.running, 60):
-            raise UserError("the Ray head did not start within 60 s; see " + str(ray_head.log))
         if not ray_head.running:
             raise ray_head.failure()
         ray.init(address=settings.ray_address, namespace="farm", log_to_driver=False, logging_level=logging.WARNING)
@@ -116,11 +114,3 @@ def use_ray_token(token_path: Path) -> None:
     os.environ.update(ray_env(token_path))
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
-
-
-def _accepts(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False

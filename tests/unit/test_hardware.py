@@ -170,6 +170,14 @@ def test_gpus_from_nvml_replays_the_recorded_h200x2_box() -> None:
     assert nvml.calls.count("nvmlShutdown") == 1
 
 
+def test_gpus_from_nvml_replays_a_real_h200_recording() -> None:
+    # Recorded on a lent single-H200 machine (nvidia-ml-py 13.610.43); real NVML returned str, not bytes.
+    assert gpus_from_nvml(FakeNvml(recording("nvml-h200.json"))) == (
+        Gpu(index=0, name="NVIDIA H200", uuid="GPU-d9f13f7d-3950-ce17-6430-74d61c271fe7", memory_bytes=150754820096,
+            driver="580.159.04"),
+    )
+
+
 def test_gpus_from_nvml_decodes_bytes() -> None:
     gpus = gpus_from_nvml(FakeNvml(recording(), as_bytes=True))
     assert gpus == node("h200x2-box").gpus
@@ -339,7 +347,8 @@ def test_the_daemon_module_stays_light() -> None:
         "h.detect()\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "agents"), str(ROOT)])}
+    path = [str(ROOT / "agents"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 

@@ -1,0 +1,142 @@
+"""The spine end to end: a real head, a real Ray cluster and two agents as separate processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from farm.client import Client
+from farm.head.output import read_predictions
+from tests.conftest import FIXTURES, ROOT, Cluster
+
+pytestmark = pytest.mark.slow
+
+
+def write_spec(folder: Path, **fields: object) -> Path:
+    path = folder / f"{fields['name']}.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    return path
+
+
+@pytest.fixture()
+def toy(tmp_path: Path) -> Path:
+    """A job's working directory: the toy job code and an .npz dataset."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(FIXTURES / "jobs" / "toyjob.py", work / "toyjob.py")
+    np.savez(work / "numbers.npz", x=np.arange(40, dtype=np.float32).reshape(20, 2))
+    return work
+
+
+def test_both_agents_are_ready_with_the_contract_fields(cluster: Cluster) -> None:
+    result = cluster.farm("nodes", "--json")
+    assert result.returncode == 0, result.stderr
+    nodes = {n["name"]: n for n in json.loads(result.stdout)}
+    assert set(nodes) == {"agent-a", "agent-b"}
+    for node in nodes.values():
+        assert node["state"] == "ready"
+        assert node["id"].startswith("n-") and node["ray_node_id"]
+        assert time.time() - node["last_heartbeat"] < 10
+        assert [(b["name"], b["device"]) for b in node["backends"]] == [("cpu", "cpu")]
+        assert node["hardware"]["cpu_cores"] >= 1
+
+
+def test_the_digits_job_runs_across_both_agents(cluster: Cluster, tmp_path: Path) -> None:
+    spec = yaml.safe_load((ROOT / "examples/digits/infer.yaml").read_text())
+    spec["output"] = str(tmp_path / "out")
+    result = cluster.farm("submit", str(write_spec(tmp_path, **spec)), "--wait", "--json", "--workdir", str(ROOT))
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "succeeded" and job["kind"] == "inference" and job["items"] == 540
+    assert job["metrics"]["accuracy"] >= 0.90
+    assert {s["node_name"] for s in job["shards"]} == {"agent-a", "agent-b"}
+    assert all(s["state"] == "succeeded" and s["backend"] == "cpu" and s["seconds"] > 0 for s in job["shards"])
+    assert sum(s["items"] for s in job["shards"]) == 540
+
+    # The shards join back in input order: the same logits as the model run here over the whole test set.
+    import torch
+
+    from examples.digits import data, model
+
+    reference = model.build()
+    reference.load_state_dict(torch.load(ROOT / "examples/digits/weights.pt", weights_only=True))
+    inputs, _ = data.test_set()
+    with torch.inference_mode():
+        expected = reference.eval()(torch.from_numpy(inputs)).numpy()
+    np.testing.assert_allclose(read_predictions(Path(job["output"])), expected, rtol=1e-4, atol=1e-4)
+    manifest = json.loads((Path(job["output"]) / "manifest.json").read_text())
+    assert len(manifest["shards"]) == 8 and manifest["metrics"]["accuracy"] == job["metrics"]["accuracy"]
+
+
+def test_submit_returns_at_once_and_the_job_can_be_followed(cluster: Cluster, toy: Path) -> None:
+    spec = write_spec(toy, name="toy", model="toyjob:doubler", dataset="numbers.npz", shards=4, batch_size=3)
+    submitted = cluster.farm("submit", str(spec), "--workdir", str(toy))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip()
+    assert job_id.startswith("j-")
+    with Client(cluster.head) as client:
+        final = list(client.watch(job_id))[-1]
+    assert final.state == "succeeded"
+    np.testing.assert_array_equal(read_predictions(Path(final.output)), np.arange(40).reshape(20, 2) * 2)
+    assert "accuracy" not in final.metrics  # an .npz with only `x` has no labels
+
+    listed = json.loads(cluster.farm("jobs", "--json").stdout)
+    assert job_id in {j["id"] for j in listed}
+    logs = cluster.farm("logs", job_id)
+    assert "accepted: 20 items in 4 shards" in logs.stdout and "job succeeded" in logs.stdout
+    explained = cluster.farm("job", job_id, "--explain")
+    assert explained.returncode == 0 and "shard 0 →" in explained.stdout
+
+
+def test_a_model_that_raises_fails_the_job_with_its_error(cluster: Cluster, toy: Path) -> None:
+    spec = write_spec(toy, name="broken", model="toyjob:broken", dataset="toyjob:numbers", shards=2)
+    result = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(toy))
+    assert result.returncode == 1
+    job = json.loads(result.stdout)
+    assert job["state"] == "failed"
+    assert "ValueError: this model is broken on purpose" in job["error"]
+    assert "\n" not in job["error"]
+
+
+def test_cancel_stops_a_running_job(cluster: Cluster, toy: Path) -> None:
+    # 8 shards of 4 half-second batches on two one-slot nodes: about 8 s if left alone.
+    spec = write_spec(toy, name="slow", model="toyjob:slow", dataset="toyjob:numbers", shards=8, batch_size=1)
+    job_id = cluster.farm("submit", str(spec), "--workdir", str(toy)).stdout.strip()
+    with Client(cluster.head) as client:
+        for record in client.watch(job_id):
+            if record.state == "running":
+                break
+        cancelled = cluster.farm("cancel", job_id, "--json")
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert json.loads(cancelled.stdout)["state"] == "cancelled"
+        job = client.job(job_id)
+    assert job.state == "cancelled"
+    assert all(s.state in ("cancelled", "succeeded") for s in job.shards)
+    again = cluster.farm("cancel", job_id)
+    assert again.returncode == 2 and "already cancelled" in again.stderr
+
+
+def test_a_node_lost_mid_job_hands_its_shards_to_the_others(cluster: Cluster, toy: Path) -> None:
+    third = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
+                         "--name", "agent-c", "--cpus", "1", "--state-dir", str(cluster.state_dir), "--detach")
+    assert third.returncode == 0, third.stderr
+    spec = write_spec(toy, name="lossy", model="toyjob:slow", dataset="toyjob:numbers", shards=6, batch_size=2)
+    job_id = cluster.farm("submit", str(spec), "--workdir", str(toy)).stdout.strip()
+    with Client(cluster.head) as client:
+        for record in client.watch(job_id):
+            if any(s.state == "running" and s.node_name == "agent-c" for s in record.shards):
+                break
+        stopped = cluster.farm("agent", "stop", "--name", "agent-c", "--state-dir", str(cluster.state_dir))
+        assert stopped.returncode == 0, stopped.stderr
+        final = list(client.watch(job_id))[-1]
+        logs = [line.message for line in client.logs(job_id)]
+    assert final.state == "succeeded", final.error
+    assert any("goes back to the queue" in m for m in logs)
+    assert {s.node_name for s in final.shards} <= {"agent-a", "agent-b"}
+    np.testing.assert_array_equal(read_predictions(Path(final.output)), np.arange(64).reshape(32, 2) * 2)
