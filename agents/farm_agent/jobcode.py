@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import importlib
-import io
-import shutil
 import sys
-import tempfile
-import zipfile
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,32 +99,3 @@ def load_model(model: str, weights: str | None, root: Path) -> torch.nn.Module:
             raise SpecError(f"weights {weights!r} do not fit the model: {type(exc).__name__}: {exc}") from None
     return module.eval()
 
-
-CODE_CACHE = Path(tempfile.gettempdir()) / "farm-code"
-
-
-def unpack(code_zip: bytes, code_hash: str) -> Path:
-    """The job's code, unpacked once per node into a folder named by its hash."""
-    root = CODE_CACHE / code_hash
-    if not root.is_dir():
-        CODE_CACHE.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=CODE_CACHE, prefix=f".{code_hash}."))
-        with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
-            archive.extractall(staging)
-        try:
-            staging.rename(root)
-        except OSError:  # another worker on this node unpacked it first
-            shutil.rmtree(staging, ignore_errors=True)
-    _forget_other_jobs(root)
-    return root
-
-
-def _forget_other_jobs(root: Path) -> None:
-    """Ray reuses worker processes across jobs: drop modules imported from another job's code, so that two jobs
-    with a module of the same name each get their own."""
-    cache = str(CODE_CACHE)
-    for name, module in list(sys.modules.items()):
-        origin = getattr(module, "__file__", None) or ""
-        if origin.startswith(cache) and not origin.startswith(str(root)):
-            del sys.modules[name]
-    sys.path[:] = [p for p in sys.path if not p.startswith(cache) or p == str(root)]

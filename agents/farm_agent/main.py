@@ -47,9 +47,6 @@ class Agent:
     async def run(self) -> None:
         settings = self.settings
         hardware = detect()
-        _, gpu_reason = nvidia_gpus()
-        if gpu_reason:
-            log.info("no NVIDIA GPUs: %s", gpu_reason)
         offers = backends.offers(hardware, settings.cpus)
         host = urlsplit(f"//{settings.head}").hostname or "127.0.0.1"
         address = local_ip_towards(host)
@@ -61,6 +58,8 @@ class Agent:
         write_json(settings.identity_path, {"node_id": self.node_id})
         write_private(settings.ray_token_path, reply.ray_token.encode())
         log.info("registered with %s as node %s", settings.head, self.node_id)
+        if not hardware.gpus:
+            log.info("no NVIDIA GPUs: %s", nvidia_gpus()[1])
 
         resources = {f"farm.{o.name.value}": o.slots for o in offers if o.available and o.slots}
         self.ray = RayProcess(

@@ -1,20 +1,21 @@
-"""Runs one shard inside a Ray worker on the node the scheduler chose."""
+"""Runs one shard inside a Ray worker on the node the scheduler chose; Ray made the job's code its cwd."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from farm.core.tasks import ShardResult, ShardTask
 from farm_agent import backends
-from farm_agent.jobcode import load_dataset, load_model, unpack
+from farm_agent.jobcode import load_dataset, load_model
 
 
-def run_shard(task: ShardTask, code_zip: bytes, code_hash: str) -> ShardResult:
+def run_shard(task: ShardTask) -> ShardResult:
     import ray
 
-    root = unpack(code_zip, code_hash)
+    root = Path.cwd()
     inputs, labels = load_dataset(task.dataset, root)
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)

@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 from ray import exceptions as ray_errors
+from ray._private.runtime_env import packaging
 
 from farm.core.errors import FarmError
 from farm.core.models import JobState, Node, NodeState, ShardState
@@ -54,7 +55,7 @@ class Dispatcher:
         self.notify = notify
         self.wake = asyncio.Event()
         self.running: dict[tuple[str, int], Running] = {}
-        self.code: dict[str, tuple[Any, str]] = {}  # job id → (object ref of its code zip, hash)
+        self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -89,6 +90,21 @@ class Dispatcher:
             if state is not node.state or (ray_id and ray_id != node.ray_node_id):
                 log.info("node %s is %s", node.name, state.value)
                 self.store.set_node_state(node.id, state, ray_id)
+        self._take_back_from_lost_nodes(set(alive))
+
+    def _take_back_from_lost_nodes(self, alive: set[str]) -> None:
+        """Shards on a node whose Ray worker is gone go back to the queue.
+
+        Ray fails a task whose node dies while it runs, but a task still waiting there (its worker starting, its
+        code unpacking) would wait forever for a node its label selector can no longer match.
+        """
+        for key, running in list(self.running.items()):
+            if running.node_id in alive:
+                continue
+            del self.running[key]
+            ray.cancel(running.ref, force=True)
+            self._retry_or_fail(*key, "its node left the farm")
+            self.notify(key[0])
 
     def schedule(self) -> None:
         jobs = self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING))
@@ -115,10 +131,19 @@ class Dispatcher:
             if explanation != job.explanation:
                 self.store.set_explanation(job.id, explanation)
 
-    def _code(self, job: Job) -> tuple[Any, str]:
+    def _working_dir(self, job: Job) -> str:
+        """The job's code as a Ray package URI, uploaded once: Ray ships it to each node as the working_dir of the
+        job's tasks, unpacks it once per node and gives each job's tasks worker processes of their own.
+
+        Task-level runtime_envs take only URIs, not local paths, so the package is uploaded here with Ray's own
+        packaging calls (pinned with ray==2.60), as `ray.init(runtime_env=...)` does for a whole driver.
+        """
         if job.id not in self.code:
             data = Path(job.code_path).read_bytes()
-            self.code[job.id] = (ray.put(data), hashlib.sha256(data).hexdigest()[:16])
+            uri = f"gcs://_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
+            if not packaging.package_exists(uri):
+                packaging.upload_package_to_gcs(uri, data)
+            self.code[job.id] = uri
         return self.code[job.id]
 
     def launch(self, job: Job, assignment: Assignment, node: Node) -> None:
@@ -129,27 +154,28 @@ class Dispatcher:
             weights=spec.weights, dataset=spec.dataset, batch_size=spec.batch_size,
             backend=assignment.backend.value, device=assignment.device, threads=assignment.threads,
         )
-        code_ref, code_hash = self._code(job)
         ref = remote_run_shard.options(
             label_selector={NODE_LABEL: node.id},
             resources={f"farm.{assignment.backend.value}": 1},
+            runtime_env={"working_dir": self._working_dir(job)},
             name=f"farm:{job.name}:{shard.index}",
-        ).remote(task, code_ref, code_hash)
+        ).remote(task)
         self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
         self.store.shard_started(job.id, shard.index, node, assignment.backend.value)
         if job.state is JobState.QUEUED:
             self.store.set_job_state(job.id, JobState.RUNNING)
             job.state = JobState.RUNNING
         self.notify(job.id)
-        watcher = asyncio.create_task(self._collect(job.id, shard.index, ref))
+        watcher = asyncio.create_task(self._collect(job.id, shard.index, self.running[(job.id, shard.index)]))
         self.tasks.add(watcher)
         watcher.add_done_callback(self.tasks.discard)
 
-    async def _collect(self, job_id: str, index: int, ref: Any) -> None:
+    async def _collect(self, job_id: str, index: int, running: Running) -> None:
+        key = (job_id, index)
         try:
-            result: ShardResult = await ref
+            result: ShardResult = await running.ref
             job = self.store.job(job_id)
-            if job.state.finished:
+            if job.state.finished or self.running.get(key) is not running:  # cancelled, or taken back meanwhile
                 return
             await asyncio.to_thread(write_shard, Path(job.output), index, result.outputs)
             self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct)
@@ -157,7 +183,8 @@ class Dispatcher:
         except ray_errors.TaskCancelledError:
             pass
         except NODE_FAILURES as exc:
-            self._retry_or_fail(job_id, index, f"{type(exc).__name__}: {_first_line(exc)}")
+            if self.running.get(key) is running:
+                self._retry_or_fail(job_id, index, f"{type(exc).__name__}: {_first_line(exc)}")
         except ray_errors.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
             message = cause.message if isinstance(cause, FarmError) else f"{type(cause).__name__}: {_first_line(cause)}"
@@ -166,7 +193,8 @@ class Dispatcher:
             log.exception("shard %s/%d", job_id, index)
             self._fail(job_id, index, f"head: {type(exc).__name__}: {exc}")
         finally:
-            self.running.pop((job_id, index), None)
+            if self.running.get(key) is running:
+                del self.running[key]
             self.notify(job_id)
             self.wake.set()
 
