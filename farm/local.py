@@ -197,10 +197,18 @@ class RayProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_session(self.proc.pid)
-            self.proc.wait()
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM `ray start`, which drains the node and stops its processes; then clear what is left of the
+        session. (Signalling the whole session at once leaves `ray start` draining against a dead GCS.)"""
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        stop_session(self.proc.pid, grace=5)
+        self.proc.wait()
 
     def failure(self) -> AgentError:
         tail = self.log.read_text(errors="replace").strip().splitlines()[-5:] if self.log.exists() else []
