@@ -76,15 +76,22 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
         settings.info_path.unlink(missing_ok=True)
 
 
-async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str], None]) -> None:
-    store = Store(settings.state_dir / "state.db")
-    events = JobEvents()
-    dispatcher = Dispatcher(store, settings, events.publish)
+def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatcher: Dispatcher, events: JobEvents
+                 ) -> grpc.aio.Server:
+    """The control plane: the three services on one gRPC server (call within the event loop that will run it)."""
     server = grpc.aio.server(options=GRPC_OPTIONS)
     agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(store, tokens, settings, dispatcher.wake), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
     server.add_insecure_port(f"{settings.host}:{settings.port}")
+    return server
+
+
+async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str], None]) -> None:
+    store = Store(settings.state_dir / "state.db")
+    events = JobEvents()
+    dispatcher = Dispatcher(store, settings, events.publish)
+    server = build_server(settings, tokens, store, dispatcher, events)
     await server.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import io
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from farm.client.preflight import prepare, zip_code
+from farm.core.errors import SpecError
+from farm_agent.jobcode import load_dataset, load_model
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+@pytest.fixture()
+def work(tmp_path: Path) -> Path:
+    shutil.copy(FIXTURES / "jobs" / "toyjob.py", tmp_path / "toyjob.py")
+    return tmp_path
+
+
+def test_datasets_load_from_callables_and_files(work: Path) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(6, 2)
+    y = np.arange(6)
+    np.save(work / "x.npy", x)
+    np.savez(work / "xy.npz", inputs=x, labels=y)
+    torch.save((torch.from_numpy(x), torch.from_numpy(y)), work / "xy.pt")
+    inputs, labels = load_dataset("x.npy", work)
+    assert labels is None and np.array_equal(inputs, x)
+    for name in ("xy.npz", "xy.pt"):
+        inputs, labels = load_dataset(name, work)
+        assert np.array_equal(inputs, x) and labels is not None and np.array_equal(labels, y)
+    inputs, labels = load_dataset("toyjob:numbers", work)
+    assert inputs.shape == (32, 2) and labels is None
+
+
+def test_dataset_problems_are_spec_errors(work: Path) -> None:
+    np.savez(work / "bad.npz", something=np.zeros(3))
+    np.savez(work / "mismatch.npz", x=np.zeros((4, 2)), y=np.zeros(3))
+    with pytest.raises(SpecError, match="needs an 'inputs' or 'x' array"):
+        load_dataset("bad.npz", work)
+    with pytest.raises(SpecError, match="4 inputs but 3 labels"):
+        load_dataset("mismatch.npz", work)
+    with pytest.raises(SpecError, match="raised OSError: the data server is down"):
+        load_dataset("toyjob:failing_dataset", work)
+
+
+def test_weights_that_do_not_fit_the_model(work: Path) -> None:
+    torch.save({"unexpected": torch.zeros(1)}, work / "w.pt")
+    with pytest.raises(SpecError, match="weights 'w.pt' do not fit the model"):
+        load_model("toyjob:doubler", "w.pt", work)
+
+
+def test_the_code_zip_leaves_out_environments_caches_and_the_output(work: Path) -> None:
+    for folder in (".git", ".venv", "venv", "__pycache__", "pkg.egg-info", "out/job", "src"):
+        (work / folder).mkdir(parents=True)
+        (work / folder / "file.txt").write_text("x")
+    names = set(zipfile.ZipFile(io.BytesIO(zip_code(work, skip=work / "out"))).namelist())
+    assert names == {"toyjob.py", "src/file.txt"}
+
+
+def test_prepare_counts_items_and_resolves_the_output(work: Path) -> None:
+    (work / "job.yaml").write_text("name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 4\n")
+    prepared = prepare(work / "job.yaml", work)
+    assert prepared.items == 32 and prepared.output == work / "out" / "toy"
+    assert "toyjob.py" in zipfile.ZipFile(io.BytesIO(prepared.code_zip)).namelist()
