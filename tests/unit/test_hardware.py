@@ -379,3 +379,20 @@ def test_node_fixtures_describe_the_machines_they_are_named_for() -> None:
     )
     assert (laptop.gpus, laptop.cpu_cores, laptop.os) == ((), 8, "linux")
     assert "i7-1185G7" in laptop.cpu_model
+
+
+def test_the_agent_daemon_never_imports_torch() -> None:
+    # Shards run in Ray workers; the daemon on someone's laptop must stay light.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from farm_agent import backends, main\n"
+        "from farm_agent.hardware import detect\n"
+        "hw = detect()\n"
+        "backends.offers(hw, 1)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
