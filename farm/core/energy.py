@@ -1,0 +1,43 @@
+"""Energy and power figures. Every figure says where it came from and what it covers, so that only like is ranked
+against like and estimates are shown as estimates."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from farm.core.models import Frozen
+
+
+class EnergySource(StrEnum):
+    COUNTER = "counter"  # a hardware energy counter: NVML total energy, RAPL energy_uj
+    VENDOR_ESTIMATE = "vendor-estimate"  # the vendor's own model: Apple IOReport, powermetrics
+    MODEL_ESTIMATE = "model-estimate"  # Farm's model: rated power × utilisation
+
+
+class EnergyScope(StrEnum):
+    DEVICE = "device"  # one accelerator board or die
+    PACKAGE = "package"  # a CPU socket (cores, caches, memory controller) or an SoC
+    SYSTEM = "system"  # the whole machine
+
+
+class Energy(Frozen):
+    """Joules spent over a window of `seconds`."""
+
+    joules: float = Field(ge=0)
+    seconds: float = Field(ge=0)
+    source: EnergySource
+    scope: EnergyScope
+
+    @property
+    def watts(self) -> float:
+        return self.joules / self.seconds if self.seconds > 0 else 0.0
+
+
+class Power(Frozen):
+    """An instantaneous (or short-average) power reading."""
+
+    watts: float = Field(ge=0)
+    source: EnergySource
+    scope: EnergyScope
