@@ -74,6 +74,8 @@ def show_summary(job: job_pb2.Job) -> None:
     metrics = dict(job.metrics)
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
     facts = [f"{job.items} items in {wall:.2f} s"]
+    if job.energy_sources:
+        facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)})")
     if "accuracy" in metrics:
         facts.append(f"accuracy {metrics['accuracy']:.2%} against the dataset's labels")
     facts.append(f"output: {job.output}")

@@ -40,7 +40,7 @@ def node_json(node: fleet_pb2.Node) -> dict[str, Any]:
 
 def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
     table = Table(title="Nodes", title_justify="left")
-    for column in ("ID", "NAME", "STATE", "BACKENDS", "CPU", "MEMORY", "HEARTBEAT"):
+    for column in ("ID", "NAME", "STATE", "BACKENDS", "CPU", "MEMORY", "POWER", "HEARTBEAT"):
         table.add_column(column)
     colours = {"ready": "green", "joining": "yellow", "draining": "yellow", "offline": "red"}
     for node in nodes:
@@ -50,9 +50,21 @@ def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
         )
         table.add_row(
             node.id, node.name, f"[{colours.get(node.state, 'white')}]{node.state}[/]", backends,
-            f"{node.cpu_percent:.0f}%", f"{node.memory_percent:.0f}%", ago(node.last_heartbeat),
+            f"{node.cpu_percent:.0f}%", f"{node.memory_percent:.0f}%",
+            ", ".join(f"{p.device} {watts(p.watts, p.source)}" for p in node.power) or "-", ago(node.last_heartbeat),
         )
     return table
+
+
+def watts(value: float, source: str) -> str:
+    """Estimates are shown as estimates."""
+    return f"{value:,.1f} W" + ("" if source == "counter" else f" ({source})")
+
+
+def joules(value: float, source: str) -> str:
+    if not source:
+        return "-"
+    return f"{value:,.3f} J" + ("" if source == "counter" else f" ({source})")
 
 
 def job_json(job: job_pb2.Job) -> dict[str, Any]:
@@ -81,12 +93,12 @@ def jobs_table(jobs: list[job_pb2.Job]) -> Table:
 
 def shards_table(job: job_pb2.Job) -> Table:
     table = Table(title=f"Shards of {job.id}", title_justify="left")
-    for column in ("#", "STATE", "NODE", "BACKEND", "ITEMS", "SECONDS", "TRIES", "ERROR"):
+    for column in ("#", "STATE", "NODE", "BACKEND", "ITEMS", "SECONDS", "ENERGY", "TRIES", "ERROR"):
         table.add_column(column)
     for s in job.shards:
         table.add_row(
             str(s.index), s.state, s.node_name or "-", s.backend or "-", f"{s.stop - s.start}",
-            f"{s.seconds:.3f}" if s.seconds else "-", str(s.attempts), s.error,
+            f"{s.seconds:.3f}" if s.seconds else "-", joules(s.energy_j, s.energy_source), str(s.attempts), s.error,
         )
     return table
 
@@ -94,6 +106,8 @@ def shards_table(job: job_pb2.Job) -> Table:
 def job_header(job: job_pb2.Job) -> str:
     lines = [f"[bold]{job.id}[/]  {job.name}  ({job.kind})  state: [bold]{job.state}[/]",
              f"items: {items_done(job)}/{job.items}   output: {job.output}"]
+    if job.energy_sources:
+        lines.append(f"energy: {job.energy_j:,.3f} J ({', '.join(job.energy_sources)})")
     if job.error:
         lines.append(f"[red]error: {job.error}[/]")
     return "\n".join(lines)
@@ -101,7 +115,9 @@ def job_header(job: job_pb2.Job) -> str:
 
 def summary_table(job: job_pb2.Job) -> Table:
     """Per node: what it ran and how fast."""
-    per_node: dict[str, dict[str, Any]] = defaultdict(lambda: {"shards": 0, "items": 0, "seconds": 0.0, "backends": set()})
+    per_node: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"shards": 0, "items": 0, "seconds": 0.0, "joules": 0.0, "backends": set(), "sources": set()}
+    )
     for s in job.shards:
         if s.state != "succeeded":
             continue
@@ -109,12 +125,16 @@ def summary_table(job: job_pb2.Job) -> Table:
         row["shards"] += 1
         row["items"] += s.items
         row["seconds"] += s.seconds
+        row["joules"] += s.energy_j
         row["backends"].add(s.backend)
+        row["sources"].add(s.energy_source)
     table = Table(title=f"{job.name} ({job.id}): {job.state}", title_justify="left")
-    for column in ("NODE", "BACKEND", "SHARDS", "ITEMS", "SECONDS", "ITEMS/S"):
+    for column in ("NODE", "BACKEND", "SHARDS", "ITEMS", "SECONDS", "ITEMS/S", "ENERGY", "ITEMS/J"):
         table.add_column(column, justify="right" if column not in ("NODE", "BACKEND") else "left")
     for name, row in sorted(per_node.items()):
         rate = row["items"] / row["seconds"] if row["seconds"] else 0.0
+        source = next(iter(row["sources"])) if len(row["sources"]) == 1 else ""
+        per_joule = f"{row['items'] / row['joules']:,.1f}" if source and row["joules"] else "-"
         table.add_row(name, ", ".join(sorted(row["backends"])), str(row["shards"]), str(row["items"]),
-                      f"{row['seconds']:.3f}", f"{rate:,.0f}")
+                      f"{row['seconds']:.3f}", f"{rate:,.0f}", joules(row["joules"], source), per_joule)
     return table

@@ -7,7 +7,7 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from farm.core.models import Frozen
+from farm.core.frozen import Frozen
 
 
 class EnergySource(StrEnum):
@@ -41,3 +41,7 @@ class Power(Frozen):
     watts: float = Field(ge=0)
     source: EnergySource
     scope: EnergyScope
+
+
+class DevicePower(Power):
+    device: str

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+from farm.core.energy import DevicePower
+from farm.core.frozen import Frozen
 
 
 class JobState(StrEnum):
@@ -88,6 +87,7 @@ class Node(Frozen):
     registered_at: float = 0.0
     cpu_percent: float = 0.0
     memory_percent: float = 0.0
+    power: tuple[DevicePower, ...] = ()
 
 
 class Shard(Frozen):
@@ -102,6 +102,9 @@ class Shard(Frozen):
     seconds: float = 0.0
     error: str = ""
     attempts: int = 0
+    energy_j: float = 0.0
+    energy_source: str = ""  # an EnergySource value; empty when the shard's energy was not measured
+    energy_scope: str = ""
 
     @property
     def size(self) -> int:

@@ -10,7 +10,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from farm.core.errors import SpecError
-from farm.core.models import BackendName, Frozen
+from farm.core.frozen import Frozen
+from farm.core.models import BackendName
 
 CALLABLE_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 DATA_FILE_SUFFIXES = (".npy", ".npz", ".pt")

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from farm.core.energy import Energy
+
 
 @dataclass(frozen=True)
 class ShardTask:
@@ -29,3 +31,4 @@ class ShardResult:
     seconds: float  # time spent in the model, loading excluded
     correct: int | None  # predictions equal to the dataset's labels, when it has labels
     node_ray_id: str
+    energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell

@@ -26,7 +26,7 @@ from farm.core.tasks import ShardResult, ShardTask
 from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
-from farm.scheduler import Assignment, ShardRequest, place
+from farm.scheduler import Assignment, ShardRequest, calibration, place
 from farm_agent.runner import run_shard
 
 log = logging.getLogger("farm.head")
@@ -110,8 +110,7 @@ class Dispatcher:
         jobs = self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING))
         if not jobs:
             return
-        by_id = {job.id: job for job in jobs}
-        requests = []
+        requests: list[ShardRequest] = []
         for job in jobs:
             spec = parse_spec(job.spec_yaml, job.id)
             requests += [
@@ -122,12 +121,15 @@ class Dispatcher:
             return
         nodes = {node.id: node for node in self.store.nodes()}
         busy = Counter((r.node_id, r.device) for r in self.running.values())
-        placement = place(requests, list(nodes.values()), busy)
-        for assignment in placement.assignments:
-            self.launch(by_id[assignment.job_id], assignment, nodes[assignment.node_id])
-        for job in jobs:
-            waiting = [w for w in placement.waiting if w.job_id == job.id]
-            explanation = "\n".join(sorted({f"waiting: {w.why}" for w in waiting}))
+        for job in jobs:  # in submission order: earlier jobs take free slots first
+            wanted = [r for r in requests if r.job_id == job.id]
+            if not wanted:
+                continue
+            placement = place(wanted, list(nodes.values()), busy, calibration.rates(self.store.samples(job.model_key)))
+            for assignment in placement.assignments:
+                busy[(assignment.node_id, assignment.device)] += 1
+                self.launch(job, assignment, nodes[assignment.node_id])
+            explanation = "\n".join(sorted({f"waiting: {w.why}" for w in placement.waiting}))
             if explanation != job.explanation:
                 self.store.set_explanation(job.id, explanation)
 
@@ -161,7 +163,8 @@ class Dispatcher:
             name=f"farm:{job.name}:{shard.index}",
         ).remote(task)
         self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
-        self.store.shard_started(job.id, shard.index, node, assignment.backend.value)
+        self.store.shard_started(job.id, shard.index, node, assignment.backend.value, assignment.device,
+                                 f"score {assignment.score:,.1f}, {assignment.basis}")
         if job.state is JobState.QUEUED:
             self.store.set_job_state(job.id, JobState.RUNNING)
             job.state = JobState.RUNNING
@@ -178,7 +181,7 @@ class Dispatcher:
             if job.state.finished or self.running.get(key) is not running:  # cancelled, or taken back meanwhile
                 return
             await asyncio.to_thread(write_shard, Path(job.output), index, result.outputs)
-            self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct)
+            self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct, result.energy)
             self._finish_if_done(job_id)
         except ray_errors.TaskCancelledError:
             pass
@@ -238,6 +241,9 @@ class Dispatcher:
 def job_metrics(job: Job) -> dict[str, float]:
     busy_s = sum(s.seconds for s in job.shards)
     metrics = {"items_per_s": job.items / busy_s if busy_s else 0.0, "wall_s": time.time() - job.started_at}
+    if job.energy_j > 0 and all(s.energy_source for s in job.shards):
+        metrics["energy_j"] = job.energy_j
+        metrics["items_per_j"] = job.items / job.energy_j
     if job.correct is not None:
         metrics["accuracy"] = job.correct / job.items
     return metrics
@@ -248,7 +254,8 @@ def manifest(job: Job, metrics: dict[str, float]) -> dict[str, Any]:
         "job_id": job.id, "name": job.name, "items": job.items, "metrics": metrics, "format": "npy",
         "shards": [
             {"index": s.index, "start": s.start, "stop": s.stop, "file": shard_file(s.index), "node": s.node_name,
-             "backend": s.backend, "seconds": s.seconds}
+             "backend": s.backend, "seconds": s.seconds, "energy_j": s.energy_j, "energy_source": s.energy_source,
+             "energy_scope": s.energy_scope}
             for s in job.shards
         ],
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import zipfile
 from collections.abc import AsyncIterator
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
-from farm.core.spec import JobKind, parse_spec, shard_ranges
+from farm.core.spec import JobKind, JobSpec, parse_spec, shard_ranges
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.settings import HeadSettings
@@ -45,7 +46,7 @@ class Jobs:
         write_private(code_path, code_zip)
         self.store.add_job(
             job_id, spec.name, spec.kind.value, spec_yaml, str(code_path), output, items,
-            shard_ranges(items, spec.shards),
+            shard_ranges(items, spec.shards), model_key(spec, code_zip),
         )
         self.dispatcher.wake.set()
         return job_id
@@ -77,6 +78,16 @@ class Jobs:
                 except asyncio.TimeoutError:
                     pass
                 changed.clear()
+
+
+def model_key(spec: JobSpec, code_zip: bytes) -> str:
+    """What calibration is keyed by: the model, its weights, its inputs and batch size. Jobs that share a key share
+    their measurements, so a model's second job starts from the first one's figures."""
+    digest = hashlib.sha256(f"{spec.model}\0{spec.dataset}\0{spec.batch_size}\0".encode())
+    if spec.weights:
+        with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
+            digest.update(archive.read(spec.weights))
+    return digest.hexdigest()[:16]
 
 
 def _zip_names(code_zip: bytes) -> set[str]:

@@ -28,6 +28,7 @@ def job_to_pb(job: Job) -> job_pb2.Job:
         created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, items=job.items,
         metrics=job.metrics, explanation=job.explanation, spec_yaml=job.spec_yaml,
         shards=[job_pb2.Shard(**s.model_dump(mode="json")) for s in job.shards],
+        energy_j=job.energy_j, energy_sources=job.energy_sources,
     )
 
 
@@ -65,7 +66,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             if beat.node_id != verified:
                 check_node_token(beat.node_token, self.store.node_token_hash(beat.node_id))
                 verified = beat.node_id
-            self.store.heartbeat(beat.node_id, beat.cpu_percent, beat.memory_percent)
+            self.store.heartbeat(
+                beat.node_id, beat.cpu_percent, beat.memory_percent, [convert.power_from_pb(p) for p in beat.power]
+            )
             yield agent_pb2.HeartbeatReply(state=self._state(beat.node_id))
 
     def _state(self, node_id: str) -> str:

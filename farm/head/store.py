@@ -13,8 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from farm.core.energy import DevicePower, Energy
 from farm.core.errors import NotFoundError
 from farm.core.models import BackendOffer, Hardware, JobState, Node, NodeState, Shard, ShardState
+from farm.scheduler.calibration import Sample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -29,7 +31,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     registered_at REAL NOT NULL,
     last_heartbeat REAL NOT NULL DEFAULT 0,
     cpu_percent REAL NOT NULL DEFAULT 0,
-    memory_percent REAL NOT NULL DEFAULT 0
+    memory_percent REAL NOT NULL DEFAULT 0,
+    power TEXT NOT NULL DEFAULT '[]'
 );
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -41,6 +44,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     code_path TEXT NOT NULL,
     output TEXT NOT NULL,
     items INTEGER NOT NULL,
+    model_key TEXT NOT NULL DEFAULT '',
     error TEXT NOT NULL DEFAULT '',
     explanation TEXT NOT NULL DEFAULT '',
     metrics TEXT NOT NULL DEFAULT '{}',
@@ -57,9 +61,13 @@ CREATE TABLE IF NOT EXISTS shards (
     node_id TEXT NOT NULL DEFAULT '',
     node_name TEXT NOT NULL DEFAULT '',
     backend TEXT NOT NULL DEFAULT '',
+    device TEXT NOT NULL DEFAULT '',
     items INTEGER NOT NULL DEFAULT 0,
     seconds REAL NOT NULL DEFAULT 0,
     correct INTEGER,
+    energy_j REAL NOT NULL DEFAULT 0,
+    energy_source TEXT NOT NULL DEFAULT '',
+    energy_scope TEXT NOT NULL DEFAULT '',
     error TEXT NOT NULL DEFAULT '',
     attempts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
@@ -86,6 +94,7 @@ class Job:
         self.code_path: str = row["code_path"]
         self.output: str = row["output"]
         self.items: int = row["items"]
+        self.model_key: str = row["model_key"]
         self.error: str = row["error"]
         self.explanation: str = row["explanation"]
         self.metrics: dict[str, float] = json.loads(row["metrics"])
@@ -98,6 +107,14 @@ class Job:
     @property
     def items_done(self) -> int:
         return sum(s.items for s in self.shards if s.state is ShardState.SUCCEEDED)
+
+    @property
+    def energy_j(self) -> float:
+        return sum(s.energy_j for s in self.shards if s.state is ShardState.SUCCEEDED)
+
+    @property
+    def energy_sources(self) -> list[str]:
+        return sorted({s.energy_source for s in self.shards if s.state is ShardState.SUCCEEDED and s.energy_source})
 
 
 class Store:
@@ -147,14 +164,10 @@ class Store:
         row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
         return None if row is None else str(row["token_hash"])
 
-    def node_id_by_name(self, name: str) -> str | None:
-        row = self._db.execute("SELECT id FROM nodes WHERE name=?", (name,)).fetchone()
-        return None if row is None else str(row["id"])
-
-    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float) -> None:
+    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: list[DevicePower]) -> None:
         self._db.execute(
-            "UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=? WHERE id=?",
-            (time.time(), cpu_percent, memory_percent, node_id),
+            "UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=? WHERE id=?",
+            (time.time(), cpu_percent, memory_percent, json.dumps([p.model_dump(mode="json") for p in power]), node_id),
         )
 
     def set_node_state(self, node_id: str, state: NodeState, ray_node_id: str | None = None) -> None:
@@ -174,6 +187,7 @@ class Store:
                 backends=tuple(BackendOffer.model_validate(b) for b in json.loads(r["backends"])),
                 ray_node_id=r["ray_node_id"], address=r["address"], last_heartbeat=r["last_heartbeat"],
                 registered_at=r["registered_at"], cpu_percent=r["cpu_percent"], memory_percent=r["memory_percent"],
+                power=tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])),
             )
             for r in rows
         ]
@@ -182,13 +196,14 @@ class Store:
 
     def add_job(
         self, job_id: str, name: str, kind: str, spec_yaml: str, code_path: str, output: str, items: int,
-        ranges: list[tuple[int, int]],
+        ranges: list[tuple[int, int]], model_key: str = "",
     ) -> None:
         with self._tx() as db:
             db.execute(
-                """INSERT INTO jobs (id, name, kind, state, spec_yaml, code_path, output, items, created_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                (job_id, name, kind, JobState.QUEUED.value, spec_yaml, code_path, output, items, time.time()),
+                """INSERT INTO jobs (id, name, kind, state, spec_yaml, code_path, output, items, model_key, created_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                (job_id, name, kind, JobState.QUEUED.value, spec_yaml, code_path, output, items, model_key,
+                 time.time()),
             )
             db.executemany(
                 "INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
@@ -208,7 +223,8 @@ class Store:
             Shard(
                 index=r["idx"], start=r["start"], stop=r["stop"], state=ShardState(r["state"]), node_id=r["node_id"],
                 node_name=r["node_name"], backend=r["backend"], items=r["items"], seconds=r["seconds"],
-                error=r["error"], attempts=r["attempts"],
+                error=r["error"], attempts=r["attempts"], energy_j=r["energy_j"], energy_source=r["energy_source"],
+                energy_scope=r["energy_scope"],
             )
             for r in rows
         ]
@@ -252,22 +268,27 @@ class Store:
 
     # ---- shards
 
-    def shard_started(self, job_id: str, index: int, node: Node, backend: str) -> None:
+    def shard_started(self, job_id: str, index: int, node: Node, backend: str, device: str, why: str = "") -> None:
         with self._tx() as db:
             db.execute(
-                """UPDATE shards SET state=?, node_id=?, node_name=?, backend=?, attempts=attempts+1, error=''
-                   WHERE job_id=? AND idx=?""",
-                (ShardState.RUNNING.value, node.id, node.name, backend, job_id, index),
+                """UPDATE shards SET state=?, node_id=?, node_name=?, backend=?, device=?, attempts=attempts+1,
+                   error='' WHERE job_id=? AND idx=?""",
+                (ShardState.RUNNING.value, node.id, node.name, backend, device, job_id, index),
             )
-            self._log(db, job_id, "info", f"shard {index} → {node.name} ({backend})")
+            self._log(db, job_id, "info", f"shard {index} → {node.name} ({device})" + (f": {why}" if why else ""))
 
-    def shard_succeeded(self, job_id: str, index: int, items: int, seconds: float, correct: int | None) -> None:
+    def shard_succeeded(
+        self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None
+    ) -> None:
+        joules, source, scope = (energy.joules, energy.source.value, energy.scope.value) if energy else (0.0, "", "")
         with self._tx() as db:
             db.execute(
-                "UPDATE shards SET state=?, items=?, seconds=?, correct=? WHERE job_id=? AND idx=?",
-                (ShardState.SUCCEEDED.value, items, seconds, correct, job_id, index),
+                """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?, energy_scope=?
+                   WHERE job_id=? AND idx=?""",
+                (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope, job_id, index),
             )
-            self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s")
+            spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
+            self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s{spent}")
 
     def shard_requeued(self, job_id: str, index: int, error: str) -> None:
         with self._tx() as db:
@@ -284,6 +305,22 @@ class Store:
                 (ShardState.FAILED.value, error, job_id, index),
             )
             self._log(db, job_id, "error", f"shard {index} failed: {error}")
+
+    def samples(self, model_key: str, per_device: int = 20) -> list[Sample]:
+        """The latest finished shards of a model, per (node, device): what calibration learns from."""
+        rows = self._db.execute(
+            """SELECT node_id, device, items, seconds, energy_j, energy_source FROM (
+                 SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.node_id, s.device ORDER BY j.seq DESC, s.idx DESC) AS n
+                 FROM shards s JOIN jobs j ON j.id = s.job_id
+                 WHERE j.model_key = ? AND s.state = ? AND s.seconds > 0)
+               WHERE n <= ?""",
+            (model_key, ShardState.SUCCEEDED.value, per_device),
+        ).fetchall()
+        return [
+            Sample(node_id=r["node_id"], device=r["device"], items=r["items"], seconds=r["seconds"],
+                   energy_j=r["energy_j"], energy_source=r["energy_source"])
+            for r in rows
+        ]
 
     def requeue_running(self) -> int:
         """After a head restart: shards that were running belonged to the old Ray driver and died with it."""

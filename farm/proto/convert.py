@@ -8,6 +8,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from farm.core.energy import DevicePower
 from farm.core.models import BackendOffer, Gpu, Hardware, Node
 from farm.proto.v1 import common_pb2, fleet_pb2
 
@@ -42,8 +43,16 @@ def node_to_pb(node: Node) -> fleet_pb2.Node:
         id=node.id, name=node.name, state=node.state.value, hardware=hardware_to_pb(node.hardware),
         backends=[offer_to_pb(b) for b in node.backends], ray_node_id=node.ray_node_id,
         last_heartbeat=node.last_heartbeat, cpu_percent=node.cpu_percent, memory_percent=node.memory_percent,
-        address=node.address, registered_at=node.registered_at,
+        address=node.address, registered_at=node.registered_at, power=[power_to_pb(p) for p in node.power],
     )
+
+
+def power_to_pb(power: DevicePower) -> common_pb2.DevicePower:
+    return common_pb2.DevicePower(**power.model_dump(mode="json"))
+
+
+def power_from_pb(msg: common_pb2.DevicePower) -> DevicePower:
+    return DevicePower.model_validate(to_dict(msg))
 
 
 def to_dict(msg: Message) -> dict[str, Any]:

@@ -1,14 +1,30 @@
-"""Assignment: shards in submission order, each to the best-scoring candidate with a free slot."""
+"""Assignment: shards in submission order, each to the best-scoring candidate that still has a free slot.
+
+Filters and scores depend on what a shard asks for (its backends and policy), not on the shard itself, so they
+are worked out once per kind of shard; slots only fill during one call, so a candidate found full is passed over
+for good. Placing S shards over C candidates costs O(C log C + S) per kind of shard.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from farm.core.models import Node
+from farm.core.models import BackendOffer, Node
 from farm.scheduler.filters import DEFAULT_FILTERS, Filter
 from farm.scheduler.scoring import score
 from farm.scheduler.types import Assignment, Placement, Rate, ShardRequest, Waiting
+
+
+@dataclass
+class _Ranking:
+    """The candidates for one kind of shard, best first, and why the others were turned down."""
+
+    eligible: list[tuple[float, str, Node, BackendOffer]]
+    rejected: list[str]
+    next: int = 0  # candidates before this one are full
+    why_waiting: str = ""  # once every candidate is full, the same for every further shard
 
 
 def place(
@@ -20,32 +36,50 @@ def place(
 ) -> Placement:
     """Place what fits now. `busy` counts running shards per (node id, device); the rest wait for a slot."""
     used: Counter[tuple[str, str]] = Counter(busy or {})
-    rates = rates or {}
-    candidates = [(node, offer) for node in nodes for offer in node.backends]
+    rankings: dict[tuple[object, ...], _Ranking] = {}
     assignments: list[Assignment] = []
     waiting: list[Waiting] = []
     for shard in shards:
-        best: tuple[float, Node, int] | None = None
-        turned_down: list[str] = []
-        for position, (node, offer) in enumerate(candidates):
-            reason = next((r for f in filters if (r := f(node, offer, shard, used)) is not None), None)
-            if reason is not None:
-                turned_down.append(f"{node.name}/{offer.device}: {reason}")
-                continue
-            value = score(node, offer, shard.policy, rates)
-            if best is None or value > best[0]:
-                best = (value, node, position)
-        if best is None:
-            why = "; ".join(turned_down) if turned_down else "no nodes in the fleet"
-            waiting.append(Waiting(job_id=shard.job_id, index=shard.index, why=why))
+        kind = (shard.backends, shard.policy)
+        ranking = rankings.get(kind)
+        if ranking is None:
+            ranking = rankings[kind] = _rank(shard, nodes, rates or {}, filters)
+        while ranking.next < len(ranking.eligible):
+            value, basis, node, offer = ranking.eligible[ranking.next]
+            if used[(node.id, offer.device)] < offer.slots:
+                break
+            ranking.next += 1
+        if ranking.next == len(ranking.eligible):
+            ranking.why_waiting = ranking.why_waiting or _why(ranking, used)
+            waiting.append(Waiting(job_id=shard.job_id, index=shard.index, why=ranking.why_waiting))
             continue
-        value, node, position = best
-        offer = candidates[position][1]
         used[(node.id, offer.device)] += 1
         assignments.append(
             Assignment(
                 job_id=shard.job_id, index=shard.index, node_id=node.id, backend=offer.name,
-                device=offer.device, threads=offer.threads, score=value,
+                device=offer.device, threads=offer.threads, score=value, basis=basis,
             )
         )
     return Placement(assignments=tuple(assignments), waiting=tuple(waiting))
+
+
+def _rank(shard: ShardRequest, nodes: Sequence[Node], rates: Mapping[tuple[str, str], Rate],
+          filters: Sequence[Filter]) -> _Ranking:
+    eligible, rejected = [], []
+    for node in nodes:
+        for offer in node.backends:
+            reason = next((r for f in filters if (r := f(node, offer, shard)) is not None), None)
+            if reason is None:
+                value, basis = score(node, offer, shard.policy, rates)
+                eligible.append((value, basis, node, offer))
+            else:
+                rejected.append(f"{node.name}/{offer.device}: {reason}")
+    eligible.sort(key=lambda candidate: -candidate[0])  # stable: equal scores keep the fleet's order
+    return _Ranking(eligible, rejected)
+
+
+def _why(ranking: _Ranking, used: Counter[tuple[str, str]]) -> str:
+    full = [f"{node.name}/{offer.device}: busy ({used[(node.id, offer.device)]}/{offer.slots} slots)"
+            for _, _, node, offer in ranking.eligible]
+    reasons = full + ranking.rejected
+    return "; ".join(reasons) if reasons else "no nodes in the fleet"

@@ -27,11 +27,17 @@ def prior_rate(offer: BackendOffer) -> float:
     return per_device * max(offer.threads, 1) if offer.name is BackendName.CPU else per_device
 
 
-def score(node: Node, offer: BackendOffer, policy: Policy, rates: Mapping[tuple[str, str], Rate]) -> float:
-    """Items per joule under the efficiency policy when measured, items per second otherwise."""
+def score(
+    node: Node, offer: BackendOffer, policy: Policy, rates: Mapping[tuple[str, str], Rate]
+) -> tuple[float, str]:
+    """Items per joule under the efficiency policy when measured, items per second otherwise; and the basis of the
+    figure, for explanations."""
     rate = rates.get((node.id, offer.device))
     if rate is None:
-        return prior_rate(offer)
+        return prior_rate(offer), f"prior {prior_rate(offer):g} (no measurement yet)"
+    measured = f"measured over {rate.samples} shards: {rate.items_per_s:,.0f} items/s"
+    if rate.items_per_j is not None:
+        measured += f", {rate.items_per_j:,.1f} items/J ({rate.energy_source})"
     if policy is Policy.EFFICIENCY and rate.items_per_j is not None:
-        return rate.items_per_j
-    return rate.items_per_s
+        return rate.items_per_j, measured
+    return rate.items_per_s, measured

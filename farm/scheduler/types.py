@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from farm.core.models import BackendName, Frozen
+from farm.core.frozen import Frozen
+from farm.core.models import BackendName
 from farm.core.spec import Policy
 
 
@@ -19,6 +20,8 @@ class Rate(Frozen):
 
     items_per_s: float
     items_per_j: float | None = None
+    energy_source: str = ""  # where items_per_j's joules came from
+    samples: int = 0  # finished shards behind the figures
 
 
 class Assignment(Frozen):
@@ -29,6 +32,7 @@ class Assignment(Frozen):
     device: str
     threads: int
     score: float
+    basis: str = ""  # what the score rests on: a measurement (and its energy source) or a prior
 
 
 class Waiting(Frozen):

@@ -92,3 +92,14 @@ def test_an_empty_fleet_is_named_as_the_reason() -> None:
 @pytest.mark.parametrize("fixture", ["h200-box", "h200x2-box", "m2-pro-mac", "laptop-cpu"])
 def test_node_fixtures_are_recorded_hardware(fixture: str) -> None:
     assert hardware(fixture).cpu_cores >= 1
+
+
+def test_kinds_of_shards_share_the_slots_they_compete_for() -> None:
+    fleet = [node("h200", "h200-box", cpu(16, slots=2), gpu(0))]
+    anything = shards(2, job="j-any")
+    cpu_only = shards(2, backends=(BackendName.CPU,), job="j-cpu")
+    placement = place([*anything, *cpu_only], fleet)
+    placed = {(a.job_id, a.index): a.device for a in placement.assignments}
+    assert placed == {("j-any", 0): "cuda:0", ("j-any", 1): "cpu", ("j-cpu", 0): "cpu"}
+    assert [(w.job_id, w.index) for w in placement.waiting] == [("j-cpu", 1)]
+    assert "h200/cpu: busy (2/2 slots)" in placement.waiting[0].why

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from farm.core.energy import Energy, EnergyScope, EnergySource
 from farm.core.errors import NotFoundError
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.head.store import Store
@@ -35,14 +36,18 @@ def test_shard_lifecycle_and_accuracy_count(tmp_path: Path) -> None:
     add_job(store)
     store.upsert_node("n-1", "a", HW, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.1", "hash")
     node = store.nodes()[0]
-    store.shard_started("j-1", 0, node, "cpu")
-    store.shard_started("j-1", 1, node, "cpu")
-    store.shard_succeeded("j-1", 0, 5, 0.5, correct=4)
+    store.shard_started("j-1", 0, node, "cpu", "cpu")
+    store.shard_started("j-1", 1, node, "cpu", "cpu")
+    store.shard_succeeded("j-1", 0, 5, 0.5, correct=4, energy=Energy(
+        joules=2.5, seconds=0.5, source=EnergySource.MODEL_ESTIMATE, scope=EnergyScope.PACKAGE))
     store.shard_requeued("j-1", 1, "NodeDiedError")
     job = store.job("j-1")
     assert job.shards[0].state is ShardState.SUCCEEDED and job.shards[0].node_name == "a"
     assert job.shards[1].state is ShardState.PENDING and job.shards[1].attempts == 1
     assert job.items_done == 5 and job.correct == 4
+    assert (job.shards[0].energy_j, job.shards[0].energy_source, job.shards[0].energy_scope) == (
+        2.5, "model-estimate", "package")
+    assert job.energy_j == 2.5 and job.energy_sources == ["model-estimate"]
     messages = [line["message"] for line in store.logs("j-1")]
     assert messages[0].startswith("accepted") and any("back to the queue" in m for m in messages)
 
@@ -50,7 +55,7 @@ def test_shard_lifecycle_and_accuracy_count(tmp_path: Path) -> None:
 def test_cancelling_a_job_cancels_its_unfinished_shards(tmp_path: Path) -> None:
     store = Store(tmp_path / "state.db")
     add_job(store)
-    store.shard_succeeded("j-1", 0, 5, 0.5, None)
+    store.shard_succeeded("j-1", 0, 5, 0.5, None, None)
     store.set_job_state("j-1", JobState.CANCELLED)
     job = store.job("j-1")
     assert job.state is JobState.CANCELLED and job.finished_at > 0
@@ -61,7 +66,7 @@ def test_running_shards_return_to_the_queue_after_a_restart(tmp_path: Path) -> N
     store = Store(tmp_path / "state.db")
     add_job(store)
     store.upsert_node("n-1", "a", HW, [], "", "hash")
-    store.shard_started("j-1", 1, store.nodes()[0], "cpu")
+    store.shard_started("j-1", 1, store.nodes()[0], "cpu", "cpu")
     assert store.requeue_running() == 1
     assert store.job("j-1").shards[1].state is ShardState.PENDING
 
@@ -90,3 +95,19 @@ def test_jobs_by_state_come_in_submission_order(tmp_path: Path) -> None:
     store.set_job_state("j-a", JobState.RUNNING)
     assert [j.id for j in store.jobs(states=(JobState.QUEUED, JobState.RUNNING))] == ["j-b", "j-a", "j-c"]
     assert [j.id for j in store.jobs(limit=2)] == ["j-c", "j-a"]
+
+
+def test_samples_are_the_latest_finished_shards_of_the_same_model(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.upsert_node("n-1", "a", HW, [], "", "hash")
+    node = store.nodes()[0]
+    energy = Energy(joules=1.0, seconds=0.1, source=EnergySource.COUNTER, scope=EnergyScope.DEVICE)
+    for job_id, key in (("j-1", "model-a"), ("j-2", "model-a"), ("j-3", "model-b")):
+        store.add_job(job_id, "x", "inference", "", "", "", 10, [(0, 5), (5, 10)], model_key=key)
+        for index in (0, 1):
+            store.shard_started(job_id, index, node, "cuda", "cuda:0")
+            store.shard_succeeded(job_id, index, 5, 0.1, None, energy)
+    samples = store.samples("model-a", per_device=3)
+    assert len(samples) == 3
+    assert all((s.node_id, s.device, s.items, s.energy_source) == ("n-1", "cuda:0", 5, "counter") for s in samples)
+    assert store.samples("model-c") == []

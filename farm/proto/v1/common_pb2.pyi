@@ -57,3 +57,15 @@ class Hardware(_message.Message):
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     apple_chip: str
     def __init__(self, hostname: _Optional[str] = ..., os: _Optional[str] = ..., arch: _Optional[str] = ..., cpu_model: _Optional[str] = ..., cpu_cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., apple_chip: _Optional[str] = ...) -> None: ...
+
+class DevicePower(_message.Message):
+    __slots__ = ("device", "watts", "source", "scope")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    WATTS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    watts: float
+    source: str
+    scope: str
+    def __init__(self, device: _Optional[str] = ..., watts: _Optional[float] = ..., source: _Optional[str] = ..., scope: _Optional[str] = ...) -> None: ...

@@ -25,7 +25,7 @@ class SubmitReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts")
+    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,9 @@ class Shard(_message.Message):
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_SCOPE_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     node_id: str
@@ -48,10 +51,13 @@ class Shard(_message.Message):
     seconds: float
     error: str
     attempts: int
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ...) -> None: ...
+    energy_j: float
+    energy_source: str
+    energy_scope: str
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml")
+    __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +79,8 @@ class Job(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_J_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_SOURCES_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     kind: str
@@ -87,7 +95,9 @@ class Job(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     explanation: str
     spec_yaml: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., items: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., explanation: _Optional[str] = ..., spec_yaml: _Optional[str] = ...) -> None: ...
+    energy_j: float
+    energy_sources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., items: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., explanation: _Optional[str] = ..., spec_yaml: _Optional[str] = ..., energy_j: _Optional[float] = ..., energy_sources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+import pytest
+
+from farm.scheduler.calibration import Sample, rates
+
+
+def sample(items: int, seconds: float, joules: float = 0.0, source: str = "", node: str = "n", device: str = "cpu"
+           ) -> Sample:
+    return Sample(node_id=node, device=device, items=items, seconds=seconds, energy_j=joules, energy_source=source)
+
+
+def test_rates_pool_every_sample_of_a_device() -> None:
+    found = rates([sample(100, 1.0, 10.0, "counter"), sample(300, 2.0, 20.0, "counter"),
+                   sample(50, 0.5, node="m")])
+    assert found[("n", "cpu")].items_per_s == pytest.approx(400 / 3.0)
+    assert found[("n", "cpu")].items_per_j == pytest.approx(400 / 30.0)
+    assert (found[("n", "cpu")].energy_source, found[("n", "cpu")].samples) == ("counter", 2)
+    assert found[("m", "cpu")].items_per_j is None  # no energy measured there
+
+
+def test_unlike_energy_sources_give_no_energy_rate() -> None:
+    found = rates([sample(100, 1.0, 10.0, "counter"), sample(100, 1.0, 12.0, "model-estimate")])
+    assert found[("n", "cpu")].items_per_j is None and found[("n", "cpu")].items_per_s == pytest.approx(100)
+
+
+def test_empty_samples_give_no_rate() -> None:
+    assert rates([sample(0, 0.0)]) == {}
