@@ -27,5 +27,5 @@ def run_shard(task: ShardTask) -> ShardResult:
         correct = int((np.argmax(outputs, axis=1) == labels[task.start : task.stop]).sum())
     return ShardResult(
         outputs=outputs, items=task.stop - task.start, seconds=seconds, correct=correct,
-        node_ray_id=ray.get_runtime_context().get_node_id(),
+        node_ray_id=ray.get_runtime_context().get_node_id(), energy=None,
     )
