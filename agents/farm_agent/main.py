@@ -74,7 +74,7 @@ class Agent:
         self.ray.start()
         self.status = {
             "pid": os.getpid(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
-            "started_at": time.time(), "state": "joining",
+            "started_at": time.time(), "state": "joining", "ray_pid": self.ray.proc.pid if self.ray.proc else 0,
         }
         write_json(settings.status_path, self.status)
         try:

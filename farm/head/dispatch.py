@@ -26,7 +26,8 @@ from farm.core.tasks import ShardResult, ShardTask
 from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
-from farm.scheduler import Assignment, ShardRequest, calibration, place
+from farm.scheduler import Assignment, ShardRequest, calibration
+from farm.scheduler.rounds import schedule_round
 from farm_agent.runner import run_shard
 
 log = logging.getLogger("farm.head")
@@ -78,8 +79,9 @@ class Dispatcher:
             n["Labels"][NODE_LABEL]: n["NodeID"] for n in ray_nodes if n.get("Alive") and NODE_LABEL in n.get("Labels", {})
         }
         now = time.time()
+        ready = set()
         for node in self.store.nodes():
-            if node.state is NodeState.OFFLINE and node.id not in alive:
+            if node.state is NodeState.OFFLINE:  # it left or went silent; a heartbeat or Register brings it back
                 continue
             if now - node.last_heartbeat > self.settings.offline_after_s:
                 state, ray_id = NodeState.OFFLINE, None
@@ -90,16 +92,19 @@ class Dispatcher:
             if state is not node.state or (ray_id and ray_id != node.ray_node_id):
                 log.info("node %s is %s", node.name, state.value)
                 self.store.set_node_state(node.id, state, ray_id)
-        self._take_back_from_lost_nodes(set(alive))
+            if state is NodeState.READY:
+                ready.add(node.id)
+        self._take_back_from_lost_nodes(ready)
 
-    def _take_back_from_lost_nodes(self, alive: set[str]) -> None:
-        """Shards on a node whose Ray worker is gone go back to the queue.
+    def _take_back_from_lost_nodes(self, ready: set[str]) -> None:
+        """Shards on a node that left, went silent or lost its Ray worker go back to the queue.
 
-        Ray fails a task whose node dies while it runs, but a task still waiting there (its worker starting, its
-        code unpacking) would wait forever for a node its label selector can no longer match.
+        Ray fails a task whose node dies while it runs, but only once its own health checks notice; and a task
+        still waiting there (its worker starting, its code unpacking) would wait forever for a node its label
+        selector can no longer match.
         """
         for key, running in list(self.running.items()):
-            if running.node_id in alive:
+            if running.node_id in ready:
                 continue
             del self.running[key]
             ray.cancel(running.ref, force=True)
@@ -107,29 +112,37 @@ class Dispatcher:
             self.notify(key[0])
 
     def schedule(self) -> None:
+        """One round per unfinished job, in submission order: earlier jobs take free slots first."""
         jobs = self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING))
         if not jobs:
             return
-        requests: list[ShardRequest] = []
+        nodes = {node.id: node for node in self.store.nodes()}
+        busy = Counter((r.node_id, r.device) for r in self.running.values())
         for job in jobs:
             spec = parse_spec(job.spec_yaml, job.id)
-            requests += [
+            wanted = [
                 ShardRequest(job_id=job.id, index=s.index, items=s.size, backends=spec.backends, policy=spec.policy)
                 for s in job.shards if s.state is ShardState.PENDING and (job.id, s.index) not in self.running
             ]
-        if not requests:
-            return
-        nodes = {node.id: node for node in self.store.nodes()}
-        busy = Counter((r.node_id, r.device) for r in self.running.values())
-        for job in jobs:  # in submission order: earlier jobs take free slots first
-            wanted = [r for r in requests if r.job_id == job.id]
             if not wanted:
                 continue
-            placement = place(wanted, list(nodes.values()), busy, calibration.rates(self.store.samples(job.model_key)))
-            for assignment in placement.assignments:
+            running_items: Counter[tuple[str, str]] = Counter()
+            for (job_id, index), running in self.running.items():
+                if job_id == job.id:
+                    running_items[(running.node_id, running.device)] += job.shards[index].size
+            deadline = None if spec.deadline_s is None else spec.deadline_s - (time.time() - job.created_at)
+            decided = schedule_round(wanted, list(nodes.values()), busy, running_items,
+                                     calibration.rates(self.store.samples(job.model_key)), deadline)
+            if decided.infeasible:
+                self._cancel_running(job.id)
+                self.store.set_job_state(job.id, JobState.FAILED, decided.infeasible)
+                self.notify(job.id)
+                continue
+            for assignment in decided.assignments:
                 busy[(assignment.node_id, assignment.device)] += 1
                 self.launch(job, assignment, nodes[assignment.node_id])
-            explanation = "\n".join(sorted({f"waiting: {w.why}" for w in placement.waiting}))
+            waiting = sorted({f"waiting: {w.why}" for w in decided.waiting})
+            explanation = "\n".join([*decided.explanation, *waiting])
             if explanation != job.explanation:
                 self.store.set_explanation(job.id, explanation)
 

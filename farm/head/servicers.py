@@ -69,10 +69,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self.store.heartbeat(
                 beat.node_id, beat.cpu_percent, beat.memory_percent, [convert.power_from_pb(p) for p in beat.power]
             )
-            yield agent_pb2.HeartbeatReply(state=self._state(beat.node_id))
-
-    def _state(self, node_id: str) -> str:
-        return next((n.state.value for n in self.store.nodes() if n.id == node_id), NodeState.OFFLINE.value)
+            state = self.store.node_state(beat.node_id)
+            if state is NodeState.OFFLINE:  # silent for a while, alive again: it rejoins through the usual checks
+                self.store.set_node_state(beat.node_id, NodeState.JOINING)
+                self.wake.set()
+                state = NodeState.JOINING
+            yield agent_pb2.HeartbeatReply(state=state.value)
 
     @unary
     async def Deregister(self, request: agent_pb2.DeregisterRequest, context: grpc.aio.ServicerContext

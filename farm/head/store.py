@@ -170,6 +170,10 @@ class Store:
             (time.time(), cpu_percent, memory_percent, json.dumps([p.model_dump(mode="json") for p in power]), node_id),
         )
 
+    def node_state(self, node_id: str) -> NodeState:
+        row = self._db.execute("SELECT state FROM nodes WHERE id=?", (node_id,)).fetchone()
+        return NodeState.OFFLINE if row is None else NodeState(row["state"])
+
     def set_node_state(self, node_id: str, state: NodeState, ray_node_id: str | None = None) -> None:
         if ray_node_id is None:
             self._db.execute("UPDATE nodes SET state=? WHERE id=?", (state.value, node_id))

@@ -33,9 +33,12 @@ def place(
     busy: Mapping[tuple[str, str], int] | None = None,
     rates: Mapping[tuple[str, str], Rate] | None = None,
     filters: Sequence[Filter] = DEFAULT_FILTERS,
+    quotas: Mapping[tuple[str, str], int] | None = None,
 ) -> Placement:
-    """Place what fits now. `busy` counts running shards per (node id, device); the rest wait for a slot."""
+    """Place what fits now. `busy` counts running shards per (node id, device); the rest wait for a slot.
+    With `quotas` (a plan's shard counts per device), a device takes at most its quota and no device outside it."""
     used: Counter[tuple[str, str]] = Counter(busy or {})
+    left: Counter[tuple[str, str]] | None = None if quotas is None else Counter(quotas)
     rankings: dict[tuple[object, ...], _Ranking] = {}
     assignments: list[Assignment] = []
     waiting: list[Waiting] = []
@@ -43,10 +46,11 @@ def place(
         kind = (shard.backends, shard.policy)
         ranking = rankings.get(kind)
         if ranking is None:
-            ranking = rankings[kind] = _rank(shard, nodes, rates or {}, filters)
+            ranking = rankings[kind] = _rank(shard, nodes, rates or {}, filters, quotas)
         while ranking.next < len(ranking.eligible):
             value, basis, node, offer = ranking.eligible[ranking.next]
-            if used[(node.id, offer.device)] < offer.slots:
+            key = (node.id, offer.device)
+            if used[key] < offer.slots and (left is None or left[key] > 0):
                 break
             ranking.next += 1
         if ranking.next == len(ranking.eligible):
@@ -54,6 +58,8 @@ def place(
             waiting.append(Waiting(job_id=shard.job_id, index=shard.index, why=ranking.why_waiting))
             continue
         used[(node.id, offer.device)] += 1
+        if left is not None:
+            left[(node.id, offer.device)] -= 1
         assignments.append(
             Assignment(
                 job_id=shard.job_id, index=shard.index, node_id=node.id, backend=offer.name,
@@ -64,11 +70,13 @@ def place(
 
 
 def _rank(shard: ShardRequest, nodes: Sequence[Node], rates: Mapping[tuple[str, str], Rate],
-          filters: Sequence[Filter]) -> _Ranking:
+          filters: Sequence[Filter], quotas: Mapping[tuple[str, str], int] | None) -> _Ranking:
     eligible, rejected = [], []
     for node in nodes:
         for offer in node.backends:
             reason = next((r for f in filters if (r := f(node, offer, shard)) is not None), None)
+            if reason is None and quotas is not None and not quotas.get((node.id, offer.device)):
+                reason = "not in the plan"
             if reason is None:
                 value, basis = score(node, offer, shard.policy, rates)
                 eligible.append((value, basis, node, offer))
@@ -80,6 +88,7 @@ def _rank(shard: ShardRequest, nodes: Sequence[Node], rates: Mapping[tuple[str, 
 
 def _why(ranking: _Ranking, used: Counter[tuple[str, str]]) -> str:
     full = [f"{node.name}/{offer.device}: busy ({used[(node.id, offer.device)]}/{offer.slots} slots)"
+            if used[(node.id, offer.device)] >= offer.slots else f"{node.name}/{offer.device}: its planned share runs"
             for _, _, node, offer in ranking.eligible]
     reasons = full + ranking.rejected
     return "; ".join(reasons) if reasons else "no nodes in the fleet"

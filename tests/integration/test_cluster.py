@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import yaml
 
@@ -122,18 +124,33 @@ def test_cancel_stops_a_running_job(cluster: Cluster, toy: Path) -> None:
     assert again.returncode == 2 and "already cancelled" in again.stderr
 
 
+def kill_hard(status_path: Path) -> None:
+    """A machine that vanishes: its agent and its whole Ray node die at once, with no goodbye."""
+    status = json.loads(status_path.read_text())
+    doomed = [p for p in psutil.process_iter() if p.pid == status["pid"] or _session(p.pid) == status["ray_pid"]]
+    for proc in doomed:
+        proc.kill()
+    psutil.wait_procs(doomed, timeout=10)
+
+
+def _session(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def test_a_node_lost_mid_job_hands_its_shards_to_the_others(cluster: Cluster, toy: Path) -> None:
     third = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
                          "--name", "agent-c", "--cpus", "1", "--state-dir", str(cluster.state_dir), "--detach")
     assert third.returncode == 0, third.stderr
-    spec = write_spec(toy, name="lossy", model="toyjob:slow", dataset="toyjob:numbers", shards=6, batch_size=2)
+    spec = write_spec(toy, name="lossy", model="toyjob:slow", dataset="toyjob:numbers", shards=6, batch_size=1)
     job_id = cluster.farm("submit", str(spec), "--workdir", str(toy)).stdout.strip()
     with Client(cluster.head) as client:
         for record in client.watch(job_id):
             if any(s.state == "running" and s.node_name == "agent-c" for s in record.shards):
                 break
-        stopped = cluster.farm("agent", "stop", "--name", "agent-c", "--state-dir", str(cluster.state_dir))
-        assert stopped.returncode == 0, stopped.stderr
+        kill_hard(cluster.state_dir / "agents" / "agent-c" / "agent.json")
         final = list(client.watch(job_id))[-1]
         logs = [line.message for line in client.logs(job_id)]
     assert final.state == "succeeded", final.error

@@ -1,0 +1,305 @@
+"""NVIDIA GPUs through NVML (pynvml from nvidia-ml-py, imported only when a cuda meter is asked for).
+
+Where the GPU has it (Volta and later), the window is the difference of NVML's cumulative energy counter,
+`nvmlDeviceGetTotalEnergyConsumption` (mJ since the driver loaded): source counter, scope device (the board:
+GPU and its memory).
+
+That counter does not move smoothly: on the H200 it steps every ~100 ms. Two reads at arbitrary moments count a
+whole number of steps over a span that is not a whole number of steps, so a 250 ms window at steady power reads 2 or 3
+steps: 0.8x or 1.2x the true watts. So each end of a window is aligned to a step edge: read the counter, poll it every
+`poll_s` (2 ms) until the value changes (at most `align_timeout_s`, 120 ms: one step and some slack), and take as the
+moment of the edge the midpoint between the last read that saw the old value and the first that saw the new one.
+The window's joules are the counter difference between the two edges and its seconds the time between them: whole
+steps over the time those steps took, so joules/seconds is unbiased at any length, within poll_s / window of jitter.
+The cost: entering waits up to one step (the work starts just after an edge) and exiting waits up to one step (the
+figure then also covers up to 100 ms after the block, at whatever the GPU drew then). Where the counter does not
+step within the timeout (it should while the GPU draws anything), that end is not aligned and the window says so.
+
+GPU work is asynchronous: the block must synchronize the device before it ends (the backend does; this module never
+imports torch), or the work is billed to whatever window is open when the GPU runs it.
+
+Where the counter is not supported (pre-Volta boards, common in spare boxes), a background thread samples
+`nvmlDeviceGetPowerUsage` (mW) every `period_s` and the window integrates the samples (trapezoid), with a sample read
+at each end of the window. That is still a reading of the device, but of the driver's own power sensor and its
+averaging (NVML: instantaneous up to GA100; a 1 s average on later parts, which on the H200 lags the load by ~1 s),
+not an energy counter: source vendor-estimate, so it is never ranked against counter figures.
+
+`power()` is `nvmlDeviceGetPowerUsage` too, vendor-estimate for the same reason.
+
+Device names: "cuda:N" is the NVML index, the order of Hardware.gpus (PCI bus order). CUDA's own order (and
+CUDA_VISIBLE_DEVICES) can differ; a backend that knows its torch device can pass "cuda:GPU-<uuid>"
+(torch.cuda.get_device_properties(i).uuid) to be exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from farm.core.energy import Energy, EnergyScope, EnergySource, Power
+from farm_agent.power import Clock, EnergyWindow, Sleep, UnavailableMeter
+
+log = logging.getLogger("farm.agent.power.nvml")
+
+POLL_S = 0.002  # how often the counter is read while waiting for a step edge
+ALIGN_TIMEOUT_S = 0.12  # one 100 ms step and some slack
+SAMPLE_PERIOD_S = 0.05  # power samples in the no-counter fallback
+
+# Waits on `stop` for up to `seconds`; True when stop was set. Tests pass a fake that moves a fake clock instead.
+Waiter = Callable[[threading.Event, float], bool]
+
+
+class NvmlEnergyApi(Protocol):
+    """The part of pynvml used here; tests pass a fake that replays a recording."""
+
+    @property
+    def NVMLError(self) -> type[Exception]: ...
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+
+
+def _event_wait(stop: threading.Event, seconds: float) -> bool:
+    return stop.wait(seconds)
+
+
+def trapezoid_joules(samples: Sequence[tuple[float, float]]) -> float:
+    """Joules from (seconds, watts) samples, in time order, by the trapezoid rule."""
+    return sum((t1 - t0) * (w0 + w1) / 2 for (t0, w0), (t1, w1) in zip(samples, samples[1:], strict=False))
+
+
+class _NvmlDevice:
+    """An NVML session on one device: nvmlInit when opened, nvmlShutdown when closed (NVML counts the inits)."""
+
+    def __init__(self, nvml: NvmlEnergyApi, handle: Any, device: str) -> None:
+        self.nvml, self.handle, self.device = nvml, handle, device
+        self._open = True
+
+    def power_watts(self) -> float | None:
+        try:
+            return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
+        except self.nvml.NVMLError as exc:
+            log.debug("%s: nvmlDeviceGetPowerUsage failed: %s", self.device, exc)
+            return None
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            try:
+                self.nvml.nvmlShutdown()
+            except self.nvml.NVMLError as exc:
+                log.debug("nvmlShutdown: %s", exc)
+
+
+class NvmlCounterMeter:
+    """NVML's total-energy counter, each window aligned to counter step edges (see the module docstring)."""
+
+    source = EnergySource.COUNTER
+    scope = EnergyScope.DEVICE
+    available = True
+
+    def __init__(
+        self,
+        nvml: NvmlEnergyApi,
+        handle: Any,
+        device: str,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = time.sleep,
+        align: bool = True,
+        poll_s: float = POLL_S,
+        align_timeout_s: float = ALIGN_TIMEOUT_S,
+        reason: str = "",
+    ) -> None:
+        self._dev = _NvmlDevice(nvml, handle, device)
+        self.device, self.reason = device, reason
+        self._clock, self._sleep = clock, sleep
+        self.align, self.poll_s, self.align_timeout_s = align, poll_s, align_timeout_s
+
+    def _read_mj(self) -> int:
+        return int(self._dev.nvml.nvmlDeviceGetTotalEnergyConsumption(self._dev.handle))
+
+    def _edge(self) -> tuple[int, float, bool]:
+        """(mJ, when, aligned): the counter just after it stepped and the moment of the step, or, where it did not
+        step within align_timeout_s, the last read and its time (aligned False)."""
+        before = self._read_mj()
+        t_before = self._clock()
+        if not self.align:
+            return before, t_before, False
+        deadline = t_before + self.align_timeout_s
+        while True:
+            self._sleep(self.poll_s)
+            value = self._read_mj()
+            t = self._clock()
+            if value != before:
+                # The step happened between the read that saw `before` and this one: take the midpoint.
+                return value, (t_before + t) / 2, True
+            if t >= deadline:
+                return value, t, False
+            t_before = t
+
+    @contextmanager
+    def window(self) -> Iterator[EnergyWindow]:
+        w = EnergyWindow()
+        start_mj, start_t, start_aligned = self._edge()
+        began = self._clock()
+        try:
+            yield w
+        finally:
+            ended = self._clock()
+            end_mj, end_t, end_aligned = self._edge()
+            notes = []
+            if self.align and not (start_aligned and end_aligned):
+                notes.append(f"counter did not step within {self.align_timeout_s * 1000:.0f} ms: not aligned")
+            energy = None
+            if end_mj < start_mj:  # the driver reloaded: the counter restarts from zero
+                notes.append(f"counter went backwards ({start_mj} -> {end_mj} mJ): not measured")
+            else:
+                energy = Energy(joules=(end_mj - start_mj) / 1000.0, seconds=max(0.0, end_t - start_t),
+                                source=self.source, scope=self.scope)
+            w.close(energy, ended - began, "; ".join(notes))
+
+    def power(self) -> Power | None:
+        watts = self._dev.power_watts()
+        return None if watts is None else Power(watts=watts, source=EnergySource.VENDOR_ESTIMATE, scope=self.scope)
+
+    def close(self) -> None:
+        self._dev.close()
+
+    def __repr__(self) -> str:
+        return f"NvmlCounterMeter({self.device!r})"
+
+
+class NvmlPowerMeter:
+    """Where the counter is missing: NVML power samples integrated over the window (vendor-estimate)."""
+
+    source = EnergySource.VENDOR_ESTIMATE
+    scope = EnergyScope.DEVICE
+    available = True
+
+    def __init__(
+        self,
+        nvml: NvmlEnergyApi,
+        handle: Any,
+        device: str,
+        *,
+        clock: Clock = time.monotonic,
+        wait: Waiter = _event_wait,
+        period_s: float = SAMPLE_PERIOD_S,
+        reason: str = "",
+    ) -> None:
+        self._dev = _NvmlDevice(nvml, handle, device)
+        self.device, self.reason = device, reason
+        self._clock, self._wait, self.period_s = clock, wait, period_s
+
+    def _sample(self, into: list[tuple[float, float]]) -> None:
+        watts = self._dev.power_watts()
+        if watts is not None:
+            into.append((self._clock(), watts))
+
+    def _sampling(self, into: list[tuple[float, float]], stop: threading.Event) -> None:
+        while not self._wait(stop, self.period_s):
+            self._sample(into)
+
+    @contextmanager
+    def window(self) -> Iterator[EnergyWindow]:
+        w = EnergyWindow()
+        samples: list[tuple[float, float]] = []
+        stop = threading.Event()
+        began = self._clock()
+        self._sample(samples)
+        sampler = threading.Thread(target=self._sampling, args=(samples, stop), name=f"farm-power-{self.device}",
+                                   daemon=True)
+        sampler.start()
+        try:
+            yield w
+        finally:
+            stop.set()
+            sampler.join()
+            ended = self._clock()
+            self._sample(samples)
+            if len(samples) < 2:
+                w.close(None, ended - began, "fewer than two NVML power samples: not measured")
+            else:
+                energy = Energy(joules=trapezoid_joules(samples), seconds=samples[-1][0] - samples[0][0],
+                                source=self.source, scope=self.scope)
+                w.close(energy, ended - began, f"{len(samples)} NVML power samples integrated")
+
+    def power(self) -> Power | None:
+        watts = self._dev.power_watts()
+        return None if watts is None else Power(watts=watts, source=self.source, scope=self.scope)
+
+    def close(self) -> None:
+        self._dev.close()
+
+    def __repr__(self) -> str:
+        return f"NvmlPowerMeter({self.device!r})"
+
+
+def load_pynvml() -> tuple[NvmlEnergyApi | None, str]:
+    """pynvml, or None and why not."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return None, f"nvidia-ml-py not installed ({exc})"
+    return pynvml, ""
+
+
+def open_nvml_meter(
+    which: str,
+    *,
+    nvml: NvmlEnergyApi | None = None,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    wait: Waiter = _event_wait,
+) -> NvmlCounterMeter | NvmlPowerMeter | UnavailableMeter:
+    """A meter for NVML device `which` (an index, "0", or a UUID, "GPU-..."); UnavailableMeter with the reason when
+    NVML, the device or both of its readings are missing."""
+    device = f"cuda:{which}"
+
+    def unavailable(why: str) -> UnavailableMeter:
+        log.info("%s power: %s", device, why)
+        return UnavailableMeter(device, why, EnergySource.COUNTER, EnergyScope.DEVICE)
+
+    if nvml is None:
+        nvml, why = load_pynvml()
+        if nvml is None:
+            return unavailable(why)
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as exc:
+        return unavailable(f"NVML: {exc}")
+    try:
+        handle = (nvml.nvmlDeviceGetHandleByUUID(which) if which.startswith(("GPU-", "MIG-"))
+                  else nvml.nvmlDeviceGetHandleByIndex(int(which)))
+    except (nvml.NVMLError, ValueError) as exc:
+        _shutdown(nvml)
+        return unavailable(f"NVML has no device {which!r}: {exc}")
+    try:
+        nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+    except nvml.NVMLError as exc:
+        no_counter = f"NVML total-energy counter not supported ({exc}): integrating nvmlDeviceGetPowerUsage samples"
+    else:
+        return NvmlCounterMeter(nvml, handle, device, clock=clock, sleep=sleep)
+    try:
+        nvml.nvmlDeviceGetPowerUsage(handle)
+    except nvml.NVMLError as exc:
+        _shutdown(nvml)
+        return unavailable(f"NVML gives neither the energy counter nor power usage ({exc})")
+    log.info("%s power: %s", device, no_counter)
+    return NvmlPowerMeter(nvml, handle, device, clock=clock, wait=wait, reason=no_counter)
+
+
+def _shutdown(nvml: NvmlEnergyApi) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except nvml.NVMLError as exc:
+        log.debug("nvmlShutdown: %s", exc)
