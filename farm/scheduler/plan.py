@@ -80,47 +80,53 @@ def _fill(shard_items: Sequence[int], ordered: Sequence[DeviceRate], deadline_s:
     """Shards, largest first, onto the devices in order, each device up to what its slots finish by the deadline."""
     assignment: list[DeviceRate] = []
     pending = sorted(shard_items, reverse=True)
+    taken = 0
     for device in ordered:
-        finish = [device.busy_s] * device.slots
-        while pending:
-            seconds = pending[0] / device.items_per_s
-            slot = min(range(device.slots), key=finish.__getitem__)
-            if finish[slot] + seconds > deadline_s:
-                break
-            finish[slot] += seconds
-            pending.pop(0)
+        free = [device.busy_s] * device.slots  # a min-heap of slot free times
+        while taken < len(pending) and free[0] + pending[taken] / device.items_per_s <= deadline_s:
+            heapq.heapreplace(free, free[0] + pending[taken] / device.items_per_s)
             assignment.append(device)
-        if not pending:
+            taken += 1
+        if taken == len(pending):
             break
     return assignment
 
 
 def _list_schedule(shard_items: Sequence[int], devices: Sequence[DeviceRate]) -> list[DeviceRate]:
-    """Largest shard first, each onto the slot where it would finish earliest."""
-    slots = [(d.busy_s, i, s) for i, d in enumerate(devices) for s in range(d.slots)]
-    heapq.heapify(slots)
-    assignment = []
-    for items in sorted(shard_items, reverse=True):
-        # The earliest finish is not simply the earliest free slot when devices differ in speed.
-        best = min(slots, key=lambda slot: slot[0] + items / devices[slot[1]].items_per_s)
-        slots.remove(best)
-        heapq.heapify(slots)
-        finish = best[0] + items / devices[best[1]].items_per_s
-        heapq.heappush(slots, (finish, best[1], best[2]))
-        assignment.append(devices[best[1]])
+    """Largest shard first, each onto the device where it would finish earliest (on its earliest-free slot).
+
+    Shards of one size share one heap keyed by their finish time on each device, so this is O(S log D); a job's
+    shards come in at most two sizes.
+    """
+    free = [[d.busy_s] * d.slots for d in devices]  # per device, a min-heap of its slots' free times
+    assignment: list[DeviceRate] = []
+    sizes = sorted(shard_items, reverse=True)
+    start = 0
+    while start < len(sizes):
+        size = sizes[start]
+        end = start
+        while end < len(sizes) and sizes[end] == size:
+            end += 1
+        finishes = [(free[k][0] + size / d.items_per_s, k) for k, d in enumerate(devices)]
+        heapq.heapify(finishes)
+        for _ in range(end - start):
+            finish, k = heapq.heappop(finishes)
+            heapq.heapreplace(free[k], finish)
+            assignment.append(devices[k])
+            heapq.heappush(finishes, (free[k][0] + size / devices[k].items_per_s, k))
+        start = end
     return assignment
 
 
 def _evaluate(assignment: Sequence[DeviceRate], shard_items: Sequence[int], devices: Sequence[DeviceRate]) -> Plan:
     """Quotas, makespan and energy of an assignment of the shards (largest first) to devices."""
     quotas = {d.key: 0 for d in devices}
-    finish: dict[tuple[str, str], list[float]] = {d.key: [d.busy_s] * d.slots for d in devices}
+    finish: dict[tuple[str, str], list[float]] = {d.key: [d.busy_s] * d.slots for d in devices}  # min-heaps
     energy: float | None = 0.0
     for items, device in zip(sorted(shard_items, reverse=True), assignment, strict=True):
         quotas[device.key] += 1
         slots = finish[device.key]
-        slot = min(range(len(slots)), key=slots.__getitem__)
-        slots[slot] += items / device.items_per_s
+        heapq.heapreplace(slots, slots[0] + items / device.items_per_s)
         energy = None if energy is None or device.items_per_j is None else energy + items / device.items_per_j
     makespan = max((max(f) for key, f in finish.items() if quotas[key]), default=0.0)
     return Plan(quotas={k: v for k, v in quotas.items() if v}, makespan_s=makespan, energy_j=energy)

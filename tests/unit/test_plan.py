@@ -77,3 +77,13 @@ def test_efficiency_spreads_over_equally_efficient_devices() -> None:
 def test_without_any_energy_figure_efficiency_falls_back_to_speed() -> None:
     blind = [d.model_copy(update={"items_per_j": None}) for d in (GPU, CPU)]
     assert plan([100] * 11, blind, Policy.EFFICIENCY).quotas == {("box", "cuda:0"): 10, ("box", "cpu"): 1}
+
+
+def test_deadline_is_the_exact_least_energy_plan_on_a_small_case() -> None:
+    shards, devices, deadline = [100] * 6, [GPU, CPU, MAC], 1.0
+    best = min(
+        sum(100 / devices[d].items_per_j for d in choice)  # type: ignore[operator]
+        for choice in itertools.product(range(3), repeat=6)
+        if all(choice.count(d) * 100 / devices[d].items_per_s <= deadline for d in range(3))
+    )
+    assert plan(shards, devices, Policy.DEADLINE, deadline_s=deadline).energy_j == pytest.approx(best)
