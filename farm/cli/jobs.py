@@ -110,12 +110,13 @@ def job(
     if record.metrics:
         console.print("metrics: " + ", ".join(f"{k} {v:,.4g}" for k, v in sorted(record.metrics.items())))
     if explain:
-        console.print("[bold]placement[/]")
+        if record.explanation:
+            console.print("[bold]last scheduling round[/] (the plan, each candidate's figures, what waits and why)")
+            console.print("  " + record.explanation.replace("\n", "\n  "), highlight=False)
+        console.print("[bold]placements[/] (each shard, where it went and the score it went on)")
         for line in lines:
             if "→" in line.message:
                 console.print(f"  {line.message}", highlight=False)
-        if record.explanation:
-            console.print("[bold]still waiting[/]\n  " + record.explanation.replace("\n", "\n  "), highlight=False)
 
 
 def logs(job_id: JobId, json: Json = False, head: Head = None, token: Token = None) -> None:
