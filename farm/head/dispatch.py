@@ -252,10 +252,10 @@ class Dispatcher:
 
 
 def job_metrics(job: Job) -> dict[str, float]:
-    busy_s = sum(s.seconds for s in job.shards)
-    metrics = {"items_per_s": job.items / busy_s if busy_s else 0.0, "wall_s": time.time() - job.started_at}
+    """Rates over the job's wall time, from its first shard's start, as a user waiting on it sees them."""
+    wall_s = time.time() - job.started_at
+    metrics = {"items_per_s": job.items / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s}
     if job.energy_j > 0 and all(s.energy_source for s in job.shards):
-        metrics["energy_j"] = job.energy_j
         metrics["items_per_j"] = job.items / job.energy_j
     if job.correct is not None:
         metrics["accuracy"] = job.correct / job.items
