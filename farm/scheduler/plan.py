@@ -54,18 +54,18 @@ def plan(shard_items: Sequence[int], devices: Sequence[DeviceRate], policy: Poli
     if not usable:
         return Plan(quotas={}, makespan_s=math.inf, energy_j=None, feasible=False, why="no measured device")
     if policy is Policy.THROUGHPUT:
-        return _evaluate(_list_schedule(shard_items, usable), shard_items, usable)
+        return _evaluate(_list_schedule(shard_items, usable), usable)
     by_efficiency = sorted(usable, key=lambda d: (-(d.items_per_j or 0.0), -d.items_per_s))
     if policy is Policy.EFFICIENCY or deadline_s is None:
-        return _evaluate(_list_schedule(shard_items, _most_efficient(usable)), shard_items, usable)
+        return _evaluate(_list_schedule(shard_items, _most_efficient(usable)), usable)
     assignment = _fill(shard_items, by_efficiency, deadline_s)
     if len(assignment) < len(shard_items):
-        fastest = _evaluate(_list_schedule(shard_items, usable), shard_items, usable)
+        fastest = _evaluate(_list_schedule(shard_items, usable), usable)
         return fastest.model_copy(update={
             "feasible": False,
             "why": f"no plan meets deadline_s={deadline_s:g}: the fleet's fastest plan takes {fastest.makespan_s:.1f} s",
         })
-    return _evaluate(assignment, shard_items, usable)
+    return _evaluate(assignment, usable)
 
 
 def _most_efficient(devices: Sequence[DeviceRate]) -> list[DeviceRate]:
@@ -76,30 +76,36 @@ def _most_efficient(devices: Sequence[DeviceRate]) -> list[DeviceRate]:
     return [d for d in known if (d.items_per_j or 0.0) >= best * (1 - EQUALLY_EFFICIENT)]
 
 
-def _fill(shard_items: Sequence[int], ordered: Sequence[DeviceRate], deadline_s: float) -> list[DeviceRate]:
-    """Shards, largest first, onto the devices in order, each device up to what its slots finish by the deadline."""
-    assignment: list[DeviceRate] = []
+def _fill(shard_items: Sequence[int], ordered: Sequence[DeviceRate], deadline_s: float
+          ) -> list[tuple[int, DeviceRate]]:
+    """Shards, largest first, onto the devices in order, each device taking every remaining shard that its slots
+    still finish by the deadline (a smaller shard may fit where a larger one did not)."""
+    assignment: list[tuple[int, DeviceRate]] = []
     pending = sorted(shard_items, reverse=True)
-    taken = 0
     for device in ordered:
         free = [device.busy_s] * device.slots  # a min-heap of slot free times
-        while taken < len(pending) and free[0] + pending[taken] / device.items_per_s <= deadline_s:
-            heapq.heapreplace(free, free[0] + pending[taken] / device.items_per_s)
-            assignment.append(device)
-            taken += 1
-        if taken == len(pending):
+        left = []
+        for items in pending:
+            finish = free[0] + items / device.items_per_s
+            if finish <= deadline_s:
+                heapq.heapreplace(free, finish)
+                assignment.append((items, device))
+            else:
+                left.append(items)
+        pending = left
+        if not pending:
             break
     return assignment
 
 
-def _list_schedule(shard_items: Sequence[int], devices: Sequence[DeviceRate]) -> list[DeviceRate]:
+def _list_schedule(shard_items: Sequence[int], devices: Sequence[DeviceRate]) -> list[tuple[int, DeviceRate]]:
     """Largest shard first, each onto the device where it would finish earliest (on its earliest-free slot).
 
     Shards of one size share one heap keyed by their finish time on each device, so this is O(S log D); a job's
     shards come in at most two sizes.
     """
     free = [[d.busy_s] * d.slots for d in devices]  # per device, a min-heap of its slots' free times
-    assignment: list[DeviceRate] = []
+    assignment: list[tuple[int, DeviceRate]] = []
     sizes = sorted(shard_items, reverse=True)
     start = 0
     while start < len(sizes):
@@ -112,18 +118,18 @@ def _list_schedule(shard_items: Sequence[int], devices: Sequence[DeviceRate]) ->
         for _ in range(end - start):
             finish, k = heapq.heappop(finishes)
             heapq.heapreplace(free[k], finish)
-            assignment.append(devices[k])
+            assignment.append((size, devices[k]))
             heapq.heappush(finishes, (free[k][0] + size / devices[k].items_per_s, k))
         start = end
     return assignment
 
 
-def _evaluate(assignment: Sequence[DeviceRate], shard_items: Sequence[int], devices: Sequence[DeviceRate]) -> Plan:
-    """Quotas, makespan and energy of an assignment of the shards (largest first) to devices."""
+def _evaluate(assignment: Sequence[tuple[int, DeviceRate]], devices: Sequence[DeviceRate]) -> Plan:
+    """Quotas, makespan and energy of an assignment of shards (their items) to devices, in the order taken."""
     quotas = {d.key: 0 for d in devices}
     finish: dict[tuple[str, str], list[float]] = {d.key: [d.busy_s] * d.slots for d in devices}  # min-heaps
     energy: float | None = 0.0
-    for items, device in zip(sorted(shard_items, reverse=True), assignment, strict=True):
+    for items, device in assignment:
         quotas[device.key] += 1
         slots = finish[device.key]
         heapq.heapreplace(slots, slots[0] + items / device.items_per_s)

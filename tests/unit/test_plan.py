@@ -87,3 +87,12 @@ def test_deadline_is_the_exact_least_energy_plan_on_a_small_case() -> None:
         if all(choice.count(d) * 100 / devices[d].items_per_s <= deadline for d in range(3))
     )
     assert plan(shards, devices, Policy.DEADLINE, deadline_s=deadline).energy_j == pytest.approx(best)
+
+
+def test_a_smaller_shard_still_fills_a_device_a_larger_one_did_not_fit() -> None:
+    # Shards [11, 11, 10]: A finishes 11 + 10 in 2.1 s; the second 11 goes to B.
+    a = DeviceRate(node_id="a", device="cpu", items_per_s=10, items_per_j=10)
+    b = DeviceRate(node_id="b", device="cpu", items_per_s=6, items_per_j=1)
+    result = plan([11, 11, 10], [a, b], Policy.DEADLINE, deadline_s=2.15)
+    assert result.feasible and result.quotas == {("a", "cpu"): 2, ("b", "cpu"): 1}
+    assert result.energy_j == pytest.approx(21 / 10 + 11 / 1)
