@@ -19,10 +19,11 @@ import psutil
 
 from farm.core.errors import AgentError
 from farm.local import RayProcess, local_ip_towards, read_json, write_json, write_private
-from farm.proto.v1 import agent_pb2
+from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent import backends
 from farm_agent.client import HeadClient
 from farm_agent.hardware import detect, nvidia_gpus
+from farm_agent.power import PowerMeter, meter_for
 from farm_agent.settings import AgentSettings
 
 log = logging.getLogger("farm.agent")
@@ -42,6 +43,7 @@ class Agent:
         self.interval = 2.0
         self.ray: RayProcess | None = None
         self.ray_failure: AgentError | None = None
+        self.meters: dict[str, PowerMeter] = {}
         self.status: dict[str, object] = {}
 
     async def run(self) -> None:
@@ -61,6 +63,10 @@ class Agent:
         if not hardware.gpus:
             log.info("no NVIDIA GPUs: %s", nvidia_gpus()[1])
 
+        self.meters = {o.device: meter_for(o.device) for o in offers if o.available}
+        for meter in self.meters.values():
+            if meter.reason:
+                log.info("%s power: %s", meter.device, meter.reason)
         resources = {f"farm.{o.name.value}": o.slots for o in offers if o.available and o.slots}
         self.ray = RayProcess(
             [
@@ -114,12 +120,22 @@ class Agent:
                 return
             yield agent_pb2.HeartbeatRequest(
                 node_id=self.node_id, node_token=self.node_token, cpu_percent=psutil.cpu_percent(),
-                memory_percent=psutil.virtual_memory().percent, ray_running=True,
+                memory_percent=psutil.virtual_memory().percent, ray_running=True, power=self._power(),
             )
             try:
                 await asyncio.wait_for(self.stopping.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
+
+
+    def _power(self) -> list[common_pb2.DevicePower]:
+        readings = []
+        for device, meter in self.meters.items():
+            power = meter.power()
+            if power is not None:
+                readings.append(common_pb2.DevicePower(device=device, watts=power.watts, source=power.source.value,
+                                                       scope=power.scope.value))
+        return readings
 
 
 def serve(settings: AgentSettings) -> None:

@@ -56,15 +56,18 @@ def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
     return table
 
 
+# Estimates are shown as estimates: a counter's figure stands alone, the others say whose estimate they are.
+SOURCE_MARK = {"counter": "", "vendor-estimate": " (vendor est.)", "model-estimate": " (model est.)"}
+
+
 def watts(value: float, source: str) -> str:
-    """Estimates are shown as estimates."""
-    return f"{value:,.1f} W" + ("" if source == "counter" else f" ({source})")
+    return f"{value:,.1f} W{SOURCE_MARK.get(source, f' ({source})')}"
 
 
 def joules(value: float, source: str) -> str:
     if not source:
         return "-"
-    return f"{value:,.3f} J" + ("" if source == "counter" else f" ({source})")
+    return f"{value:,.3f} J{SOURCE_MARK.get(source, f' ({source})')}"
 
 
 def job_json(job: job_pb2.Job) -> dict[str, Any]:

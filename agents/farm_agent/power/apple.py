@@ -11,7 +11,7 @@ inaccurate"). So every figure here is source vendor-estimate. Three readers, bes
    `timestamp` taken when the sample ended. Development builds nest them instead as `power: {cpu, gpu, ane, package}`;
    both are read.
 3. powermetrics (root only; the agent is not root, so this is for agents installed as a LaunchDaemon):
-   `powermetrics --samplers cpu_power,gpu_power,ane_power -i 100 -b 1` prints a block per sample:
+   `powermetrics --samplers cpu_power,gpu_power,ane_power -i 100 -b 1 -a 0` prints a block per sample:
    "*** Sampled system activity (DATE) (101.83ms elapsed) ***" then "CPU Power: 954 mW", "GPU Power: 28 mW",
    "ANE Power: 0 mW", "Combined Power (CPU + GPU + ANE): 983 mW".
 The two streams are read by a background thread; each sample is the average over the interval that ended at its
@@ -55,7 +55,9 @@ SCOPE_OF_COMPONENT = {"ane": EnergyScope.DEVICE, "gpu": EnergyScope.DEVICE, "cpu
                       "soc": EnergyScope.PACKAGE}
 
 MACMON_ARGS = ("macmon", "pipe", "-i", str(SAMPLE_MS))
-POWERMETRICS_ARGS = ("powermetrics", "--samplers", "cpu_power,gpu_power,ane_power", "-i", str(SAMPLE_MS), "-b", "1")
+# -b 1: line-buffered through the pipe; -a 0: no "poweravg" summaries between the samples.
+POWERMETRICS_ARGS = ("powermetrics", "--samplers", "cpu_power,gpu_power,ane_power", "-i", str(SAMPLE_MS), "-b", "1",
+                     "-a", "0")
 
 # --- parsers of recorded output ---
 
@@ -278,10 +280,13 @@ class ZeusCounters:
     def read_mj(self, component: str) -> int | None:
         """The cumulative mJ of a component, or None where this chip does not report it."""
         metrics = self._monitor.get_cumulative_energy()
-        values = [getattr(metrics, name, None) for name in self.FIELDS[component]]
-        if any(v is None for v in values):
-            return None
-        return int(sum(values))
+        total = 0
+        for name in self.FIELDS[component]:
+            value = getattr(metrics, name, None)
+            if value is None:
+                return None
+            total += int(value)
+        return total
 
     def close(self) -> None:
         pass
@@ -423,11 +428,12 @@ def open_apple_meter(device: str, *, system: str, tools: AppleTools | None = Non
             reasons.append(f"zeus-apple-silicon failed: {exc!r}")
     else:
         reasons.append(why)
-    for tool, args, usable, missing in (
-        ("macmon", MACMON_ARGS, lambda: True, "macmon not on PATH (brew install macmon)"),
-        ("powermetrics", POWERMETRICS_ARGS, tools.is_root, "powermetrics needs root, and the agent is not root"),
-    ):
-        if not (tools.which(tool) and usable()):
+    candidates: tuple[tuple[str, Sequence[str], bool, str], ...] = (
+        ("macmon", MACMON_ARGS, True, "macmon not on PATH (brew install macmon)"),
+        ("powermetrics", POWERMETRICS_ARGS, tools.is_root(), "powermetrics needs root, and the agent is not root"),
+    )
+    for tool, args, usable, missing in candidates:
+        if not (tools.which(tool) and usable):
             reasons.append(missing)
             continue
         try:

@@ -6,14 +6,19 @@ GPU and its memory).
 
 That counter does not move smoothly: on the H200 it steps every ~100 ms. Two reads at arbitrary moments count a
 whole number of steps over a span that is not a whole number of steps, so a 250 ms window at steady power reads 2 or 3
-steps: 0.8x or 1.2x the true watts. So each end of a window is aligned to a step edge: read the counter, poll it every
-`poll_s` (2 ms) until the value changes (at most `align_timeout_s`, 120 ms: one step and some slack), and take as the
-moment of the edge the midpoint between the last read that saw the old value and the first that saw the new one.
-The window's joules are the counter difference between the two edges and its seconds the time between them: whole
-steps over the time those steps took, so joules/seconds is unbiased at any length, within poll_s / window of jitter.
+steps: 0.8x or 1.2x the true watts (measured: 488 to 850 W for a 680 W load). So each end of a window is aligned to a
+step edge: read the counter, keep reading it (a read every `poll_s`, 2 ms, or back to back where a read itself takes
+longer) until the value changes, for at most `align_timeout_s` (120 ms: one step and some slack). The edge lies
+between the last read that saw the old value and the first that saw the new one; each read is taken at the middle of
+its call (a read cost ~3 ms on the lent H200, 15 ms at the 99th percentile), and the edge at the middle of those two
+moments. The window's joules are the counter difference between the two edges and its seconds the time between them:
+whole steps over the time those steps took, so joules/seconds is unbiased at any length; its jitter is the edges'
+half-brackets over the window (2-3 ms each on the H200: ~1 % of a 300 ms span). Where a bracket is wider than
+`WIDE_EDGE_S` (a slow read), the window's note says how wide.
 The cost: entering waits up to one step (the work starts just after an edge) and exiting waits up to one step (the
-figure then also covers up to 100 ms after the block, at whatever the GPU drew then). Where the counter does not
-step within the timeout (it should while the GPU draws anything), that end is not aligned and the window says so.
+figure then also covers up to 100 ms after the block, at whatever the GPU drew then: measured at 680 W steady, a
+1.0 s block of matmuls read 651-657 W over 1.10-1.12 s). Where the counter does not step within the timeout (it
+should while the GPU draws anything), that end is not aligned and the window says so.
 
 GPU work is asynchronous: the block must synchronize the device before it ends (the backend does; this module never
 imports torch), or the work is billed to whatever window is open when the GPU runs it.
@@ -46,6 +51,7 @@ from farm_agent.power import Clock, EnergyWindow, Sleep, UnavailableMeter
 log = logging.getLogger("farm.agent.power.nvml")
 
 POLL_S = 0.002  # how often the counter is read while waiting for a step edge
+WIDE_EDGE_S = 0.005  # a half-bracket wider than this is named in the window's note
 ALIGN_TIMEOUT_S = 0.12  # one 100 ms step and some slack
 SAMPLE_PERIOD_S = 0.05  # power samples in the no-counter fallback
 
@@ -124,41 +130,47 @@ class NvmlCounterMeter:
         self._clock, self._sleep = clock, sleep
         self.align, self.poll_s, self.align_timeout_s = align, poll_s, align_timeout_s
 
-    def _read_mj(self) -> int:
-        return int(self._dev.nvml.nvmlDeviceGetTotalEnergyConsumption(self._dev.handle))
+    def _read(self) -> tuple[int, float]:
+        """(mJ, when): the counter, and the middle of the call that read it."""
+        before = self._clock()
+        value = int(self._dev.nvml.nvmlDeviceGetTotalEnergyConsumption(self._dev.handle))
+        return value, (before + self._clock()) / 2
 
-    def _edge(self) -> tuple[int, float, bool]:
-        """(mJ, when, aligned): the counter just after it stepped and the moment of the step, or, where it did not
-        step within align_timeout_s, the last read and its time (aligned False)."""
-        before = self._read_mj()
-        t_before = self._clock()
+    def _edge(self) -> tuple[int, float, float | None]:
+        """(mJ, when, half-bracket): the counter just after it stepped, the moment of the step and how far off that
+        moment can be; where it did not step within align_timeout_s (or align is off), the last read, its time and
+        None."""
+        first, t_first = self._read()
         if not self.align:
-            return before, t_before, False
-        deadline = t_before + self.align_timeout_s
+            return first, t_first, None
+        t_old = t_first
         while True:
-            self._sleep(self.poll_s)
-            value = self._read_mj()
-            t = self._clock()
-            if value != before:
-                # The step happened between the read that saw `before` and this one: take the midpoint.
-                return value, (t_before + t) / 2, True
-            if t >= deadline:
-                return value, t, False
-            t_before = t
+            wait = self.poll_s - (self._clock() - t_old)
+            if wait > 0:
+                self._sleep(wait)
+            value, t = self._read()
+            if value != first:
+                return value, (t_old + t) / 2, (t - t_old) / 2
+            if t - t_first >= self.align_timeout_s:
+                return value, t, None
+            t_old = t
 
     @contextmanager
     def window(self) -> Iterator[EnergyWindow]:
         w = EnergyWindow()
-        start_mj, start_t, start_aligned = self._edge()
+        start_mj, start_t, start_error = self._edge()
         began = self._clock()
         try:
             yield w
         finally:
             ended = self._clock()
-            end_mj, end_t, end_aligned = self._edge()
+            end_mj, end_t, end_error = self._edge()
             notes = []
-            if self.align and not (start_aligned and end_aligned):
+            if self.align and (start_error is None or end_error is None):
                 notes.append(f"counter did not step within {self.align_timeout_s * 1000:.0f} ms: not aligned")
+            widest = max(start_error or 0.0, end_error or 0.0)
+            if widest > WIDE_EDGE_S:
+                notes.append(f"a step edge known only to +-{widest * 1000:.0f} ms (a slow NVML read)")
             energy = None
             if end_mj < start_mj:  # the driver reloaded: the counter restarts from zero
                 notes.append(f"counter went backwards ({start_mj} -> {end_mj} mJ): not measured")
