@@ -46,6 +46,8 @@ def test_both_agents_are_ready_with_the_contract_fields(cluster: Cluster) -> Non
         assert node["id"].startswith("n-") and node["ray_node_id"]
         assert time.time() - node["last_heartbeat"] < 10
         assert [(b["name"], b["device"]) for b in node["backends"]] == [("cpu", "cpu")]
+        # No RAPL here: CPU power is Farm's model estimate, and says so.
+        assert [(p["device"], p["source"], p["scope"]) for p in node["power"]] == [("cpu", "model-estimate", "package")]
         assert node["hardware"]["cpu_cores"] >= 1
 
 
@@ -60,6 +62,9 @@ def test_the_digits_job_runs_across_both_agents(cluster: Cluster, tmp_path: Path
     assert {s["node_name"] for s in job["shards"]} == {"agent-a", "agent-b"}
     assert all(s["state"] == "succeeded" and s["backend"] == "cpu" and s["seconds"] > 0 for s in job["shards"])
     assert sum(s["items"] for s in job["shards"]) == 540
+    assert {(s["energy_source"], s["energy_scope"]) for s in job["shards"]} == {("model-estimate", "package")}
+    assert job["energy_sources"] == ["model-estimate"] and job["energy_j"] > 0
+    assert job["metrics"]["items_per_j"] == pytest.approx(540 / job["energy_j"])
 
     # The shards join back in input order: the same logits as the model run here over the whole test set.
     import torch
