@@ -67,7 +67,10 @@ class Agent:
         for meter in self.meters.values():
             if meter.reason:
                 log.info("%s power: %s", meter.device, meter.reason)
-        resources = {f"farm.{o.name.value}": o.slots for o in offers if o.available and o.slots}
+        resources: dict[str, int] = {}  # summed per backend: a 2-GPU node offers farm.cuda=2
+        for o in offers:
+            if o.available and o.slots:
+                resources[f"farm.{o.name.value}"] = resources.get(f"farm.{o.name.value}", 0) + o.slots
         self.ray = RayProcess(
             [
                 "--address", reply.ray_address, "--node-ip-address", address, "--num-cpus", str(settings.cpus),

@@ -9,7 +9,10 @@ from farm.core.models import BackendName, BackendOffer, Hardware
 
 # The backends this agent knows how to run, by name. Each module has `offers(hardware, cpus)` and `run(...)`
 # (see base.Backend).
-MODULES: dict[BackendName, str] = {BackendName.CPU: "farm_agent.backends.cpu"}
+MODULES: dict[BackendName, str] = {
+    BackendName.CUDA: "farm_agent.backends.cuda",
+    BackendName.CPU: "farm_agent.backends.cpu",
+}
 
 
 def load(name: str) -> ModuleType:
