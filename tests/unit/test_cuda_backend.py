@@ -1,0 +1,56 @@
+"""The CUDA backend's offers on recorded nodes, and the daemon-side lightness of the module.
+
+`run` needs an NVIDIA GPU and is not exercised here (CI has none): it ran on the lent H200 (docs/h200-run.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from farm.core.models import BackendName, Hardware
+from farm_agent import backends
+from farm_agent.backends import cuda
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = ROOT / "tests" / "fixtures" / "nodes"
+
+
+def node(name: str) -> Hardware:
+    return Hardware.model_validate_json((NODES / f"{name}.json").read_text())
+
+
+def test_one_offer_per_gpu_of_a_two_gpu_box() -> None:
+    offers = cuda.offers(node("h200x2-box"), cpus=32)
+
+    assert [o.device for o in offers] == ["cuda:0", "cuda:1"]
+    assert {o.name for o in offers} == {BackendName.CUDA}
+    assert all(o.available and o.slots == 1 and o.threads == 1 and not o.reason for o in offers)
+    assert all(o.detail == "NVIDIA H200, 140 GiB" for o in offers)
+
+
+def test_a_cpu_box_offers_no_cuda_at_all() -> None:
+    assert cuda.offers(node("laptop-cpu"), cpus=8) == []
+
+
+def test_the_agent_offers_cuda_beside_cpu() -> None:
+    offers = backends.offers(node("h200x2-box"), cpus=32)
+
+    assert [(o.name, o.device) for o in offers] == [
+        (BackendName.CUDA, "cuda:0"), (BackendName.CUDA, "cuda:1"), (BackendName.CPU, "cpu"),
+    ]
+    assert [(o.name, o.device) for o in backends.offers(node("laptop-cpu"), cpus=8)] == [(BackendName.CPU, "cpu")]
+    assert backends.load("cuda") is cuda
+
+
+def test_importing_the_backend_does_not_import_torch() -> None:
+    # A fresh interpreter: this test process may have imported torch already for other tests.
+    code = (
+        "import sys; import farm_agent.backends.cuda, farm_agent.backends; "
+        "farm_agent.backends.offers(__import__('farm.core.models', fromlist=['x']).Hardware("
+        "hostname='h', os='linux', arch='x86_64', cpu_model='c', cpu_cores=1, memory_bytes=1), 1); "
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.strip() == "False"
