@@ -1,8 +1,9 @@
 """One scheduling round for one job: measure what is unmeasured, plan the rest by policy, fill free slots.
 
 Devices that have never run the job's model get one shard each: their first shard is their calibration, done on
-real work. The remaining shards are planned over the measured devices (`plan.plan`), whose quotas then bound the
-assignment (`placement.place`). Rounds run whenever something changes, so a device that frees up or joins is
+real work. While any calibration of this job is still running, the other shards wait for its figures (planning
+without them would hand the job to whichever device happened to finish first). Then the remaining shards are
+planned over the measured devices (`plan.plan`), whose quotas bound the assignment (`placement.place`). Rounds run whenever something changes, so a device that frees up or joins is
 planned in, and one that leaves is planned out.
 """
 
@@ -58,6 +59,11 @@ def schedule_round(
         lines.append(f"{node.name}/{offer.device}: {rate.items_per_s:,.0f} items/s{per_j} over {rate.samples} shards")
     calibrating = sum(quotas.values())
     remaining = [s.items for s in shards][calibrating:]
+    awaited = [key for key in quotas if running_items.get(key)]
+    if awaited:
+        names = {node.id: node.name for node in nodes}
+        lines.insert(0, "waiting for calibration on " + ", ".join(f"{names[k[0]]}/{k[1]}" for k in awaited))
+        remaining = []
     result = plan(remaining, measured, policy, deadline_s)
     for key, count in result.quotas.items():
         quotas[key] = quotas.get(key, 0) + count

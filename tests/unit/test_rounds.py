@@ -50,3 +50,12 @@ def test_an_impossible_deadline_is_reported_once_everything_is_measured() -> Non
     calibrating = schedule_round(shards(4, Policy.DEADLINE), [node("a", CPU), node("b", CPU)], busy={},
                                  running_items={}, rates=rates, deadline_s=5.0)
     assert not calibrating.infeasible  # b may still make it possible
+
+
+def test_the_rest_waits_while_a_calibration_runs() -> None:
+    fleet = [node("a", CPU), node("b", GPU)]
+    rates = {("a", "cpu"): Rate(items_per_s=100, items_per_j=2, energy_source="counter", samples=1)}
+    decided = schedule_round(shards(6), fleet, busy={("b", "cuda:0"): 1}, running_items={("b", "cuda:0"): 100},
+                             rates=rates)
+    assert decided.assignments == ()
+    assert decided.explanation[0] == "waiting for calibration on b/cuda:0"
