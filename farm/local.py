@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,10 +62,22 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+# Ports Farm picks for itself come from here: below Linux's ephemeral range (32768+), where Ray's own components bind
+# port 0, and above Ray's worker ports (10002-19999). A pick from the ephemeral range was seen to be taken by a
+# Ray component in the moment between the pick and its use.
+PICKED_PORTS = range(20000, 32768)
+
+
+def free_port() -> int:
+    """A port nothing listens on now, on any interface."""
+    for port in random.sample(PICKED_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1}")
 
 
 def primary_ip() -> str:
