@@ -184,6 +184,7 @@ class RayProcess:
         self.token_path = token_path
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
+        self.stopped = False  # set by stop(), possibly from another thread while start() waits
 
     def start(self, timeout: float = 120.0) -> None:
         """Start the node and wait until Ray says it runs (or the process dies).
@@ -195,9 +196,13 @@ class RayProcess:
         with open(RAY_START_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
+                if self.stopped:
+                    return
                 offset = self.log.stat().st_size if self.log.exists() else 0
                 self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path))
-                wait_for(lambda: not self.running or self._started(offset), timeout, interval=0.2)
+                wait_for(lambda: self.stopped or not self.running or self._started(offset), timeout, interval=0.2)
+                if self.stopped:  # stop() ran while this node was being spawned: finish its work
+                    self.stop()
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -213,6 +218,7 @@ class RayProcess:
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM `ray start`, which drains the node and stops its processes; then clear what is left of the
         session. (Signalling the whole session at once leaves `ray start` draining against a dead GCS.)"""
+        self.stopped = True
         if self.proc is None:
             return
         self.proc.terminate()

@@ -80,13 +80,21 @@ class Agent:
             ],
             settings.ray_token_path, settings.state_dir / "ray.log",
         )
-        self.ray.start()
-        self.status = {
-            "pid": os.getpid(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
-            "started_at": time.time(), "state": "joining", "ray_pid": self.ray.proc.pid if self.ray.proc else 0,
-        }
-        write_json(settings.status_path, self.status)
         try:
+            # In a thread, so that a SIGTERM during Ray's start-up is heard and the half-started node is stopped.
+            starting = asyncio.create_task(asyncio.to_thread(self.ray.start))
+            stopped = asyncio.create_task(self.stopping.wait())
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if self.stopping.is_set():
+                return
+            if not self.ray.running:
+                raise self.ray.failure()
+            self.status = {
+                "pid": os.getpid(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
+                "started_at": time.time(), "state": "joining", "ray_pid": self.ray.proc.pid if self.ray.proc else 0,
+            }
+            write_json(settings.status_path, self.status)
             await self._heartbeat_until_stopped(self.ray)
             if self.ray_failure is not None:
                 raise self.ray_failure

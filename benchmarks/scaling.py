@@ -1,0 +1,202 @@
+"""How a job's wall time scales from one local agent to two.
+
+    python benchmarks/scaling.py [--job digits|embeddings] [--runs 3]
+
+For 1 and then 2 agents (each `--cpus 1`: this machine has 2 cores), a fresh head and agents on 127.0.0.1; the job
+(a temporary copy of its spec with `policy: throughput`, so the scheduler spreads for the shortest makespan) is
+prepared once (preflight + zip, not timed) and then submitted --runs times. Timed per run: submit to the job's end as
+the client sees it (Client.submit + Client.watch), and the head's own job wall (first shard start to finish). Each
+fresh farm calibrates from nothing, so its first run includes calibration and Ray worker start-up; every run is
+listed. Speedup = median wall on 1 agent / median wall on 2. Stops everything it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Self
+
+import psutil
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from farm.client import Client, HeadInfo, find_head
+from farm.local import free_port, pid_alive, read_json, terminate, wait_for
+
+# ---- local farm: a head and agents on 127.0.0.1, stopped with everything they started (same in each benchmark) ----
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _farm_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, check=False)
+
+
+def _our_processes() -> set[int]:
+    """Ray and Farm processes on this machine (to find what a benchmark left behind)."""
+    found = set()
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["name"] or "")
+        except psutil.Error:
+            continue
+        if any(key in text for key in ("raylet", "gcs_server", "ray::", "farm.cli.main", "farm_agent", "ray start",
+                                       "default_worker.py", "dashboard", "log_monitor", "runtime_env")):
+            found.add(proc.pid)
+    return found - {os.getpid()}
+
+
+class LocalFarm:
+    """A real head and `agents` real agents (each `--detach`, `--cpus cpus`) in a temporary state directory."""
+
+    def __init__(self, agents: int, cpus: int) -> None:
+        self.agents, self.cpus = agents, cpus
+        self.state = Path(tempfile.mkdtemp(prefix="farm-bench-"))
+        self.before = _our_processes()
+        self.head: HeadInfo | None = None
+        self.leftover: set[int] = set()
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        done = _farm_cli("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
+                         str(free_port()), "--state-dir", str(self.state), "--detach")
+        if done.returncode != 0:
+            raise RuntimeError(f"farm head start: {done.stderr.strip()}")
+        self.head = find_head(state_dir=self.state)
+        procs = [
+            subprocess.Popen([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", self.head.address,
+                              "--token", self.head.join_token, "--name", f"bench-{i}", "--cpus", str(self.cpus),
+                              "--state-dir", str(self.state), "--detach"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            for i in range(1, self.agents + 1)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=240)
+            if proc.returncode != 0:
+                raise RuntimeError(f"farm agent start: {err.strip()}")
+        with Client(self.head) as client:  # every agent's Ray node seen by the head
+            if not wait_for(lambda: sum(n.state == "ready" for n in client.nodes()) >= self.agents, 120, 0.5):
+                raise RuntimeError("agents did not become ready in 120 s")
+
+    def agent_status(self) -> list[dict[str, Any]]:
+        return [read_json(p) or {} for p in sorted((self.state / "agents").glob("*/agent.json"))]
+
+    def head_json(self) -> dict[str, Any]:
+        return read_json(self.state / "head.json") or {}
+
+    def stop(self) -> None:
+        """Agents first (they deregister from a head that still listens), then the head, then any straggler."""
+        terminate(*[int(s["pid"]) for s in self.agent_status() if pid_alive(int(s.get("pid", 0)))])
+        info = self.head_json()
+        if pid_alive(int(info.get("pid", 0))):
+            terminate(int(info["pid"]))
+        wait_for(lambda: not (_our_processes() - self.before), 20, 0.5)
+        self.leftover = _our_processes() - self.before
+        if self.leftover:
+            terminate(*self.leftover, grace=5)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def report_cleanup(console: Console, farms: list[LocalFarm]) -> None:
+    left = set().union(*(f.leftover for f in farms)) if farms else set()
+    still = {pid for pid in left if pid_alive(pid)}
+    if left:
+        console.print(f"[yellow]cleanup: {len(left)} process(es) outlived the stop and were terminated; "
+                      f"{len(still)} still alive[/]")
+    else:
+        console.print("cleanup: no head, agent or Ray process left running")
+
+
+JOBS = {"digits": "examples/digits/infer.yaml", "embeddings": "examples/embeddings/embed.yaml"}
+
+
+def run_job(farm: LocalFarm, prepared: Any) -> dict[str, Any]:
+    assert farm.head is not None
+    with Client(farm.head) as client:
+        began = time.perf_counter()
+        job_id = client.submit(prepared.spec_yaml, prepared.code_zip, prepared.items, str(prepared.output))
+        job = None
+        for job in client.watch(job_id):
+            pass
+        wall = time.perf_counter() - began
+    if job is None or job.state != "succeeded":
+        raise RuntimeError(f"job {job_id} ended {job.state if job else '?'}: {job.error if job else ''}")
+    return {"wall": wall, "job_wall": job.finished_at - job.started_at, "nodes": {s.node_name for s in job.shards}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--job", choices=sorted(JOBS), default="digits")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    console = Console(width=130)
+    from farm.client.preflight import prepare
+
+    scratch = Path(tempfile.mkdtemp(prefix="farm-bench-scaling-"))
+    spec = yaml.safe_load((ROOT / JOBS[args.job]).read_text())
+    spec.update(policy="throughput", output=str(scratch / "out"))
+    spec_path = scratch / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    results: dict[int, list[dict[str, Any]]] = {}
+    farms: list[LocalFarm] = []
+    try:
+        prepared = prepare(spec_path, ROOT)
+        for agents in (1, 2):
+            with console.status(f"starting a head and {agents} agent(s) (--cpus 1 each)..."):
+                farm = LocalFarm(agents=agents, cpus=1)
+                farms.append(farm)
+                farm.__enter__()
+            try:
+                results[agents] = []
+                for run in range(1, args.runs + 1):
+                    with console.status(f"{agents} agent(s): run {run}/{args.runs}..."):
+                        shutil.rmtree(scratch / "out", ignore_errors=True)
+                        result = run_job(farm, prepared)
+                    results[agents].append(result)
+                    console.print(f"{agents} agent(s), run {run}: {result['wall']:.2f} s "
+                                  f"(head's job wall {result['job_wall']:.2f} s) on {len(result['nodes'])} node(s)")
+            finally:
+                with console.status("stopping the agents and the head..."):
+                    farm.stop()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    items = prepared.items
+    table = Table(title=f"{args.job} ({JOBS[args.job]}, policy: throughput, {prepared.spec.shards} shards of {items} "
+                        f"items): wall time, submit to end, over {args.runs} runs")
+    for column in ("agents (x 1 CPU)", "median s", "min s", "max s", "runs (s)", "head's job wall, median s",
+                   "items/s", "nodes used", "speedup"):
+        table.add_column(column, justify="right")
+    base = statistics.median(r["wall"] for r in results[1])
+    for agents, runs in results.items():
+        walls = [r["wall"] for r in runs]
+        med = statistics.median(walls)
+        table.add_row(str(agents), f"{med:.2f}", f"{min(walls):.2f}", f"{max(walls):.2f}",
+                      ", ".join(f"{w:.2f}" for w in walls), f"{statistics.median(r['job_wall'] for r in runs):.2f}",
+                      f"{items / med:,.0f}", str(max(len(r["nodes"]) for r in runs)), f"{base / med:.2f}x")
+    console.print(table)
+    console.print("speedup = median wall on 1 agent / median wall here (ideal: 2.00x on 2 agents). The prepare step "
+                  "(preflight + zip) runs once, before timing.")
+    report_cleanup(console, farms)
+
+
+if __name__ == "__main__":
+    main()
