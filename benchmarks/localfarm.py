@@ -1,0 +1,109 @@
+"""A local farm for benchmarks: a head and agents on 127.0.0.1, stopped with everything they started."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Self
+
+import psutil
+from rich.console import Console
+
+from farm.client import Client, HeadInfo, find_head
+from farm.local import free_port, pid_alive, read_json, terminate, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _farm_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, check=False)
+
+
+def _our_processes() -> set[int]:
+    """Ray and Farm processes on this machine (to find what a benchmark left behind)."""
+    found = set()
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        try:
+            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["name"] or "")
+        except psutil.Error:
+            continue
+        if any(key in text for key in ("raylet", "gcs_server", "ray::", "farm.cli.main", "farm_agent", "ray start",
+                                       "default_worker.py", "dashboard", "log_monitor", "runtime_env")):
+            found.add(proc.pid)
+    return found - {os.getpid()}
+
+
+class LocalFarm:
+    """A real head and `agents` real agents (each `--detach`, `--cpus cpus`) in a temporary state directory."""
+
+    def __init__(self, agents: int, cpus: int) -> None:
+        self.agents, self.cpus = agents, cpus
+        self.state = Path(tempfile.mkdtemp(prefix="farm-bench-"))
+        self.before = _our_processes()
+        self.head: HeadInfo | None = None
+        self.leftover: set[int] = set()
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        done = _farm_cli("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
+                         str(free_port()), "--state-dir", str(self.state), "--detach")
+        if done.returncode != 0:
+            raise RuntimeError(f"farm head start: {done.stderr.strip()}")
+        self.head = find_head(state_dir=self.state)
+        procs = [
+            subprocess.Popen([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", self.head.address,
+                              "--token", self.head.join_token, "--name", f"bench-{i}", "--cpus", str(self.cpus),
+                              "--state-dir", str(self.state), "--detach"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            for i in range(1, self.agents + 1)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=240)
+            if proc.returncode != 0:
+                raise RuntimeError(f"farm agent start: {err.strip()}")
+        with Client(self.head) as client:  # every agent's Ray node seen by the head
+            if not wait_for(lambda: sum(n.state == "ready" for n in client.nodes()) >= self.agents, 120, 0.5):
+                raise RuntimeError("agents did not become ready in 120 s")
+
+    def agent_status(self) -> list[dict[str, Any]]:
+        return [read_json(p) or {} for p in sorted((self.state / "agents").glob("*/agent.json"))]
+
+    def head_json(self) -> dict[str, Any]:
+        return read_json(self.state / "head.json") or {}
+
+    def stop(self) -> None:
+        """Agents first (they deregister from a head that still listens), then the head, then any straggler."""
+        terminate(*[int(s["pid"]) for s in self.agent_status() if pid_alive(int(s.get("pid", 0)))])
+        info = self.head_json()
+        if pid_alive(int(info.get("pid", 0))):
+            terminate(int(info["pid"]))
+        wait_for(lambda: not (_our_processes() - self.before), 20, 0.5)
+        self.leftover = _our_processes() - self.before
+        if self.leftover:
+            terminate(*self.leftover, grace=5)
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def report_cleanup(console: Console, farms: list[LocalFarm]) -> None:
+    left = set().union(*(f.leftover for f in farms)) if farms else set()
+    still = {pid for pid in left if pid_alive(pid)}
+    if left:
+        console.print(f"[yellow]cleanup: {len(left)} process(es) outlived the stop and were terminated; "
+                      f"{len(still)} still alive[/]")
+    else:
+        console.print("cleanup: no head, agent or Ray process left running")
