@@ -17,6 +17,7 @@ from farm.client import Client, HeadInfo, find_head
 from farm.local import free_port, pid_alive, read_json, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+JOBS = {"digits": "examples/digits/infer.yaml", "embeddings": "examples/embeddings/embed.yaml"}
 
 
 def _farm_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -37,9 +37,9 @@ from rich.console import Console
 from rich.table import Table
 
 
-from localfarm import ROOT, LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
+from farm.head.output import read_predictions  # noqa: E402
+from localfarm import JOBS, ROOT, LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
 
-JOBS = {"embeddings": "examples/embeddings/embed.yaml", "digits": "examples/digits/infer.yaml"}
 TARGET = 1.05
 
 # A: Farm, as `farm submit SPEC --wait` does it (without the progress bar).
@@ -174,12 +174,6 @@ def run_child(code: str, args: list[str], env: dict[str, str] | None = None) -> 
     return result
 
 
-def joined(output: Path) -> np.ndarray:
-    manifest = json.loads((output / "manifest.json").read_text())
-    parts = sorted(manifest["shards"], key=lambda s: s["start"])
-    return np.concatenate([np.load(output / p["file"], allow_pickle=False) for p in parts])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--job", choices=sorted(JOBS), default="embeddings")
@@ -225,7 +219,7 @@ def main() -> None:
                     phases = ", ".join(f"{k} {v:.2f}" for k, v in result["phases"].items())
                     console.print(f"run {run} {which}: {result['wall']:.2f} s on {len(result['nodes'])} node(s) "
                                   f"({phases})", highlight=False)
-            diff = float(np.max(np.abs(joined(scratch / "farm-out") - joined(scratch / "ray-out"))))
+            diff = float(np.max(np.abs(read_predictions(scratch / "farm-out") - read_predictions(scratch / "ray-out"))))
         finally:
             with console.status("stopping the agents and the head..."):
                 farm.stop()

@@ -26,9 +26,8 @@ from rich.table import Table
 
 from farm.client import Client
 
-from localfarm import ROOT, LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
+from localfarm import JOBS, ROOT, LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
 
-JOBS = {"digits": "examples/digits/infer.yaml", "embeddings": "examples/embeddings/embed.yaml"}
 
 
 def run_job(farm: LocalFarm, prepared: Any) -> dict[str, Any]:

@@ -11,10 +11,10 @@ from typing import Annotated
 
 import typer
 
-from farm.cli.options import StateDir, state_dir
+from farm.cli.options import StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
-from farm.local import pid_alive, read_json, spawn_detached, terminate, wait_for
+from farm.local import pid_alive, read_json, terminate
 
 app = typer.Typer(help="Run a node agent that offers this machine to a head.", no_args_is_help=True)
 
@@ -55,18 +55,8 @@ def start(
 def _start_detached(directory: Path, status_path: Path, argv: list[str], name: str) -> None:
     status_path.unlink(missing_ok=True)
     log = directory / "agent.log"
-    proc = spawn_detached([sys.executable, "-m", "farm.cli.main", *[a for a in argv if a != "--detach"]], log)
-
-    def settled() -> bool:
-        status = read_json(status_path) or {}
-        return status.get("state") == "ready" or proc.poll() is not None
-
-    wait_for(settled, timeout=120)
-    if proc.poll() is not None or (read_json(status_path) or {}).get("state") != "ready":
-        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        if proc.poll() is None:
-            terminate(proc.pid)
-        raise UserError(f"agent {name!r} did not become ready: {last[0] if last else 'no output'} (log: {log})")
+    proc = start_in_background(argv, log, lambda: (read_json(status_path) or {}).get("state") == "ready",
+                               f"agent {name!r} did not become ready")
     status = read_json(status_path) or {}
     console.print(f"agent {name} running (pid {proc.pid}) as node {status.get('node_id')}; log in {log}")
 

@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from farm.cli.options import StateDir, state_dir
+from farm.cli.options import StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
-from farm.local import pid_alive, primary_ip, read_json, spawn_detached, terminate, wait_for
+from farm.local import pid_alive, primary_ip, read_json, terminate
 
 app = typer.Typer(help="Run the head: the control plane, the scheduler and the Ray head.", no_args_is_help=True)
 
@@ -49,18 +49,10 @@ def _start_detached(directory: Path, argv: list[str]) -> None:
     info = read_json(directory / "head.json")
     if info and pid_alive(int(info.get("pid", 0))):
         raise UserError(f"a head is already running from {directory} (pid {info['pid']})")
-    args = [sys.executable, "-m", "farm.cli.main", *[a for a in argv if a != "--detach"]]
+    (directory / "head.json").unlink(missing_ok=True)  # a stale one, from a head that did not stop cleanly
     log = directory / "head.log"
-    proc = spawn_detached(args, log)
-
-    def ready() -> bool:
-        info = read_json(directory / "head.json")
-        return (info is not None and info.get("pid") == proc.pid) or proc.poll() is not None
-
-    wait_for(ready, timeout=120)
-    if proc.poll() is not None or read_json(directory / "head.json") is None:
-        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise UserError(f"the head did not start: {last[0] if last else 'no output'} (log: {log})")
+    proc = start_in_background(argv, log, lambda: read_json(directory / "head.json") is not None,
+                               "the head did not start")
     info = read_json(directory / "head.json") or {}
     console.print(f"head running (pid {proc.pid}), state in {directory}, log in {log}")
     console.print("join other machines with:")

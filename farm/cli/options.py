@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from farm.client import Client, find_head
-from farm.local import default_state_dir
+from farm.core.errors import UserError
+from farm.local import default_state_dir, spawn_detached, terminate, wait_for
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 Head = Annotated[str | None, typer.Option("--head", help="HOST:PORT of the head; default: the local head.")]
@@ -16,6 +20,19 @@ Token = Annotated[str | None, typer.Option("--token", help="API token for --head
 StateDir = Annotated[
     Path | None, typer.Option("--state-dir", help="Farm's state directory (default: $FARM_STATE_DIR or ~/.farm).")
 ]
+
+
+def start_in_background(argv: list[str], log: Path, ready: Callable[[], bool], what: str) -> subprocess.Popen[bytes]:
+    """Re-run this `farm` command without --detach in its own session; return once `ready()` holds. If the process
+    dies or never gets ready, stop it and say why with the last line of its log."""
+    proc = spawn_detached([sys.executable, "-m", "farm.cli.main", *[a for a in argv if a != "--detach"]], log)
+    wait_for(lambda: proc.poll() is not None or ready(), timeout=120)
+    if proc.poll() is not None or not ready():
+        if proc.poll() is None:
+            terminate(proc.pid)
+        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        raise UserError(f"{what}: {last[0] if last else 'no output'} (log: {log})")
+    return proc
 
 
 def state_dir(value: Path | None) -> Path:

@@ -21,7 +21,7 @@ from ray._private.runtime_env import packaging
 
 from farm.core.errors import FarmError
 from farm.core.models import JobState, Node, NodeState, ShardState
-from farm.core.spec import parse_spec
+from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ShardResult, ShardTask
 from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
@@ -140,7 +140,7 @@ class Dispatcher:
                 continue
             for assignment in decided.assignments:
                 busy[(assignment.node_id, assignment.device)] += 1
-                self.launch(job, assignment, nodes[assignment.node_id])
+                self.launch(job, spec, assignment, nodes[assignment.node_id])
             waiting = sorted({f"waiting: {w.why}" for w in decided.waiting})
             explanation = "\n".join([*decided.explanation, *waiting])
             if explanation != job.explanation:
@@ -161,8 +161,7 @@ class Dispatcher:
             self.code[job.id] = uri
         return self.code[job.id]
 
-    def launch(self, job: Job, assignment: Assignment, node: Node) -> None:
-        spec = parse_spec(job.spec_yaml, job.id)
+    def launch(self, job: Job, spec: JobSpec, assignment: Assignment, node: Node) -> None:
         shard = job.shards[assignment.index]
         task = ShardTask(
             job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model,
