@@ -1,0 +1,212 @@
+"""The candidate implementations the tuner chooses among, and `build`, which makes one of them from a model.
+
+A candidate is a named transform of the job's own model (no new code to trust): eager, torch.compile in three
+modes, CUDA graph capture, TF32 / bf16 / fp16 arithmetic (only offered when the tolerance allows, and marked
+`lowers_precision`), channels_last with cudnn.benchmark for convolutions, and Farm's Triton kernels
+(triton_kernels/). The evaluator's worker calls `build` in its own process, so building may compile and capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_map
+
+from farm_agent.tuner.evaluator import Candidate
+
+Built = Callable[..., Any]
+
+# Relative errors these arithmetics typically leave on fp32 work (float32 ~1e-6, tf32 ~3e-4, fp16 ~1e-3, bf16 ~4e-3):
+# a candidate is offered only when the tolerance is comfortably above its error.
+TF32_MIN_RTOL = 1e-3
+HALF_MIN_RTOL = 5e-3
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kind of candidate: how to build it and when it applies."""
+
+    name: str
+    needs_cuda: bool = False
+    lowers_precision: bool = False
+    min_rtol: float = 0.0
+    needs_conv: bool = False
+    needs_triton_match: bool = False
+    params: tuple[tuple[str, Any], ...] = ()
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("eager"),
+    Family("compile-default"),
+    Family("compile-max-autotune"),
+    Family("compile-reduce-overhead", needs_cuda=True),
+    Family("cuda-graph", needs_cuda=True),
+    Family("channels-last", needs_cuda=True, needs_conv=True),
+    Family("triton-fused", needs_cuda=True, needs_triton_match=True, params=(("precision", "ieee"),)),
+    Family("tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL),
+    Family("compile-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL),
+    Family("triton-fused-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL,
+           needs_triton_match=True, params=(("precision", "tf32"),)),
+    Family("autocast-bf16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL),
+    Family("autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL),
+    Family("compile-autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL),
+    Family("triton-fused-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL,
+           needs_triton_match=True, params=(("precision", "fp16"),)),
+)
+FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
+
+
+def has_convolution(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: float,
+                   device: str | torch.device) -> list[Candidate]:
+    """Every candidate that applies to this model, tolerance (the rtol a result must meet) and device."""
+    from farm_agent.tuner.triton_kernels import count_matches
+
+    on_cuda = torch.device(device).type == "cuda"
+    conv = has_convolution(model)
+    found: list[Candidate] = []
+    for family in FAMILIES:
+        params = dict(family.params)
+        if family.needs_cuda and not on_cuda:
+            continue
+        if family.needs_conv and not conv:
+            continue
+        if tolerance < family.min_rtol:
+            continue
+        if family.needs_triton_match and count_matches(model, params.get("precision", "ieee")) == 0:
+            continue
+        found.append(Candidate(name=family.name, transform=family.name, params=params,
+                               lowers_precision=family.lowers_precision))
+    return found
+
+
+def candidate(name: str) -> Candidate:
+    """The candidate of one family by name (eager, compile-default, ...)."""
+    family = FAMILY_BY_NAME[name]
+    return Candidate(name=name, transform=name, params=dict(family.params), lowers_precision=family.lowers_precision)
+
+
+# --- building --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool) -> Iterator[None]:
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def _to_float32(out: Any) -> Any:
+    """Half-precision outputs back to fp32, so that the result has the reference's type."""
+    return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16)
+                    else t, out)
+
+
+def _with_tf32(fn: Built) -> Built:
+    def run(*inputs: Any) -> Any:
+        with _tf32(True):
+            return fn(*inputs)
+    return run
+
+
+def _with_autocast(fn: Built, dtype: torch.dtype) -> Built:
+    def run(*inputs: Any) -> Any:
+        with torch.autocast("cuda", dtype=dtype):
+            return _to_float32(fn(*inputs))
+    return run
+
+
+def _cuda_graph(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
+    """Eager forward captured once into a CUDA graph; each call copies the inputs in and replays it.
+
+    The captured output buffer is overwritten by the next replay, so each call returns a copy of it.
+    """
+    static_inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.no_grad():
+        for _ in range(3):  # warm-up on a side stream, as capture requires (lazy init, cuBLAS workspaces)
+            model(*static_inputs)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_out = model(*static_inputs)
+
+    def run(*inputs: Any) -> Any:
+        for buffer, x in zip(static_inputs, inputs, strict=True):
+            if isinstance(buffer, torch.Tensor):
+                buffer.copy_(x)
+        graph.replay()
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, static_out)
+
+    return run
+
+
+def _reduce_overhead(model: nn.Module) -> Built:
+    """torch.compile's CUDA-graph mode. Its outputs live in the graph's memory pool and the next replay overwrites
+    them, so each call marks a new step and returns copies."""
+    compiled = torch.compile(model, mode="reduce-overhead")
+
+    def run(*inputs: Any) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, compiled(*inputs))
+
+    return run
+
+
+def _channels_last(model: nn.Module) -> Built:
+    torch.backends.cudnn.benchmark = True  # pick the convolution algorithm by timing it at these shapes
+    model = model.to(memory_format=torch.channels_last)
+
+    def run(*inputs: Any) -> Any:
+        return model(*(x.contiguous(memory_format=torch.channels_last)
+                       if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs))
+
+    return run
+
+
+def _triton_fused(model: nn.Module, precision: str) -> Built:
+    from farm_agent.tuner.triton_kernels import rewrite
+
+    rewritten, count = rewrite(model, precision)
+    if count == 0:
+        raise ValueError("no submodule of this model matches a Triton kernel's pattern")
+    return rewritten
+
+
+def build(transform: str, model: nn.Module, example_inputs: list[Any], params: dict[str, Any]) -> Built:
+    """The candidate `transform` of `model`: something called like model(*inputs)."""
+    model = model.eval()
+    builders: dict[str, Callable[[], Built]] = {
+        "eager": lambda: model,
+        "compile-default": lambda: torch.compile(model),
+        "compile-max-autotune": lambda: torch.compile(model, mode="max-autotune-no-cudagraphs"),
+        "compile-reduce-overhead": lambda: _reduce_overhead(model),
+        "cuda-graph": lambda: _cuda_graph(model, example_inputs),
+        "channels-last": lambda: _channels_last(model),
+        "triton-fused": lambda: _triton_fused(model, params.get("precision", "ieee")),
+        "triton-fused-tf32": lambda: _with_tf32(_triton_fused(model, "tf32")),
+        "triton-fused-fp16": lambda: _triton_fused(model, "fp16"),
+        "tf32": lambda: _with_tf32(model),
+        # Inductor reads the TF32 switch while it compiles: the wrapper keeps it on for the first call too.
+        "compile-tf32": lambda: _with_tf32(torch.compile(model)),
+        "autocast-bf16": lambda: _with_autocast(model, torch.bfloat16),
+        "autocast-fp16": lambda: _with_autocast(model, torch.float16),
+        "compile-autocast-fp16": lambda: torch.compile(_with_autocast(model, torch.float16)),
+    }
+    if transform not in builders:
+        raise ValueError(f"unknown transform {transform!r}; known: {', '.join(builders)}")
+    return builders[transform]()
