@@ -69,7 +69,8 @@ class LocalFarm:
         procs = [
             subprocess.Popen([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", self.head.address,
                               "--token", self.head.join_token, "--name", f"bench-{i}", "--cpus", str(self.cpus),
-                              "--state-dir", str(self.state), "--detach"],
+                              "--state-dir", str(self.state), "--detach",
+                              "--max-foreign-cpu", "100"],  # agents sharing one host are not each other's owner
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
             for i in range(1, self.agents + 1)
         ]

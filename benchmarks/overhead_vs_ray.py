@@ -54,7 +54,7 @@ spec, state, root = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 prepared = prepare(spec, root)
 t_prepare = time.perf_counter()
 with Client(find_head(state_dir=state)) as client:
-    job_id = client.submit(prepared.spec_yaml, prepared.code_zip, prepared.items, str(prepared.output))
+    job_id = client.submit_prepared(prepared)
     t_submit = time.perf_counter()
     job = None
     for job in client.watch(job_id):

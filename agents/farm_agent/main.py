@@ -23,6 +23,7 @@ from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent import backends
 from farm_agent.client import HeadClient
 from farm_agent.hardware import detect, nvidia_gpus
+from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, meter_for
 from farm_agent.settings import AgentSettings
 
@@ -45,6 +46,7 @@ class Agent:
         self.ray_failure: AgentError | None = None
         self.meters: dict[str, PowerMeter] = {}
         self.status: dict[str, object] = {}
+        self.idle = IdlePolicy(settings.max_foreign_cpu)
 
     async def run(self) -> None:
         settings = self.settings
@@ -106,7 +108,6 @@ class Agent:
             log.info("stopped")
 
     async def _heartbeat_until_stopped(self, ray: RayProcess) -> None:
-        psutil.cpu_percent()  # the first reading only starts psutil's interval
         while not self.stopping.is_set():
             call = self.client.heartbeats(self._beats(ray))
             try:
@@ -129,9 +130,13 @@ class Agent:
                 self.ray_failure = ray.failure()
                 self.stopping.set()
                 return
+            busy = self.idle.busy()
+            if busy != self.status.get("busy", ""):
+                log.info("owner %s", f"busy: {busy}; taking no new shards" if busy else "idle again; offering work")
+                self.status["busy"] = busy
             yield agent_pb2.HeartbeatRequest(
-                node_id=self.node_id, node_token=self.node_token, cpu_percent=psutil.cpu_percent(),
-                memory_percent=psutil.virtual_memory().percent, ray_running=True, power=self._power(),
+                node_id=self.node_id, node_token=self.node_token, cpu_percent=self.idle.machine_percent,
+                memory_percent=psutil.virtual_memory().percent, ray_running=True, power=self._power(), busy=busy,
             )
             try:
                 await asyncio.wait_for(self.stopping.wait(), self.interval)

@@ -29,6 +29,9 @@ def start(
     token: Annotated[str, typer.Option(help="The join token `farm head start` printed.")],
     name: Annotated[str | None, typer.Option(help="Node name (default: the host name).")] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer (default: all).", min=1)] = None,
+    max_foreign_cpu: Annotated[float, typer.Option(
+        help="Take no new shards while the owner's processes use more than this share of the CPU (percent; "
+             "100 turns the rule off, as for several agents on one host).", min=1, max=100)] = 90.0,
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
 ) -> None:
@@ -40,7 +43,8 @@ def start(
     if ":" not in head:
         raise UserError(f"--head {head!r}: expected HOST:PORT")
     settings = AgentSettings(
-        head=head, token=token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1
+        head=head, token=token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
+        max_foreign_cpu=max_foreign_cpu,
     )
     status = read_json(settings.status_path)
     if status and pid_alive(int(status.get("pid", 0))):

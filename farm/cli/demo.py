@@ -46,12 +46,13 @@ def demo(
         with console.status(f"starting {agents} agents ({cpus} cores each)..."):
             _farm_all([
                 ["agent", "start", "--head", head.address, "--token", head.join_token, "--name", f"demo-{index}",
-                 "--cpus", str(cpus), "--state-dir", str(state), "--detach"]
+                 "--cpus", str(cpus), "--state-dir", str(state), "--detach",
+                 "--max-foreign-cpu", "100"]  # the agents share this host: each would see the other as its owner
                 for index in range(1, agents + 1)
             ])
         with Client(head) as client:
             prepared = prepare(root / SPEC, root)
-            job_id = client.submit(prepared.spec_yaml, prepared.code_zip, prepared.items, str(prepared.output))
+            job_id = client.submit_prepared(prepared)
             job = follow(client, job_id)
         show_summary(job)
         nodes_used = {s.node_name for s in job.shards}

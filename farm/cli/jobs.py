@@ -41,7 +41,7 @@ def submit(
     """Submit a job; prints its id."""
     with connect(head, token) as client:
         prepared = prepare(spec, workdir)
-        job_id = client.submit(prepared.spec_yaml, prepared.code_zip, prepared.items, str(prepared.output))
+        job_id = client.submit_prepared(prepared)
         if not wait:
             print_json({"job_id": job_id}) if json else console.print(job_id)
             return

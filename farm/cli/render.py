@@ -48,8 +48,11 @@ def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
             f"{b.name} ({b.device}, {b.threads} threads)" if b.available else f"[dim]{b.name}: {b.reason}[/]"
             for b in node.backends
         )
+        state = f"[{colours.get(node.state, 'white')}]{node.state}[/]"
+        if node.busy:  # its owner needs it: the scheduler gives it nothing now
+            state += f"\n[yellow]busy: {node.busy}[/]"
         table.add_row(
-            node.id, node.name, f"[{colours.get(node.state, 'white')}]{node.state}[/]", backends,
+            node.id, node.name, state, backends,
             f"{node.cpu_percent:.0f}%", f"{node.memory_percent:.0f}%",
             ", ".join(f"{p.device} {watts(p.watts, p.source)}" for p in node.power) or "-", ago(node.last_heartbeat),
         )

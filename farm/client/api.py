@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 
+from farm.client.preflight import PreparedJob
 from farm.core.errors import ERRORS_BY_STATUS, FarmError, HeadUnavailableError, UserError
 from farm.local import default_state_dir, pid_alive, read_json
 from farm.proto.v1 import fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
@@ -81,10 +82,15 @@ class Client:
         error_class = ERRORS_BY_STATUS.get(code.name, FarmError)
         return error_class(str(exc.details()))  # type: ignore[attr-defined]
 
-    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str) -> str:
-        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, code_zip=code_zip, items=items, output=output)
+    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
+        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, code_zip=code_zip, items=items, output=output,
+                                        model_bytes=model_bytes)
         reply = self._call(self.jobs.Submit, request)
         return str(reply.job_id)  # type: ignore[attr-defined]
+
+    def submit_prepared(self, job: PreparedJob) -> str:
+        """Submit what `preflight.prepare` checked and packed."""
+        return self.submit(job.spec_yaml, job.code_zip, job.items, str(job.output), job.model_bytes)
 
     def job(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Get, job_pb2.GetJobRequest(job_id=job_id))  # type: ignore[return-value]

@@ -23,6 +23,7 @@ class PreparedJob:
     code_zip: bytes
     items: int
     output: Path
+    model_bytes: int  # parameters and buffers: the least memory a node needs to hold the model
 
 
 def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
@@ -40,9 +41,10 @@ def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     from farm_agent.jobcode import load_dataset, load_model
 
     inputs, _ = load_dataset(spec.dataset, workdir)
-    load_model(spec.model, spec.weights, workdir)
+    model = load_model(spec.model, spec.weights, workdir)
+    model_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     output = (workdir / spec.output_dir).resolve()
-    return PreparedJob(spec, spec_yaml, zip_code(workdir, skip=output), len(inputs), output)
+    return PreparedJob(spec, spec_yaml, zip_code(workdir, skip=output), len(inputs), output, model_bytes)
 
 
 def zip_code(root: Path, skip: Path | None = None) -> bytes:

@@ -16,6 +16,15 @@ class EnergySource(StrEnum):
     MODEL_ESTIMATE = "model-estimate"  # Farm's model: rated power × utilisation
 
 
+# How far (as a fraction) a figure from each source may lie from the true energy, for ranking. A counter reads the
+# hardware (NVML's H200 counter steps every 100 ms: well inside 5 % over a shard); Apple's IOReport figures are the
+# vendor's own model of its SoC; rated power × utilisation can be off by half either way (the rated figure is a
+# ceiling, and utilisation says nothing of what the cores execute). Keyed by the enum, found by its string too.
+UNCERTAINTY: dict[str, float] = {
+    EnergySource.COUNTER: 0.05, EnergySource.VENDOR_ESTIMATE: 0.25, EnergySource.MODEL_ESTIMATE: 0.5,
+}
+
+
 class EnergyScope(StrEnum):
     DEVICE = "device"  # one accelerator board or die
     PACKAGE = "package"  # a CPU socket (cores, caches, memory controller) or an SoC

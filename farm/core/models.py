@@ -88,6 +88,7 @@ class Node(Frozen):
     cpu_percent: float = 0.0
     memory_percent: float = 0.0
     power: tuple[DevicePower, ...] = ()
+    busy: str = ""  # why the owner needs the node now (its agent's idle policy); empty while it offers work
 
 
 class Shard(Frozen):

@@ -32,3 +32,4 @@ class ShardResult:
     correct: int | None  # predictions equal to the dataset's labels, when it has labels
     node_ray_id: str
     energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell
+    peak_memory_bytes: int = 0  # the most memory the shard took on its device (0: not measured)

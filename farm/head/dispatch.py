@@ -20,7 +20,7 @@ from ray import exceptions as ray_errors
 from ray._private.runtime_env import packaging
 
 from farm.core.errors import FarmError
-from farm.core.models import JobState, Node, NodeState, ShardState
+from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ShardResult, ShardTask
 from farm.head.output import shard_file, write_manifest, write_shard
@@ -120,8 +120,10 @@ class Dispatcher:
         busy = Counter((r.node_id, r.device) for r in self.running.values())
         for job in jobs:
             spec = parse_spec(job.spec_yaml, job.id)
+            peaks = {BackendName(b): n for b, n in self.store.peak_memory(job.model_key).items()}
             wanted = [
-                ShardRequest(job_id=job.id, index=s.index, items=s.size, backends=spec.backends, policy=spec.policy)
+                ShardRequest(job_id=job.id, index=s.index, items=s.size, backends=spec.backends, policy=spec.policy,
+                             peak_bytes=peaks, model_bytes=job.model_bytes)
                 for s in job.shards if s.state is ShardState.PENDING and (job.id, s.index) not in self.running
             ]
             if not wanted:
@@ -132,7 +134,7 @@ class Dispatcher:
                     running_items[(running.node_id, running.device)] += job.shards[index].size
             deadline = None if spec.deadline_s is None else spec.deadline_s - (time.time() - job.created_at)
             decided = schedule_round(wanted, list(nodes.values()), busy, running_items,
-                                     calibration.rates(self.store.samples(job.model_key)), deadline)
+                                     calibration.rates(self.store.samples(job.model_key)), deadline, now=time.time())
             if decided.infeasible:
                 self._cancel_running(job.id)
                 self.store.set_job_state(job.id, JobState.FAILED, decided.infeasible)
@@ -193,7 +195,8 @@ class Dispatcher:
             if job.state.finished or self.running.get(key) is not running:  # cancelled, or taken back meanwhile
                 return
             await asyncio.to_thread(write_shard, Path(job.output), index, result.outputs)
-            self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct, result.energy)
+            self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct, result.energy,
+                                       result.peak_memory_bytes)
             self._finish_if_done(job_id)
         except ray_errors.TaskCancelledError:
             pass

@@ -26,7 +26,7 @@ class Jobs:
         self.events = events
         self.settings = settings
 
-    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str) -> str:
+    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
         """Validate, then persist the job, its code and its shards before anyone is told it exists."""
         spec = parse_spec(spec_yaml, "spec")
         if spec.kind is not JobKind.INFERENCE:
@@ -46,7 +46,7 @@ class Jobs:
         write_private(code_path, code_zip)
         self.store.add_job(
             job_id, spec.name, spec.kind.value, spec_yaml, str(code_path), output, items,
-            shard_ranges(items, spec.shards), model_key(spec, code_zip),
+            shard_ranges(items, spec.shards), model_key(spec, code_zip), max(model_bytes, 0),
         )
         self.dispatcher.wake.set()
         return job_id

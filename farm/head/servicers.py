@@ -67,7 +67,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 check_node_token(beat.node_token, self.store.node_token_hash(beat.node_id))
                 verified = beat.node_id
             self.store.heartbeat(
-                beat.node_id, beat.cpu_percent, beat.memory_percent, [convert.power_from_pb(p) for p in beat.power]
+                beat.node_id, beat.cpu_percent, beat.memory_percent, [convert.power_from_pb(p) for p in beat.power],
+                beat.busy,
             )
             state = self.store.node_state(beat.node_id)
             if state is NodeState.OFFLINE:  # silent for a while, alive again: it rejoins through the usual checks
@@ -106,7 +107,8 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     @unary
     async def Submit(self, request: job_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> job_pb2.SubmitReply:
         self.tokens.check_api(context)
-        job_id = self.jobs.submit(request.spec_yaml, request.code_zip, request.items, request.output)
+        job_id = self.jobs.submit(request.spec_yaml, request.code_zip, request.items, request.output,
+                                  request.model_bytes)
         return job_pb2.SubmitReply(job_id=job_id)
 
     @unary

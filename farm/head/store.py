@@ -16,7 +16,7 @@ from typing import Any
 from farm.core.energy import DevicePower, Energy
 from farm.core.errors import NotFoundError
 from farm.core.models import BackendOffer, Hardware, JobState, Node, NodeState, Shard, ShardState
-from farm.scheduler.calibration import Sample
+from farm.scheduler.calibration import RECENT, Sample
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -32,7 +32,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     last_heartbeat REAL NOT NULL DEFAULT 0,
     cpu_percent REAL NOT NULL DEFAULT 0,
     memory_percent REAL NOT NULL DEFAULT 0,
-    power TEXT NOT NULL DEFAULT '[]'
+    power TEXT NOT NULL DEFAULT '[]',
+    busy TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -45,6 +46,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     output TEXT NOT NULL,
     items INTEGER NOT NULL,
     model_key TEXT NOT NULL DEFAULT '',
+    model_bytes INTEGER NOT NULL DEFAULT 0,
     error TEXT NOT NULL DEFAULT '',
     explanation TEXT NOT NULL DEFAULT '',
     metrics TEXT NOT NULL DEFAULT '{}',
@@ -68,6 +70,8 @@ CREATE TABLE IF NOT EXISTS shards (
     energy_j REAL NOT NULL DEFAULT 0,
     energy_source TEXT NOT NULL DEFAULT '',
     energy_scope TEXT NOT NULL DEFAULT '',
+    peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
+    finished_at REAL NOT NULL DEFAULT 0,
     error TEXT NOT NULL DEFAULT '',
     attempts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (job_id, idx)
@@ -95,6 +99,7 @@ class Job:
         self.output: str = row["output"]
         self.items: int = row["items"]
         self.model_key: str = row["model_key"]
+        self.model_bytes: int = row["model_bytes"]
         self.error: str = row["error"]
         self.explanation: str = row["explanation"]
         self.metrics: dict[str, float] = json.loads(row["metrics"])
@@ -164,10 +169,12 @@ class Store:
         row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
         return None if row is None else str(row["token_hash"])
 
-    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: list[DevicePower]) -> None:
+    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: list[DevicePower],
+                  busy: str = "") -> None:
         self._db.execute(
-            "UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=? WHERE id=?",
-            (time.time(), cpu_percent, memory_percent, json.dumps([p.model_dump(mode="json") for p in power]), node_id),
+            "UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=?, busy=? WHERE id=?",
+            (time.time(), cpu_percent, memory_percent, json.dumps([p.model_dump(mode="json") for p in power]), busy,
+             node_id),
         )
 
     def node_state(self, node_id: str) -> NodeState:
@@ -191,7 +198,7 @@ class Store:
                 backends=tuple(BackendOffer.model_validate(b) for b in json.loads(r["backends"])),
                 ray_node_id=r["ray_node_id"], address=r["address"], last_heartbeat=r["last_heartbeat"],
                 registered_at=r["registered_at"], cpu_percent=r["cpu_percent"], memory_percent=r["memory_percent"],
-                power=tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])),
+                power=tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])), busy=r["busy"],
             )
             for r in rows
         ]
@@ -200,14 +207,14 @@ class Store:
 
     def add_job(
         self, job_id: str, name: str, kind: str, spec_yaml: str, code_path: str, output: str, items: int,
-        ranges: list[tuple[int, int]], model_key: str = "",
+        ranges: list[tuple[int, int]], model_key: str = "", model_bytes: int = 0,
     ) -> None:
         with self._tx() as db:
             db.execute(
-                """INSERT INTO jobs (id, name, kind, state, spec_yaml, code_path, output, items, model_key, created_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                """INSERT INTO jobs (id, name, kind, state, spec_yaml, code_path, output, items, model_key, model_bytes,
+                   created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                 (job_id, name, kind, JobState.QUEUED.value, spec_yaml, code_path, output, items, model_key,
-                 time.time()),
+                 model_bytes, time.time()),
             )
             db.executemany(
                 "INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
@@ -282,14 +289,16 @@ class Store:
             self._log(db, job_id, "info", f"shard {index} → {node.name} ({device})" + (f": {why}" if why else ""))
 
     def shard_succeeded(
-        self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None
+        self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None,
+        peak_memory_bytes: int = 0,
     ) -> None:
         joules, source, scope = (energy.joules, energy.source.value, energy.scope.value) if energy else (0.0, "", "")
         with self._tx() as db:
             db.execute(
-                """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?, energy_scope=?
-                   WHERE job_id=? AND idx=?""",
-                (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope, job_id, index),
+                """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?, energy_scope=?,
+                   peak_memory_bytes=?, finished_at=? WHERE job_id=? AND idx=?""",
+                (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope, peak_memory_bytes,
+                 time.time(), job_id, index),
             )
             spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
             self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s{spent}")
@@ -310,11 +319,11 @@ class Store:
             )
             self._log(db, job_id, "error", f"shard {index} failed: {error}")
 
-    def samples(self, model_key: str, per_device: int = 20) -> list[Sample]:
+    def samples(self, model_key: str, per_device: int = RECENT) -> list[Sample]:
         """The latest finished shards of a model, per (node, device): what calibration learns from."""
         rows = self._db.execute(
-            """SELECT node_id, device, items, seconds, energy_j, energy_source FROM (
-                 SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.node_id, s.device ORDER BY j.seq DESC, s.idx DESC) AS n
+            """SELECT node_id, device, items, seconds, energy_j, energy_source, finished_at FROM (
+                 SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.node_id, s.device ORDER BY s.finished_at DESC) AS n
                  FROM shards s JOIN jobs j ON j.id = s.job_id
                  WHERE j.model_key = ? AND s.state = ? AND s.seconds > 0)
                WHERE n <= ?""",
@@ -322,9 +331,18 @@ class Store:
         ).fetchall()
         return [
             Sample(node_id=r["node_id"], device=r["device"], items=r["items"], seconds=r["seconds"],
-                   energy_j=r["energy_j"], energy_source=r["energy_source"])
+                   energy_j=r["energy_j"], energy_source=r["energy_source"], finished_at=r["finished_at"])
             for r in rows
         ]
+
+    def peak_memory(self, model_key: str) -> dict[str, int]:
+        """Per backend, the most memory a finished shard of this model has taken."""
+        rows = self._db.execute(
+            """SELECT s.backend, MAX(s.peak_memory_bytes) AS peak FROM shards s JOIN jobs j ON j.id = s.job_id
+               WHERE j.model_key = ? AND s.state = ? AND s.peak_memory_bytes > 0 GROUP BY s.backend""",
+            (model_key, ShardState.SUCCEEDED.value),
+        ).fetchall()
+        return {r["backend"]: r["peak"] for r in rows}
 
     def requeue_running(self) -> int:
         """After a head restart: shards that were running belonged to the old Ray driver and died with it."""

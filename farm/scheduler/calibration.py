@@ -1,8 +1,9 @@
 """Calibration: what each (node, device) has been measured to do on a model, from its finished shards.
 
-Every finished shard is a measurement, so the figures refine themselves as a fleet works. Energy per item is only
-given where every sample carries energy from one source: a rate mixing a counter with an estimate would rank
-unlike against like.
+Every finished shard is a measurement, so the figures refine themselves as a fleet works. Only the latest RECENT
+shards of a device count: a device whose speed changed (a driver update, a measurement taken under someone else's
+load) converges to what it does now. Energy per item is only given where every sample carries energy from one
+source: a rate mixing a counter with an estimate would rank unlike against like.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from collections.abc import Iterable
 from farm.core.frozen import Frozen
 from farm.scheduler.types import Rate
 
+# Shards per device behind a rate: enough to average out one slow shard, few enough to follow a change.
+RECENT = 8
+
 
 class Sample(Frozen):
     node_id: str
@@ -21,6 +25,7 @@ class Sample(Frozen):
     seconds: float
     energy_j: float = 0.0
     energy_source: str = ""  # empty: not measured
+    finished_at: float = 0.0  # unix seconds
 
 
 def rates(samples: Iterable[Sample]) -> dict[tuple[str, str], Rate]:
@@ -29,6 +34,7 @@ def rates(samples: Iterable[Sample]) -> dict[tuple[str, str], Rate]:
         grouped[(sample.node_id, sample.device)].append(sample)
     found = {}
     for key, group in grouped.items():
+        group = sorted(group, key=lambda s: s.finished_at)[-RECENT:]
         items = sum(s.items for s in group)
         seconds = sum(s.seconds for s in group)
         if items <= 0 or seconds <= 0:
@@ -41,5 +47,6 @@ def rates(samples: Iterable[Sample]) -> dict[tuple[str, str], Rate]:
             items_per_j=items / joules if measured else None,
             energy_source=sources.pop() if measured else "",
             samples=len(group),
+            measured_at=max(s.finished_at for s in group),
         )
     return found

@@ -43,7 +43,7 @@ def place(
     assignments: list[Assignment] = []
     waiting: list[Waiting] = []
     for shard in shards:
-        kind = (shard.backends, shard.policy)
+        kind = (shard.backends, shard.policy, shard.model_bytes, tuple(shard.peak_bytes.items()))
         ranking = rankings.get(kind)
         if ranking is None:
             ranking = rankings[kind] = _rank(shard, nodes, rates or {}, filters, quotas)

@@ -1,8 +1,10 @@
 """Plans: how many of a job's remaining shards each device should run, by policy, from measured rates.
 
-- efficiency: least energy. Shards go to the devices with the most items per joule; among devices within
-  EQUALLY_EFFICIENT of the best, to whichever finishes them first (spreading costs no energy there). Devices
-  without an energy figure are only used when no device has one.
+- efficiency: least energy. Shards go to the devices with the most items per joule; among devices as efficient
+  as the best within what their figures can tell apart, to whichever finishes them first (spreading costs no
+  energy there). Figures from one kind of meter are told apart down to EQUALLY_EFFICIENT; figures from unlike
+  meters (a counter against a model estimate) only beyond both meters' uncertainty, so that an estimate never
+  wins or loses on its own error. Devices without an energy figure are only used when no device has one.
 - throughput: least makespan. Each shard goes where it would finish first (list scheduling).
 - deadline: least energy that still finishes within the deadline: devices by items per joule, each filled up to
   what it can finish in time (for one kind of demand and linear costs this greedy fill is the exact optimum of the
@@ -17,6 +19,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
+from farm.core.energy import UNCERTAINTY
 from farm.core.frozen import Frozen
 from farm.core.spec import Policy
 
@@ -31,6 +34,7 @@ class DeviceRate(Frozen):
     slots: int = 1
     items_per_s: float  # per slot
     items_per_j: float | None = None  # None: energy unknown, ranked after every device that has a figure
+    energy_source: str = ""  # the meter behind items_per_j (an EnergySource value)
     busy_s: float = 0.0  # until its running shards finish
 
     @property
@@ -72,8 +76,16 @@ def _most_efficient(devices: Sequence[DeviceRate]) -> list[DeviceRate]:
     known = [d for d in devices if d.items_per_j is not None]
     if not known:
         return list(devices)
-    best = max(d.items_per_j or 0.0 for d in known)
-    return [d for d in known if (d.items_per_j or 0.0) >= best * (1 - EQUALLY_EFFICIENT)]
+    best = max(known, key=lambda d: d.items_per_j or 0.0)
+    return [d for d in known if (d.items_per_j or 0.0) >= (best.items_per_j or 0.0) * (1 - distinguishable(d, best))]
+
+
+def distinguishable(a: DeviceRate, b: DeviceRate) -> float:
+    """The smallest relative difference in items per joule that says one of two devices is more efficient."""
+    if a.energy_source == b.energy_source:
+        return EQUALLY_EFFICIENT  # one meter's bias is shared by both figures
+    uncertainty = UNCERTAINTY.get(a.energy_source, 1.0) + UNCERTAINTY.get(b.energy_source, 1.0)
+    return min(max(EQUALLY_EFFICIENT, uncertainty), 0.9)
 
 
 def _fill(shard_items: Sequence[int], ordered: Sequence[DeviceRate], deadline_s: float

@@ -13,6 +13,13 @@ class ShardRequest(Frozen):
     items: int
     backends: tuple[BackendName, ...]
     policy: Policy = Policy.EFFICIENCY
+    # Memory one shard needs: per backend, the most a finished shard of this model took there (measured), and
+    # `model_bytes` (its parameters and buffers, from the submitter's preflight) where none has run yet. 0: unknown.
+    peak_bytes: dict[BackendName, int] = {}
+    model_bytes: int = 0
+
+    def memory_need(self, backend: BackendName) -> int:
+        return self.peak_bytes.get(backend, self.model_bytes)
 
 
 class Rate(Frozen):
@@ -22,6 +29,7 @@ class Rate(Frozen):
     items_per_j: float | None = None
     energy_source: str = ""  # where items_per_j's joules came from
     samples: int = 0  # finished shards behind the figures
+    measured_at: float = 0.0  # when the latest of them finished (unix seconds)
 
 
 class Assignment(Frozen):

@@ -147,7 +147,8 @@ def _session(pid: int) -> int | None:
 
 def test_a_node_lost_mid_job_hands_its_shards_to_the_others(cluster: Cluster, toy: Path) -> None:
     third = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
-                         "--name", "agent-c", "--cpus", "1", "--state-dir", str(cluster.state_dir), "--detach")
+                         "--name", "agent-c", "--cpus", "1", "--state-dir", str(cluster.state_dir), "--detach",
+                         "--max-foreign-cpu", "100")
     assert third.returncode == 0, third.stderr
     spec = write_spec(toy, name="lossy", model="toyjob:slow", dataset="toyjob:numbers", shards=6, batch_size=1)
     job_id = cluster.farm("submit", str(spec), "--workdir", str(toy)).stdout.strip()

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from farm.scheduler.calibration import Sample, rates
+from farm.scheduler.calibration import RECENT, Sample, rates
 
 
 def sample(items: int, seconds: float, joules: float = 0.0, source: str = "", node: str = "n", device: str = "cpu"
@@ -26,3 +26,11 @@ def test_unlike_energy_sources_give_no_energy_rate() -> None:
 
 def test_empty_samples_give_no_rate() -> None:
     assert rates([sample(0, 0.0)]) == {}
+
+
+def test_only_the_latest_shards_count_so_a_changed_device_converges() -> None:
+    slow = [Sample(node_id="n", device="cpu", items=100, seconds=10.0, finished_at=t) for t in range(1, 9)]
+    fast = [Sample(node_id="n", device="cpu", items=100, seconds=1.0, finished_at=t) for t in range(100, 100 + RECENT)]
+    found = rates(slow + fast)[("n", "cpu")]
+    assert found.items_per_s == pytest.approx(100)  # the slow past no longer counts
+    assert (found.samples, found.measured_at) == (RECENT, 100 + RECENT - 1)

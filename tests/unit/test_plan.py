@@ -96,3 +96,17 @@ def test_a_smaller_shard_still_fills_a_device_a_larger_one_did_not_fit() -> None
     result = plan([11, 11, 10], [a, b], Policy.DEADLINE, deadline_s=2.15)
     assert result.feasible and result.quotas == {("a", "cpu"): 2, ("b", "cpu"): 1}
     assert result.energy_j == pytest.approx(21 / 10 + 11 / 1)
+
+
+def test_efficiency_tells_like_figures_apart_finely_and_unlike_ones_only_beyond_their_meters() -> None:
+    best = DeviceRate(node_id="h200", device="cuda:0", items_per_s=1000, items_per_j=10, energy_source="counter")
+    twin = DeviceRate(node_id="h100", device="cuda:0", items_per_s=1000, items_per_j=8.5, energy_source="counter")
+    estimated = DeviceRate(node_id="laptop", device="cpu", items_per_s=1000, items_per_j=7,
+                           energy_source="model-estimate")
+    # Two counters 15 % apart: the better one takes everything.
+    assert set(plan([100] * 8, [best, twin], Policy.EFFICIENCY).quotas) == {("h200", "cuda:0")}
+    # A model estimate 30 % below a counter cannot be told apart from it (±50 % and ±5 %): both share the work.
+    assert set(plan([100] * 8, [best, estimated], Policy.EFFICIENCY).quotas) == {("h200", "cuda:0"),
+                                                                                 ("laptop", "cpu")}
+    far = estimated.model_copy(update={"items_per_j": 2.0})  # 80 % below: beyond both meters' error
+    assert set(plan([100] * 8, [best, far], Policy.EFFICIENCY).quotas) == {("h200", "cuda:0")}

@@ -489,7 +489,9 @@ def test_the_estimate_bills_nothing_for_idle() -> None:
     meter = CpuEstimateMeter(40.0, cores=4)
     with meter.window() as w:
         time.sleep(0.05)
-    assert w.energy is not None and w.energy.joules <= 0.1 and w.energy.seconds >= 0.05
+    # A sleeping process is billed nothing; two 10 ms scheduler ticks (0.02 core-s x 10 W) of slack for the window's
+    # own bookkeeping on a loaded machine. Billing the 50 ms of wall time would be 0.5 J.
+    assert w.energy is not None and w.energy.joules < 0.25 and w.energy.seconds >= 0.05
 
 
 def test_the_estimate_counts_waited_for_children() -> None:

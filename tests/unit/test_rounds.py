@@ -59,3 +59,18 @@ def test_the_rest_waits_while_a_calibration_runs() -> None:
                              rates=rates)
     assert decided.assignments == ()
     assert decided.explanation[0] == "waiting for calibration on b/cuda:0"
+
+
+def test_a_device_measured_long_ago_gets_one_shard_that_measures_it_again() -> None:
+    fleet = [node("a", CPU), node("b", GPU)]
+    now = 1_000_000.0
+    old = Rate(items_per_s=10, items_per_j=1, energy_source="counter", samples=3, measured_at=now - 7 * 3600)
+    fresh = Rate(items_per_s=1000, items_per_j=50, energy_source="counter", samples=3, measured_at=now - 60)
+    decided = schedule_round(shards(8), fleet, busy={}, running_items={},
+                             rates={("a", "cpu"): old, ("b", "cuda:0"): fresh}, now=now)
+    assert sorted(a.node_id for a in decided.assignments) == ["a", "b"]  # the plan alone would skip a
+    assert any("a/cpu" in line and "measures it again" in line for line in decided.explanation)
+    recent = schedule_round(shards(8), fleet, busy={}, running_items={},
+                            rates={("a", "cpu"): old.model_copy(update={"measured_at": now - 60}),
+                                   ("b", "cuda:0"): fresh}, now=now)
+    assert [a.node_id for a in recent.assignments] == ["b"]

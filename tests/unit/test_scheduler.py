@@ -103,3 +103,22 @@ def test_kinds_of_shards_share_the_slots_they_compete_for() -> None:
     assert placed == {("j-any", 0): "cuda:0", ("j-any", 1): "cpu", ("j-cpu", 0): "cpu"}
     assert [(w.job_id, w.index) for w in placement.waiting] == [("j-cpu", 1)]
     assert "h200/cpu: busy (2/2 slots)" in placement.waiting[0].why
+
+
+def test_a_node_whose_owner_is_busy_takes_nothing_and_says_why() -> None:
+    fleet = [node("laptop", "laptop-cpu", cpu(8)).model_copy(update={"busy": "owner's CPU load 95% > 90%"})]
+    placement = place(shards(1), fleet)
+    assert placement.assignments == ()
+    assert "laptop/cpu: owner busy: owner's CPU load 95% > 90%" in placement.waiting[0].why
+
+
+def test_a_model_too_large_for_a_device_goes_where_it_fits() -> None:
+    fleet = [node("laptop", "laptop-cpu", cpu(8)), node("h200", "h200-box", gpu(0))]
+    laptop_memory = hardware("laptop-cpu").memory_bytes
+    big = [s.model_copy(update={"model_bytes": laptop_memory + 1}) for s in shards(2)]
+    placement = place(big, fleet)
+    assert [(a.node_id, a.device) for a in placement.assignments] == [("h200", "cuda:0")]  # 141 GiB of HBM
+    assert "laptop/cpu: needs" in placement.waiting[0].why
+    # A measured peak on the backend replaces the model's size: this one ran on a CPU before, in less.
+    measured = [s.model_copy(update={"peak_bytes": {BackendName.CPU: 2**30}}) for s in big]
+    assert {a.node_id for a in place(measured, fleet).assignments} == {"laptop", "h200"}

@@ -40,20 +40,22 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., ray_address: _Optional[str] = ..., ray_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "node_token", "cpu_percent", "memory_percent", "ray_running", "power")
+    __slots__ = ("node_id", "node_token", "cpu_percent", "memory_percent", "ray_running", "power", "busy")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_PERCENT_FIELD_NUMBER: _ClassVar[int]
     RAY_RUNNING_FIELD_NUMBER: _ClassVar[int]
     POWER_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     cpu_percent: float
     memory_percent: float
     ray_running: bool
     power: _containers.RepeatedCompositeFieldContainer[_common_pb2.DevicePower]
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., ray_running: _Optional[bool] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ...) -> None: ...
+    busy: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., ray_running: _Optional[bool] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("state",)

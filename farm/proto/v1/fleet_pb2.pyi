@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "state", "hardware", "backends", "ray_node_id", "last_heartbeat", "cpu_percent", "memory_percent", "address", "registered_at", "power")
+    __slots__ = ("id", "name", "state", "hardware", "backends", "ray_node_id", "last_heartbeat", "cpu_percent", "memory_percent", "address", "registered_at", "power", "busy")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class Node(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
     POWER_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -33,7 +34,8 @@ class Node(_message.Message):
     address: str
     registered_at: float
     power: _containers.RepeatedCompositeFieldContainer[_common_pb2.DevicePower]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., ray_node_id: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., address: _Optional[str] = ..., registered_at: _Optional[float] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ...) -> None: ...
+    busy: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., ray_node_id: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., address: _Optional[str] = ..., registered_at: _Optional[float] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec_yaml", "code_zip", "items", "output")
+    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes")
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     CODE_ZIP_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     spec_yaml: str
     code_zip: bytes
     items: int
     output: str
-    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ...) -> None: ...
+    model_bytes: int
+    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("job_id",)

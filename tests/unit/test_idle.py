@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from farm_agent.idle import WINDOW, IdlePolicy, MachineCpu, farm_cpu_percent
+
+
+def policy(machine: list[float], farm: list[float], limit: float = 90.0) -> IdlePolicy:
+    machine_it, farm_it = iter(machine), iter(farm)
+    return IdlePolicy(limit, cpu_percent=lambda: next(machine_it), farm_percent=lambda: next(farm_it), cores=4)
+
+
+def test_the_owner_is_busy_once_their_load_stays_high_over_the_window() -> None:
+    idle = policy([95.0] * (WINDOW + 1), [0.0] * (WINDOW + 1))
+    verdicts = [idle.busy() for _ in range(WINDOW + 1)]
+    assert verdicts[: WINDOW - 1] == [""] * (WINDOW - 1)  # one burst does not flap the node
+    assert verdicts[-1] == "owner's CPU load 95% > 90%"
+    assert idle.machine_percent == 95.0
+
+
+def test_farms_own_work_is_not_the_owners_load() -> None:
+    # The machine is 95 % busy, but 3.6 of its 4 cores (360 % of one core) are Farm's shards.
+    idle = policy([95.0] * WINDOW, [360.0] * WINDOW)
+    assert [idle.busy() for _ in range(WINDOW)][-1] == ""
+
+
+def test_a_limit_of_100_turns_the_rule_off() -> None:
+    idle = policy([100.0] * WINDOW, [0.0] * WINDOW, limit=100.0)
+    assert {idle.busy() for _ in range(WINDOW)} == {""}
+
+
+def test_farm_cpu_counts_the_processes_under_the_agent() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<5: pass"])
+    try:
+        known: dict[int, psutil.Process] = {}
+        farm_cpu_percent(psutil.Process(), known)  # starts each process's interval
+        assert spinner.pid in known
+        time.sleep(0.5)
+        assert farm_cpu_percent(psutil.Process(), known) > 50  # the spinning child: about one core
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_machine_cpu_is_a_percentage() -> None:
+    reading = MachineCpu()
+    sum(i * i for i in range(200_000))
+    assert 0.0 <= reading() <= 100.0
