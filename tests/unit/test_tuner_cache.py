@@ -1,0 +1,46 @@
+"""The winner cache: one entry per (device, driver, torch, model, input shapes, tolerance), read back exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from farm_agent.tuner.cache import Winner, WinnerCache, make_key, model_hash
+
+
+def small_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_a_put_winner_is_found_under_the_same_key_only(tmp_path: Path) -> None:
+    cache = WinnerCache(tmp_path)
+    model, inputs = small_model(), [torch.randn(32, 8)]
+    key = make_key(model, inputs, atol=1e-4, rtol=1e-4, device="cpu")
+    winner = Winner(candidate="compile-default", params={}, lowers_precision=False, median_ms=0.5, eager_ms=1.0,
+                    compile_ms=0.5)
+    cache.put(key, winner)
+
+    assert WinnerCache(tmp_path).get(key) == winner
+    assert cache.get(make_key(model, [torch.randn(64, 8)], 1e-4, 1e-4, "cpu")) is None  # other shapes
+    assert cache.get(make_key(model, inputs, 1e-2, 1e-2, "cpu")) is None  # another tolerance
+    assert cache.get(make_key(small_model(seed=1), inputs, 1e-4, 1e-4, "cpu")) is None  # other weights
+
+
+def test_the_model_hash_follows_weights_and_structure_not_identity() -> None:
+    assert model_hash(small_model()) == model_hash(small_model())
+    assert model_hash(small_model()) != model_hash(small_model(seed=1))
+    changed = small_model()
+    changed[1] = nn.GELU()
+    assert model_hash(changed) != model_hash(small_model())
+
+
+def test_the_key_names_this_machine_and_torch(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FARM_STATE_DIR", str(tmp_path))
+    key = make_key(small_model(), [torch.randn(2, 8)], 1e-4, 1e-4, "cpu")
+    assert key.torch_version == torch.__version__ and key.driver == "none" and key.device_name
+    assert key.input_shapes == ("float32[2, 8]",)
+    path = WinnerCache().put(key, Winner("eager", {}, False, 1.0, 1.0, None))
+    assert path.parent == tmp_path / "tuner" / "cache"

@@ -1,0 +1,96 @@
+"""The tuner's policy learns: trained on one set of (synthetic) problems, it finds the winner of a second, disjoint
+set in fewer trials than an untrained policy; and its state survives a save and a load."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from farm_agent.tuner.features import FEATURE_NAMES
+from farm_agent.tuner.policy import FAIL_REWARD, Policy, default_path, reward, trials_to_winner
+
+ARMS = ["eager", "compile-default", "compile-max-autotune", "cuda-graph", "channels-last", "tf32", "autocast-fp16",
+        "triton-fused"]
+DIM = len(FEATURE_NAMES)
+
+
+def synthetic_problems(rng: np.random.Generator, count: int) -> list[tuple[np.ndarray, dict[str, float]]]:
+    """Problems of three kinds (conv-heavy, matmul-heavy, elementwise-heavy, told apart by their op-mix features),
+    where a different arm wins each kind; rewards are a hidden linear function of the features plus noise, and some
+    arms fail on some problems."""
+    truth = {arm: rng.normal(0.0, 0.15, DIM) for arm in ARMS}
+    truth["channels-last"][2] += 1.5  # share_conv: channels_last wins convolutions
+    truth["autocast-fp16"][1] += 1.2  # share_matmul: half precision wins GEMMs
+    truth["triton-fused"][5] += 1.0  # share_elementwise: fused kernels win elementwise chains
+    problems = []
+    for _ in range(count):
+        kind = rng.integers(3)
+        shares = rng.dirichlet([1, 1, 1, 1, 1]) * 0.3
+        shares[[2, 1, 4][kind]] += 0.7
+        x = np.concatenate([[1.0], shares, rng.uniform(0.2, 1.0, DIM - 6)])
+        rewards = {arm: float(truth[arm] @ x + rng.normal(0, 0.05)) for arm in ARMS}
+        rewards["eager"] = 0.0
+        for arm in rng.choice(ARMS[1:], size=1):
+            if rng.random() < 0.3 and rewards[str(arm)] < max(rewards.values()):
+                rewards[str(arm)] = FAIL_REWARD
+        problems.append((x, rewards))
+    return problems
+
+
+def search_order(policy: Policy, x: np.ndarray) -> list[str]:
+    # As the tuner does: eager first (the reference), the policy orders the rest.
+    return ["eager", *(e.name for e in policy.rank(x, ARMS[1:]))]
+
+
+def mean_trials(policy: Policy, problems: list[tuple[np.ndarray, dict[str, float]]]) -> float:
+    return float(np.mean([trials_to_winner(search_order(policy, x), r) for x, r in problems]))
+
+
+def test_a_trained_policy_finds_winners_on_unseen_problems_in_fewer_trials() -> None:
+    rng = np.random.default_rng(7)
+    problems = synthetic_problems(rng, 120)
+    train, test = problems[:60], problems[60:]
+    untrained = Policy()
+    trained = Policy()
+    for x, rewards in train:  # every arm measured once per training problem, as a full tuning run would
+        for arm in search_order(trained, x):
+            trained.update(x, arm, rewards[arm], seconds=1.0)
+
+    before, after = mean_trials(untrained, test), mean_trials(trained, test)
+    assert after < 3.0 and before - after > 3.0, (before, after)
+
+
+def test_untrained_policy_keeps_the_given_order() -> None:
+    x = np.ones(DIM)
+    assert [e.name for e in Policy().rank(x, ARMS)] == ARMS
+
+
+def test_a_failing_arm_sinks_and_a_winning_one_rises() -> None:
+    policy = Policy()
+    x = np.linspace(0.1, 1.0, DIM)
+    for _ in range(5):
+        policy.update(x, "compile-default", FAIL_REWARD, seconds=20.0)
+        policy.update(x, "tf32", math.log(3.0), seconds=2.0)
+    ranked = [e.name for e in policy.rank(x, ["compile-default", "eager", "tf32"])]
+    assert ranked == ["tf32", "eager", "compile-default"]
+    assert 10.0 < policy.estimate("compile-default", x).seconds < 40.0  # its cost regression took over
+
+
+def test_state_round_trips_through_json(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FARM_STATE_DIR", str(tmp_path))
+    policy = Policy()
+    x = np.linspace(0.0, 1.0, DIM)
+    policy.update(x, "tf32", 0.7, seconds=3.0)
+    policy.runs = 1
+    path = policy.save()
+    assert path == default_path() == tmp_path / "tuner" / "policy.json"
+    loaded = Policy.load()
+    assert loaded.runs == 1 and loaded.estimate("tf32", x) == policy.estimate("tf32", x)
+
+
+def test_reward_is_log_speedup_when_correct() -> None:
+    assert reward(True, 2.0, 4.0) == math.log(2.0)
+    assert reward(False, 1.0, 4.0) == FAIL_REWARD
+    assert reward(True, None, 4.0) == FAIL_REWARD
