@@ -168,12 +168,19 @@ def _reduce_overhead(model: nn.Module) -> Built:
 
 
 def _channels_last(model: nn.Module) -> Built:
-    torch.backends.cudnn.benchmark = True  # pick the convolution algorithm by timing it at these shapes
+    """NHWC weights and inputs (the layout cuDNN's tensor-core convolutions want), with cudnn.benchmark choosing
+    each convolution's algorithm by timing it at these shapes; the switch is on only during this candidate's calls,
+    so that it does not leak into whatever runs next in the process."""
     model = model.to(memory_format=torch.channels_last)
 
     def run(*inputs: Any) -> Any:
-        return model(*(x.contiguous(memory_format=torch.channels_last)
-                       if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs))
+        saved = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            return model(*(x.contiguous(memory_format=torch.channels_last)
+                           if isinstance(x, torch.Tensor) and x.dim() == 4 else x for x in inputs))
+        finally:
+            torch.backends.cudnn.benchmark = saved
 
     return run
 

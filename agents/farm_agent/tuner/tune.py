@@ -1,0 +1,333 @@
+"""The optimizer: for one problem, the policy orders the candidates, the hardened evaluator measures them one by one
+within a time budget, the fastest correct one wins, and the winner cache and the policy learn from the run.
+
+Each candidate is measured once and judged three ways from its recorded errors (Result.correct_under): under the
+run's tolerance (which picks the winner), under fp32-strict 1e-4 and under loose 1e-2, so that one run yields both
+scorings. Eager is measured first (the reference for correctness and reward) and torch.compile's default is always
+measured, after the search if the search did not reach it, because every speedup is reported against both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
+from farm_agent.tuner.candidates import BASELINES, build, candidate, candidates_for
+from farm_agent.tuner.evaluator import Candidate, Result, evaluate
+from farm_agent.tuner.features import model_features
+from farm_agent.tuner.policy import PRIOR_OTHER_TRIAL_S, Policy, reward
+from farm_agent.tuner.problem import Problem, load_problem
+
+STRICT = (1e-4, 1e-4)  # (atol, rtol): fp32-strict, the spec's default
+LOOSE = (1e-2, 1e-2)  # the scoring that lets precision drop
+WORTH_TRYING = math.log(1.05)  # stop once no untried candidate is plausibly 5% faster than the best so far
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate, measured once."""
+
+    candidate: str
+    lowers_precision: bool
+    compiled: bool
+    correct: bool  # under the run's tolerance
+    correct_strict: bool
+    correct_loose: bool
+    median_ms: float | None
+    max_abs_err: float | None
+    rel_norm_err: float | None
+    seconds: float  # wall time of its evaluation: building, compiling, checking, timing
+    searched: bool  # False: measured after the search stopped, only as a baseline for the report
+    error: str | None = None
+
+    def correct_by(self, scoring: str) -> bool:
+        return {"run": self.correct, "strict": self.correct_strict, "loose": self.correct_loose}[scoring]
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    problem: str
+    device: str
+    device_name: str
+    atol: float
+    rtol: float
+    budget_s: float
+    features: dict[str, Any]
+    order: list[str]  # the search order the policy chose at the start
+    trials: list[Trial]
+    skipped: list[str]  # not tried: predicted not to fit the budget, or not plausibly faster
+    stop_reason: str
+    seconds: float
+    winner: str | None = None
+    cache_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def trial(self, name: str) -> Trial | None:
+        return next((t for t in self.trials if t.candidate == name), None)
+
+    def pick(self, scoring: str = "run") -> Trial | None:
+        """The fastest trial correct under `scoring` ("run", "strict" or "loose"); under strict, only candidates
+        that keep fp32 arithmetic qualify."""
+        ok = [t for t in self.trials if t.correct_by(scoring) and t.median_ms is not None
+              and not (scoring == "strict" and t.lowers_precision)]
+        return min(ok, key=lambda t: t.median_ms or math.inf, default=None)
+
+    def baseline_ms(self, name: str, scoring: str = "run") -> float | None:
+        t = self.trial(name)
+        return t.median_ms if t is not None and t.correct_by(scoring) else None
+
+    def speedup(self, baseline: str, scoring: str = "run") -> float | None:
+        best, base = self.pick(scoring), self.baseline_ms(baseline, scoring)
+        if best is None or best.median_ms is None or base is None:
+            return None
+        return base / best.median_ms
+
+    @property
+    def trials_to_winner(self) -> int | None:
+        searched = [t.candidate for t in self.trials if t.searched]
+        return searched.index(self.winner) + 1 if self.winner in searched else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "trials_to_winner": self.trials_to_winner,
+                "speedup_vs_eager": self.speedup("eager"), "speedup_vs_compile": self.speedup("compile-default")}
+
+
+def _trial(result: Result, cand: Candidate, seconds: float, searched: bool) -> Trial:
+    return Trial(
+        candidate=cand.name, lowers_precision=cand.lowers_precision, compiled=bool(result.compiled),
+        correct=bool(result.correct), correct_strict=bool(result.correct_under(*STRICT)),
+        correct_loose=bool(result.correct_under(*LOOSE)), median_ms=result.median_ms,
+        max_abs_err=result.max_abs_err, rel_norm_err=result.rel_norm_err, seconds=seconds, searched=searched,
+        error=result.error,
+    )
+
+
+MeasureRound = Callable[[list[Candidate]], tuple[list[Result], float]]
+"""Evaluates candidates in one evaluator call (one child process; eager comes back first): results and seconds."""
+
+
+def _evaluator_round(path: Path, device: str, atol: float, rtol: float, runs: int, timeout_s: float) -> MeasureRound:
+    def measure(cands: list[Candidate]) -> tuple[list[Result], float]:
+        started = time.perf_counter()
+        results = evaluate(path, cands, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=timeout_s)
+        return results, time.perf_counter() - started
+    return measure
+
+
+@dataclass(frozen=True)
+class Measured:
+    name: str
+    result: Result
+    seconds: float
+    searched: bool
+
+
+def search(names: Sequence[str], context: Sequence[float], policy: Policy, budget_s: float, measure: MeasureRound,
+           *, exhaustive: bool = False, round_size: int = 3) -> tuple[list[str], list[Measured], list[str], str]:
+    """Measure candidates in the policy's order, a round at a time, until the budget or the chance of a better one
+    runs out. Returns the search order, the measurements, what was skipped and why the search stopped.
+
+    A round is one evaluator call: one child process and one eager reference for several candidates, since a child's
+    start costs seconds. The first round also carries compile-default, the report's baseline. A round's wall time
+    is shared among its candidates in proportion to their predicted cost (the evaluator reports no per-candidate
+    time), which is what the policy's cost regression learns from.
+    """
+    ranked = policy.rank(context, [n for n in names if n != "eager"])
+    estimates = {e.name: e for e in ranked}
+    order = ["eager", *estimates]
+    pending = list(estimates)
+    measured: list[Measured] = []
+    skipped: list[str] = []
+    spent = 0.0
+    eager_ms: float | None = None
+    best = 0.0  # reward of the best correct candidate so far: eager's is 0
+    stop_reason = "all tried"
+    first = True
+    while first or pending:
+        if not first and not exhaustive and estimates[pending[0]].upper < best + WORTH_TRYING:
+            skipped.extend(pending)  # ranked by upper bound: none after this one is plausibly better either
+            stop_reason = "no candidate left is plausibly 5% faster"
+            break
+        batch: list[str] = []
+        planned = 0.0
+        while pending and (exhaustive or len(batch) < round_size):
+            name = pending.pop(0)
+            if exhaustive or spent + planned + estimates[name].seconds <= budget_s:
+                batch.append(name)
+                planned += estimates[name].seconds
+            else:
+                skipped.append(name)
+                stop_reason = "budget"
+        baseline = [n for n in BASELINES if first and n in estimates and n not in batch]
+        pending = [n for n in pending if n not in baseline]
+        skipped = [n for n in skipped if n not in baseline]
+        if not first and not batch:
+            continue
+        results, seconds = measure([candidate(n) for n in [*batch, *baseline]])
+        spent += seconds
+        by_name = {r.candidate: r for r in results}
+        in_round = [*(["eager"] if first else []), *batch, *baseline]
+        if first:
+            eager_ms = by_name["eager"].median_ms if by_name["eager"].correct else None
+        weights = {n: estimates[n].seconds if n in estimates else PRIOR_OTHER_TRIAL_S for n in [*in_round, "eager"]}
+        total = sum(weights.values())
+        for name in in_round:
+            result = by_name[name]
+            measured.append(Measured(name, result, seconds * weights[name] / total, searched=name not in baseline))
+            best = max(best, reward(bool(result.correct), result.median_ms, eager_ms))
+        first = False
+    return order, measured, skipped, stop_reason
+
+
+def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float = STRICT[0], rtol: float = STRICT[1],
+         device: str = "cuda", policy: Policy | None = None, policy_path: Path | None = None,
+         cache: WinnerCache | None = None, runs: int = 20, exhaustive: bool = False,
+         candidates: Sequence[str] | None = None, cache_key: CacheKey | None = None,
+         candidate_timeout_s: float = 300.0) -> TuneReport:
+    """Tune one problem file: returns the report; updates the winner cache (under `cache_key`, by default the
+    problem's model and inputs) and the policy (saved to policy_path, default FARM_STATE_DIR/tuner/policy.json,
+    unless a policy object is passed in)."""
+    started = time.perf_counter()
+    prob = problem if isinstance(problem, Problem) else load_problem(problem)
+    model = prob.model(device)
+    inputs = prob.inputs(device, seed=0)
+    features = model_features(model, inputs, rtol, device)
+    context = features.vector()
+    owns_policy = policy is None
+    policy = policy if policy is not None else Policy.load(policy_path)
+    names = [c.name for c in candidates_for(model, inputs, rtol, device)]
+    if candidates is not None:
+        names = [n for n in names if n in candidates or n in BASELINES]
+
+    measure = _evaluator_round(prob.path, device, atol, rtol, runs, candidate_timeout_s)
+    order, measured, skipped, stop_reason = search(names, context, policy, budget_s, measure, exhaustive=exhaustive)
+    trials = [_trial(m.result, candidate(m.name), m.seconds, m.searched) for m in measured]
+
+    eager = next((t for t in trials if t.candidate == "eager"), None)
+    eager_ms = eager.median_ms if eager is not None and eager.correct else None
+    for t in trials:
+        policy.update(context, t.candidate, reward(t.correct, t.median_ms, eager_ms), t.seconds)
+    policy.runs += 1
+    if owns_policy:
+        policy.save(policy_path)
+
+    device_name = make_key(model, inputs, atol, rtol, device).device_name
+    report = TuneReport(problem=prob.name, device=device, device_name=device_name, atol=atol, rtol=rtol,
+                        budget_s=budget_s, features=features.to_json(), order=order, trials=trials,
+                        skipped=skipped, stop_reason=stop_reason, seconds=time.perf_counter() - started)
+    best = report.pick("run")
+    if best is None:
+        return report
+    compile_trial = report.trial("compile-default")
+    key = cache_key or make_key(model, inputs, atol, rtol, device)
+    winner = Winner(candidate=best.candidate, params=dict(candidate(best.candidate).params),
+                    lowers_precision=best.lowers_precision, median_ms=float(best.median_ms or 0.0),
+                    eager_ms=eager_ms, compile_ms=compile_trial.median_ms if compile_trial else None)
+    path = (cache or WinnerCache()).put(key, winner, extra={"problem": prob.name})
+    return TuneReport(**{**report.__dict__, "winner": best.candidate, "cache_path": str(path)})
+
+
+_JOB_PROBLEM = '''"""A job's model as a tuning problem, written by farm_agent.tuner.tune.tune_module."""
+import sys
+
+import torch
+
+sys.path[:0] = [p for p in {sys_path!r} if p not in sys.path]  # where the job's model class imports from
+MODEL_FILE = {model_file!r}
+SHAPE, DTYPE, LOW, HIGH = {shape!r}, torch.{dtype}, {low!r}, {high!r}
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.load(MODEL_FILE, weights_only=False, map_location="cpu")
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def get_inputs():
+    # Fresh random inputs in the example batch's range: real-looking data, never zeros.
+    if DTYPE.is_floating_point:
+        return [LOW + (HIGH - LOW) * torch.rand(SHAPE, dtype=DTYPE)]
+    return [torch.randint(int(LOW), int(HIGH) + 1, SHAPE, dtype=DTYPE)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
+                device: str = "cuda", budget_s: float = 120.0, cache: WinnerCache | None = None) -> TuneReport:
+    """Tune a job's model for batches shaped like `example_batch`: the model is saved whole and wrapped in a
+    problem file, so that the evaluator measures it in its own process like any problem; the winner is cached
+    under the job's model itself."""
+    import sys
+    import tempfile
+
+    atol, rtol = tolerance
+    key = make_key(module, [example_batch], atol, rtol, device)
+    low, high = float(example_batch.min()), float(example_batch.max())
+    if high <= low:
+        high = low + 1.0
+    with tempfile.TemporaryDirectory(prefix="farm-tune-") as folder:
+        model_file = Path(folder) / "model.pt"
+        torch.save(module, model_file)
+        problem = Path(folder) / "job_model.py"
+        problem.write_text(_JOB_PROBLEM.format(
+            sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
+            dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
+        return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key)
+
+
+def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
+                 device: str = "cuda", cache: WinnerCache | None = None, tune_first: bool = False,
+                 budget_s: float = 120.0) -> Callable[..., Any]:
+    """`module` as the tuner's cached winner runs it, for this GPU, model, batch shape and tolerance. Without a
+    cached winner: the module itself, or, with `tune_first`, the winner of a tuning run made now."""
+    atol, rtol = tolerance
+    cache = cache or WinnerCache()
+    key = make_key(module, [example_batch], atol, rtol, device)
+    winner = cache.get(key)
+    if winner is None and tune_first:
+        tune_module(module, example_batch, tolerance, device, budget_s, cache)
+        winner = cache.get(key)
+    if winner is None or winner.candidate == "eager":
+        return module
+    return build(winner.candidate, module, [example_batch], winner.params)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A folder's figures under one scoring ("run", "strict" or "loose")."""
+
+    scoring: str
+    problems: int
+    correct: int  # problems with a correct pick
+    fast_p: float  # share of problems whose pick is correct and faster than compile-default by more than p
+    p: float
+    geomean_vs_eager: float | None
+    geomean_vs_compile: float | None
+
+
+def _geomean(values: Sequence[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.05) -> Summary:
+    """fast_p counts a problem only when compile-default itself is correct and measured (a baseline that failed
+    proves nothing); the geometric means run over the problems where both sides are measured and correct."""
+    vs_eager = [s for r in reports if (s := r.speedup("eager", scoring)) is not None]
+    vs_compile = [s for r in reports if (s := r.speedup("compile-default", scoring)) is not None]
+    fast = sum(1 for s in vs_compile if s > 1.0 + p)
+    return Summary(scoring=scoring, problems=len(reports), correct=sum(1 for r in reports if r.pick(scoring)),
+                   fast_p=fast / len(reports) if reports else 0.0, p=p, geomean_vs_eager=_geomean(vs_eager),
+                   geomean_vs_compile=_geomean(vs_compile))
