@@ -99,12 +99,13 @@ def jobs_table(jobs: list[job_pb2.Job]) -> Table:
 
 def shards_table(job: job_pb2.Job) -> Table:
     table = Table(title=f"Shards of {job.id}", title_justify="left")
-    for column in ("#", "STATE", "NODE", "BACKEND", "ITEMS", "SECONDS", "ENERGY", "TRIES", "ERROR"):
+    for column in ("#", "STATE", "NODE", "DEVICE", "ITEMS", "SECONDS", "ENERGY", "MEMORY", "TRIES", "ERROR"):
         table.add_column(column)
     for s in job.shards:
         table.add_row(
-            str(s.index), s.state, s.node_name or "-", s.backend or "-", f"{s.stop - s.start}",
-            f"{s.seconds:.3f}" if s.seconds else "-", joules(s.energy_j, s.energy_source), str(s.attempts), s.error,
+            str(s.index), s.state, s.node_name or "-", s.device or s.backend or "-", f"{s.stop - s.start}",
+            f"{s.seconds:.3f}" if s.seconds else "-", joules(s.energy_j, s.energy_source),
+            f"{s.peak_memory_bytes / 2**20:,.0f} MiB" if s.peak_memory_bytes else "-", str(s.attempts), s.error,
         )
     return table
 

@@ -106,6 +106,8 @@ class Shard(Frozen):
     energy_j: float = 0.0
     energy_source: str = ""  # an EnergySource value; empty when the shard's energy was not measured
     energy_scope: str = ""
+    device: str = ""
+    peak_memory_bytes: int = 0
 
     @property
     def size(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,7 +16,11 @@ class HeadSettings(BaseModel):
     port: int = Field(default=7700, ge=1, le=65535)
     advertise: str = "127.0.0.1"  # the address agents and Ray nodes use to reach this head
     ray_port: int = Field(default=7701, ge=1, le=65535)
-    heartbeat_interval_s: float = Field(default=2.0, gt=0)
+    # How often agents beat (told in RegisterReply). FARM_HEARTBEAT_INTERVAL_S sets it for a whole head process,
+    # as benchmarks/control_plane.py does for its 1 s beats.
+    heartbeat_interval_s: float = Field(
+        default_factory=lambda: float(os.environ.get("FARM_HEARTBEAT_INTERVAL_S", "2.0")), gt=0
+    )
     offline_after_s: float = Field(default=10.0, gt=0)  # silence after which a node counts as offline
     max_attempts: int = Field(default=3, ge=1)  # tries per shard when nodes or workers die under it
     object_store_mb: int = Field(default=512, ge=100)

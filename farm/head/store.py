@@ -235,7 +235,7 @@ class Store:
                 index=r["idx"], start=r["start"], stop=r["stop"], state=ShardState(r["state"]), node_id=r["node_id"],
                 node_name=r["node_name"], backend=r["backend"], items=r["items"], seconds=r["seconds"],
                 error=r["error"], attempts=r["attempts"], energy_j=r["energy_j"], energy_source=r["energy_source"],
-                energy_scope=r["energy_scope"],
+                energy_scope=r["energy_scope"], device=r["device"], peak_memory_bytes=r["peak_memory_bytes"],
             )
             for r in rows
         ]

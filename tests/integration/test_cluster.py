@@ -61,6 +61,7 @@ def test_the_digits_job_runs_across_both_agents(cluster: Cluster, tmp_path: Path
     assert job["metrics"]["accuracy"] >= 0.90
     assert {s["node_name"] for s in job["shards"]} == {"agent-a", "agent-b"}
     assert all(s["state"] == "succeeded" and s["backend"] == "cpu" and s["seconds"] > 0 for s in job["shards"])
+    assert all(s["device"] == "cpu" and s["peak_memory_bytes"] > 2**20 for s in job["shards"])  # a worker's RSS
     assert sum(s["items"] for s in job["shards"]) == 540
     assert {(s["energy_source"], s["energy_scope"]) for s in job["shards"]} == {("model-estimate", "package")}
     assert job["energy_sources"] == ["model-estimate"] and job["energy_j"] > 0

@@ -111,3 +111,18 @@ def test_samples_are_the_latest_finished_shards_of_the_same_model(tmp_path: Path
     assert len(samples) == 3
     assert all((s.node_id, s.device, s.items, s.energy_source) == ("n-1", "cuda:0", 5, "counter") for s in samples)
     assert store.samples("model-c") == []
+    assert all(s.finished_at > 0 for s in samples)
+
+
+def test_a_models_memory_need_is_its_size_until_shards_measure_it_per_backend(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    store.upsert_node("n-1", "a", HW, [], "", "hash")
+    node = store.nodes()[0]
+    store.add_job("j-1", "x", "inference", "", "", "", 10, [(0, 5), (5, 10)], model_key="m", model_bytes=4096)
+    assert store.job("j-1").model_bytes == 4096
+    assert store.peak_memory("m") == {}
+    for index, peak in ((0, 10_000), (1, 30_000)):
+        store.shard_started("j-1", index, node, "cuda", "cuda:0")
+        store.shard_succeeded("j-1", index, 5, 0.1, None, None, peak_memory_bytes=peak)
+    assert store.peak_memory("m") == {"cuda": 30_000}
+    assert store.peak_memory("other") == {}

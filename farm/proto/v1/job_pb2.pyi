@@ -27,7 +27,7 @@ class SubmitReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope")
+    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,8 @@ class Shard(_message.Message):
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_SOURCE_FIELD_NUMBER: _ClassVar[int]
     ENERGY_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     node_id: str
@@ -56,7 +58,9 @@ class Shard(_message.Message):
     energy_j: float
     energy_source: str
     energy_scope: str
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ...) -> None: ...
+    device: str
+    peak_memory_bytes: int
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources")
