@@ -1,4 +1,5 @@
-"""PyTorch on NVIDIA GPUs: one offer per GPU that NVML found, eager PyTorch on `cuda:<index>`.
+"""PyTorch on NVIDIA GPUs: one offer per GPU that NVML found; shards run on `cuda:<index>`, through the kernel tuner's
+cached winner for the model and batch shape when there is one (farm kernels tune), eager PyTorch otherwise.
 
 Offering runs in the agent daemon from the hardware already detected through NVML (farm_agent.hardware): no torch,
 no CUDA context here. A machine with no NVIDIA GPU offers no CUDA at all (not an unavailable offer: a CPU box simply
@@ -8,7 +9,9 @@ has no CUDA). Running happens in a Ray worker, which imports torch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +21,11 @@ if TYPE_CHECKING:
     import torch
 
 GIB = 1024**3
+STRICT = (1e-4, 1e-4)  # the spec's default tolerance
+
+# Tuned forwards per model, built once per worker (a torch.compile or a CUDA graph capture costs seconds): the
+# runner's warm-up batch builds it, outside the energy window.
+_tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Callable[..., Any]]] = weakref.WeakKeyDictionary()
 
 
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
@@ -32,7 +40,21 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     ]
 
 
-def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tolerance: tuple[float, float], device: str
+                   ) -> Callable[..., Any]:
+    """The tuner's cached winner for this GPU, model, batch shape and tolerance (farm kernels tune), else the
+    module itself."""
+    from farm_agent.tuner.tune import tuned_module
+
+    built = _tuned.setdefault(module, {})
+    key = (device, tuple(example.shape), example.dtype, tolerance)
+    if key not in built:
+        built[key] = tuned_module(module, example, tolerance, device)
+    return built[key]
+
+
+def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
+        tolerance: tuple[float, float] = STRICT) -> np.ndarray:
     # NVML numbers GPUs in PCI bus order and CUDA, by default, fastest first: make cuda:N the GPU that NVML (and so
     # the offer and its power meter) calls N. Read by the CUDA driver when it initialises, so only before that.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -48,9 +70,11 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
         pass
     outputs = []
     with torch.inference_mode():
+        forward = _tuned_forward(module, host[:batch_size].to(target), tolerance, device) if len(host) else module
         for start in range(0, len(host), batch_size):
             batch = host[start : start + batch_size].to(target, non_blocking=True)
-            outputs.append(module(batch))
+            # The winner was chosen (and a compiled one specialised) for full batches; a short last one runs eager.
+            outputs.append(forward(batch) if len(batch) == batch_size else module(batch))
         result = torch.cat(outputs).cpu() if outputs else torch.empty(0)
     # .cpu() already waited for this stream; synchronize the whole device anyway so that the power meter's window,
     # which closes when this returns, covers every kernel the module launched (on any stream).

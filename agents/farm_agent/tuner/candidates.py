@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_map
 
 from farm_agent.tuner.evaluator import Candidate
+from farm_agent.tuner.features import model_features
 
 Built = Callable[..., Any]
 
@@ -36,6 +37,7 @@ class Family:
     lowers_precision: bool = False
     min_rtol: float = 0.0
     needs_conv: bool = False
+    needs_gemm: bool = False  # the lowered arithmetic (TF32, autocast) touches only matrix products and convolutions
     needs_triton_match: bool = False
     params: tuple[tuple[str, Any], ...] = ()
 
@@ -48,13 +50,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("cuda-graph", needs_cuda=True),
     Family("channels-last", needs_cuda=True, needs_conv=True),
     Family("triton-fused", needs_cuda=True, needs_triton_match=True, params=(("precision", "ieee"),)),
-    Family("tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL),
-    Family("compile-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL),
+    Family("tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
+    Family("compile-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
     Family("triton-fused-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL,
            needs_triton_match=True, params=(("precision", "tf32"),)),
-    Family("autocast-bf16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL),
-    Family("autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL),
-    Family("compile-autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL),
+    Family("autocast-bf16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL, needs_gemm=True),
+    Family("autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL, needs_gemm=True),
+    Family("compile-autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL, needs_gemm=True),
     Family("triton-fused-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL,
            needs_triton_match=True, params=(("precision", "fp16"),)),
 )
@@ -73,6 +75,7 @@ def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: f
 
     on_cuda = torch.device(device).type == "cuda"
     conv = has_convolution(model)
+    gemm: bool | None = None  # found out (one forward pass) only if a family asks
     found: list[Candidate] = []
     for family in FAMILIES:
         params = dict(family.params)
@@ -80,6 +83,12 @@ def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: f
             continue
         if family.needs_conv and not conv:
             continue
+        if family.needs_gemm:
+            if gemm is None:
+                shares = model_features(model, list(example_inputs), tolerance, device).shares
+                gemm = shares["matmul"] + shares["conv"] > 0
+            if not gemm:
+                continue
         if tolerance < family.min_rtol:
             continue
         if family.needs_triton_match and count_matches(model, params.get("precision", "ieee")) == 0:
@@ -188,8 +197,8 @@ def _channels_last(model: nn.Module) -> Built:
 def _triton_fused(model: nn.Module, precision: str) -> Built:
     from farm_agent.tuner.triton_kernels import rewrite
 
-    rewritten, count = rewrite(model, precision)
-    if count == 0:
+    rewritten, counts = rewrite(model, precision)
+    if counts.total() == 0:
         raise ValueError("no submodule of this model matches a Triton kernel's pattern")
     return rewritten
 

@@ -10,6 +10,8 @@ measured, after the search if the search did not reach it, because every speedup
 from __future__ import annotations
 
 import math
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -270,8 +272,6 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
     """Tune a job's model for batches shaped like `example_batch`: the model is saved whole and wrapped in a
     problem file, so that the evaluator measures it in its own process like any problem; the winner is cached
     under the job's model itself."""
-    import sys
-    import tempfile
 
     atol, rtol = tolerance
     key = make_key(module, [example_batch], atol, rtol, device)
@@ -302,7 +302,12 @@ def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance
         winner = cache.get(key)
     if winner is None or winner.candidate == "eager":
         return module
-    return build(winner.candidate, module, [example_batch], winner.params)
+    try:
+        return build(winner.candidate, module, [example_batch], winner.params)
+    except Exception as exc:  # a winner measured elsewhere in this key's life may not build now: run untuned
+        print(f"farm tuner: cached winner {winner.candidate} does not build here ({type(exc).__name__}: {exc}); "
+              "running the model untuned", file=sys.stderr)
+        return module
 
 
 @dataclass(frozen=True)
@@ -331,3 +336,40 @@ def summarize(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.
     return Summary(scoring=scoring, problems=len(reports), correct=sum(1 for r in reports if r.pick(scoring)),
                    fast_p=fast / len(reports) if reports else 0.0, p=p, geomean_vs_eager=_geomean(vs_eager),
                    geomean_vs_compile=_geomean(vs_compile))
+
+
+def table_row(report: TuneReport, scoring: str = "run") -> dict[str, Any]:
+    """One problem's line of the tune table under a scoring."""
+    best = report.pick(scoring)
+    return {
+        "problem": report.problem,
+        "winner": best.candidate if best else None,
+        "lowers_precision": bool(best and best.lowers_precision),
+        "winner_ms": best.median_ms if best else None,
+        "eager_ms": report.baseline_ms("eager", scoring),
+        "compile_ms": report.baseline_ms("compile-default", scoring),
+        "vs_eager": report.speedup("eager", scoring),
+        "vs_compile": report.speedup("compile-default", scoring),
+        "trials": sum(1 for t in report.trials if t.searched),
+        "seconds": report.seconds,
+    }
+
+
+def format_table(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.05) -> str:
+    """The tune table as plain text, with fast_p and the geometric means last."""
+    def num(value: float | None, fmt: str) -> str:
+        return format(value, fmt) if value is not None else "-"
+
+    lines = [f"{'problem':<28} {'winner':<24} {'ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} "
+             f"{'vs compile':>10} {'trials':>6}"]
+    for report in reports:
+        row = table_row(report, scoring)
+        winner = (row["winner"] or "none correct") + (" *" if row["lowers_precision"] else "")
+        lines.append(f"{row['problem'][:28]:<28} {winner[:24]:<24} {num(row['winner_ms'], '9.3f')} "
+                     f"{num(row['eager_ms'], '9.3f')} {num(row['compile_ms'], '10.3f')} "
+                     f"{num(row['vs_eager'], '7.2f')}x {num(row['vs_compile'], '9.2f')}x {row['trials']:>6}")
+    s = summarize(reports, scoring, p)
+    lines.append(f"{scoring}: fast_{s.p:g} {s.fast_p:.1%} of {s.problems} (correct and >{s.p:.0%} faster than "
+                 f"compile-default); geomean {num(s.geomean_vs_eager, '.2f')}x vs eager, "
+                 f"{num(s.geomean_vs_compile, '.2f')}x vs compile   (* lowers precision)")
+    return "\n".join(lines)

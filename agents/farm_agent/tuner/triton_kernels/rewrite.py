@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +90,7 @@ class TritonSoftmax(nn.Module):
         return softmax(x)
 
 
+KIND: dict[type[nn.Module], str] = {FusedLinearAct: "linear", TritonNorm: "norm", TritonSoftmax: "softmax"}
 ACTIVATION_MODULES: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid",
                                                    nn.Tanh: "tanh"}
 ACTIVATION_FUNCTIONS: dict[Any, str] = {F.relu: "relu", torch.relu: "relu", F.silu: "silu", torch.sigmoid: "sigmoid",
@@ -136,17 +138,16 @@ def _is_norm(module: nn.Module) -> bool:
     return False
 
 
-def _rewrite_graph(model: nn.Module, precision: Precision) -> tuple[nn.Module, int]:
+def _rewrite_graph(model: nn.Module, precision: Precision) -> tuple[nn.Module, Counter[str]]:
     gm = fx.symbolic_trace(model)
     modules = dict(gm.named_modules())
     graph = gm.graph
-    count = 0
+    count: Counter[str] = Counter()
 
     def add(module: nn.Module) -> str:
-        nonlocal count
-        name = f"triton_fused_{count}"
+        name = f"triton_fused_{count.total()}"
         gm.add_submodule(name, module)
-        count += 1
+        count[KIND[type(module)]] += 1
         return name
 
     for node in list(graph.nodes):
@@ -176,30 +177,31 @@ def _rewrite_graph(model: nn.Module, precision: Precision) -> tuple[nn.Module, i
     return gm, count
 
 
-def _rewrite_modules(model: nn.Module, precision: Precision) -> tuple[nn.Module, int]:
+def _rewrite_modules(model: nn.Module, precision: Precision) -> tuple[nn.Module, Counter[str]]:
     """For models fx cannot trace: rewrite in place, module by module."""
-    count = 0
+    count: Counter[str] = Counter()
     for parent in list(model.modules()):
         children = list(parent.named_children())
         for i, (name, child) in enumerate(children):
             if _is_norm(child):
                 setattr(parent, name, TritonNorm(child))  # type: ignore[arg-type]
-                count += 1
+                count["norm"] += 1
             elif isinstance(child, nn.Softmax) and isinstance(child.dim, int):
                 setattr(parent, name, TritonSoftmax(child.dim))
-                count += 1
+                count["softmax"] += 1
             elif isinstance(parent, nn.Sequential) and isinstance(child, nn.Linear) and i + 1 < len(children):
                 next_name, next_child = children[i + 1]
                 activation = _module_activation(next_child)
                 if activation is not None:
                     setattr(parent, name, FusedLinearAct(child, activation, precision))
                     setattr(parent, next_name, nn.Identity())
-                    count += 1
+                    count["linear"] += 1
     return model, count
 
 
-def rewrite(model: nn.Module, precision: Precision = "ieee") -> tuple[nn.Module, int]:
-    """A copy of `model` whose matching parts run Farm's Triton kernels, and how many parts were rewritten."""
+def rewrite(model: nn.Module, precision: Precision = "ieee") -> tuple[nn.Module, Counter[str]]:
+    """A copy of `model` whose matching parts run Farm's Triton kernels, and how many parts of each kind (linear,
+    norm, softmax) were rewritten."""
     try:
         return _rewrite_graph(model, precision)
     except (fx.proxy.TraceError, TypeError, NotImplementedError, RuntimeError, AttributeError):
@@ -207,4 +209,7 @@ def rewrite(model: nn.Module, precision: Precision = "ieee") -> tuple[nn.Module,
 
 
 def count_matches(model: nn.Module, precision: Precision = "ieee") -> int:
-    return rewrite(model, precision)[1]
+    """Parts of `model` the Triton kernels would run. Lowering the precision changes only the GEMM, so for "tf32"
+    and "fp16" only Linear matches count."""
+    counts = rewrite(model, precision)[1]
+    return counts.total() if precision == "ieee" else counts["linear"]

@@ -1,0 +1,104 @@
+"""Candidate families: which apply where, that each CPU-buildable one computes the model's function, and that the
+Triton pattern matcher rewrites what it should (its modules fall back to PyTorch on a CPU, so the rewritten model
+is checked against the original here; the kernels themselves ran on the H200: docs/kernels-h200.md)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from farm_agent.tuner.candidates import build, candidates_for
+from farm_agent.tuner.triton_kernels.rewrite import FusedLinearAct, TritonNorm, TritonSoftmax, count_matches, rewrite
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.norm = nn.LayerNorm(32)
+        self.down = nn.Linear(32, 8)
+        self.rms = nn.RMSNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(nn.functional.gelu(self.up(x), approximate="tanh"))
+        return torch.softmax(self.rms(self.down(h).relu()), dim=-1)
+
+
+class Branchy(nn.Module):
+    """fx cannot trace data-dependent control flow: the module walk takes over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(16, 16), nn.SiLU(), nn.LayerNorm(16), nn.Softmax(dim=-1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.seq(x) if x.sum() > 0 else -self.seq(-x)
+
+
+class Conv(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).relu()
+
+
+def names(model: nn.Module, inputs: list[torch.Tensor], rtol: float, device: str) -> list[str]:
+    return [c.name for c in candidates_for(model, inputs, rtol, device)]
+
+
+def test_a_cpu_gets_no_gpu_only_candidates() -> None:
+    assert names(Block().eval(), [torch.randn(4, 16)], 1e-2, "cpu") == [
+        "eager", "compile-default", "compile-max-autotune"]
+
+
+def test_precision_is_lowered_only_when_the_tolerance_allows_and_is_marked() -> None:
+    model, inputs = Block().eval(), [torch.randn(4, 16)]
+    strict = candidates_for(model, inputs, 1e-4, "cuda")
+    assert not any(c.lowers_precision for c in strict)
+    assert [c.name for c in strict] == ["eager", "compile-default", "compile-max-autotune", "compile-reduce-overhead",
+                                        "cuda-graph", "triton-fused"]
+    tf32_only = names(model, inputs, 1e-3, "cuda")
+    assert "tf32" in tf32_only and "autocast-fp16" not in tf32_only
+    loose = candidates_for(model, inputs, 1e-2, "cuda")
+    lowered = {c.name for c in loose if c.lowers_precision}
+    assert lowered == {"tf32", "compile-tf32", "triton-fused-tf32", "autocast-bf16", "autocast-fp16",
+                       "compile-autocast-fp16", "triton-fused-fp16"}
+
+
+def test_channels_last_only_for_convolutions_and_no_lowered_arithmetic_without_a_gemm() -> None:
+    assert "channels-last" in names(Conv().eval(), [torch.randn(2, 3, 8, 8)], 1e-4, "cuda")
+    assert "channels-last" not in names(Block().eval(), [torch.randn(4, 16)], 1e-4, "cuda")
+    softmax_only = nn.Sequential(nn.Tanh(), nn.Softmax(dim=-1)).eval()
+    assert names(softmax_only, [torch.randn(4, 16)], 1e-2, "cuda") == [
+        "eager", "compile-default", "compile-max-autotune", "compile-reduce-overhead", "cuda-graph", "triton-fused"]
+
+
+def test_the_matcher_fuses_linear_with_its_activation_and_swaps_norms_and_softmax() -> None:
+    model = Block().eval()
+    rewritten, counts = rewrite(model, "ieee")
+    kinds = [type(m) for m in rewritten.modules()]
+    assert counts == {"linear": 2, "norm": 2, "softmax": 1}
+    assert kinds.count(FusedLinearAct) == 2 and kinds.count(TritonNorm) == 2 and kinds.count(TritonSoftmax) == 1
+    assert {m.activation for m in rewritten.modules() if isinstance(m, FusedLinearAct)} == {"gelu_tanh", "relu"}
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(rewritten(x), model(x))
+    assert count_matches(model, "fp16") == 2  # lowering precision only changes the GEMMs
+
+
+def test_the_module_walk_handles_models_fx_cannot_trace() -> None:
+    model = Branchy().eval()
+    rewritten, counts = rewrite(model, "ieee")
+    assert counts == {"linear": 1, "norm": 1, "softmax": 1}
+    assert isinstance(model.seq[0], nn.Linear)  # the original is left alone
+    for x in (torch.randn(3, 16).abs(), -torch.randn(3, 16).abs()):
+        torch.testing.assert_close(rewritten(x), model(x))
+
+
+def test_built_candidates_compute_the_model_function_on_cpu() -> None:
+    model, x = Block().eval(), torch.randn(6, 16)
+    with torch.no_grad():
+        expected = model(x)
+        for transform in ("eager", "triton-fused"):
+            torch.testing.assert_close(build(transform, model, [x], {})(x), expected)
