@@ -73,6 +73,11 @@ class ModelFeatures:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "intensity": self.intensity}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelFeatures:
+        return cls(shares=dict(data["shares"]), flops=float(data["flops"]), min_bytes=float(data["min_bytes"]),
+                   op_count=int(data["op_count"]), device_kind=str(data["device_kind"]), rtol=float(data["rtol"]))
+
 
 def _numel(tensors: list[Any]) -> int:
     return sum(t.numel() for t in tensors if isinstance(t, torch.Tensor))

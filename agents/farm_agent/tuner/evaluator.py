@@ -1,0 +1,402 @@
+"""The hardened evaluator: runs candidate implementations of a problem in child processes and judges them.
+
+A candidate is correct when, on fresh random inputs (several seeds, drawn anew for every evaluation unless given),
+its outputs have the reference's shapes and dtypes, are finite and fully written, share no memory with the inputs,
+are elementwise close (|out - ref| <= atol + rtol * |ref|) AND close in relative norm (||out - ref|| / ||ref|| <=
+max(atol, rtol), which an all-zero or tiny answer fails even where the absolute tolerance alone would pass it).
+Its time is the median of `runs` calls after warm-up, caches flushed and the device synchronised around each, and
+it is rejected outright when it patches timers, leaves work on other streams or threads, or is faster than the
+speed-of-light bound of the problem's FLOPs and bytes on the device.
+
+Children: built-in transforms of one problem share one child (a CUDA start-up costs seconds); a candidate file is
+user code and always gets a child of its own. A crash, a hang, an out-of-memory or a CUDA fault fails that
+candidate only; the child is restarted for the rest. The speed-of-light bound is computed here, from FLOP and byte
+counts reported by the child that ran only built-in code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import multiprocessing.context
+import os
+import secrets
+import signal
+import sys
+import tempfile
+import threading
+import types
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from farm.core.errors import SpecError, UserError
+from farm_agent.tuner.problem import candidate_defines_model_new, load_problem, one_line
+
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One implementation to evaluate: a built-in transform of the problem's Model, or a file defining ModelNew."""
+
+    name: str  # e.g. "eager", "compile-default", "file:my_kernel"
+    file: Path | None = None  # user code defining ModelNew: always runs in a child of its own
+    transform: str | None = None  # resolved in the child by farm_agent.tuner.candidates.build (when installed)
+    params: dict[str, Any] = field(default_factory=dict)  # JSON-able, passed to the transform
+    lowers_precision: bool = False  # TF32, bf16/fp16 autocast ...: reported as such
+
+    def request(self) -> dict[str, Any]:
+        return {"name": self.name, "file": str(self.file) if self.file else None, "transform": self.transform,
+                "params": self.params, "lowers_precision": self.lowers_precision}
+
+
+EAGER = Candidate(name="eager", transform="eager")
+COMPILE_DEFAULT = Candidate(name="compile-default", transform="compile-default")
+
+
+def file_candidate(path: Path | str) -> Candidate:
+    path = Path(path).expanduser().resolve()
+    return Candidate(name=f"file:{path.stem}", file=path)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One candidate on one problem."""
+
+    problem: str
+    candidate: str
+    compiled: bool  # built, and its first call returned
+    correct: bool  # sound, and within (atol, rtol) elementwise and in relative norm
+    max_abs_err: float  # max |out - ref| over every checked output (inf: never compared)
+    rel_norm_err: float  # max over outputs and checks of ||out - ref|| / ||ref||
+    max_scaled_err: float  # max |out - ref| / (atol + rtol |ref|) under this evaluation's tolerance: <= 1 passes
+    median_ms: float | None  # None: not timed
+    runs: int
+    error: str  # why it is not correct (one line), or ""
+    sound: bool = False  # passed every check that does not depend on the tolerance (shapes, aliasing, timers, ...)
+    atol: float = 1e-4  # the tolerance `correct` was judged under
+    rtol: float = 1e-4
+    # (rtol, max(|out - ref| - rtol |ref|)) pairs: elementwise closeness under any (atol, rtol) is re-judged from
+    # these (see correct_under); exact at these rtols, conservative between them.
+    excess: tuple[tuple[float, float], ...] = ()
+    min_ms: float | None = None
+    speed_of_light_ms: float | None = None  # no implementation can be faster on this device
+    lowers_precision: bool = False
+
+    def correct_under(self, atol: float, rtol: float) -> bool:
+        """Whether this result is correct under another tolerance, from the recorded errors."""
+        if not (self.sound and self.compiled) or self.rel_norm_err > max(atol, rtol):
+            return False
+        return excess_bound(self.excess, rtol) <= atol
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: infinities become None."""
+        data = asdict(self)
+        for key, value in data.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                data[key] = None
+        data["excess"] = [[r, e if math.isfinite(e) else None] for r, e in self.excess]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Result:
+        data = dict(data)
+        for key in ("max_abs_err", "rel_norm_err", "max_scaled_err"):
+            data[key] = math.inf if data.get(key) is None else float(data[key])
+        data["excess"] = tuple((float(r), math.inf if e is None else float(e)) for r, e in data.get("excess") or ())
+        return cls(**data)
+
+
+def excess_bound(excess: Sequence[tuple[float, float]], rtol: float) -> float:
+    """An upper bound on max(|d| - rtol |ref|) from its values at a few rtols. That function of rtol is a maximum of
+    lines, so convex and non-increasing: exact at recorded points, below the chord between two of them, and below
+    the value at the nearest recorded point under it."""
+    points = sorted(excess)
+    if not points or rtol < points[0][0]:
+        return math.inf
+    for (r0, e0), (r1, e1) in zip(points, points[1:]):
+        if r0 <= rtol <= r1:
+            if math.isinf(e0) or math.isinf(e1):
+                return e0 if rtol < r1 else e1
+            return e0 + (e1 - e0) * (rtol - r0) / (r1 - r0)
+    return points[-1][1]
+
+
+# Peak rates that no implementation can exceed: generous on purpose, since the bound only exists to catch answers
+# that did not do the work (a memo, a timer trick), never to judge honest kernels. GPUs: dense FP8 tensor-core
+# FLOP/s (above the bf16 989 and fp32 67 TFLOP/s of an H200, so that any precision a candidate picks stays under
+# it) and HBM bandwidth (the timed runs start with a flushed L2, so inputs come from HBM).
+GPU_PEAKS: dict[str, tuple[float, float]] = {  # name fragment: (FLOP/s, bytes/s)
+    "H200": (1979e12, 4.8e12),
+    "H100": (1979e12, 3.35e12),
+    "A100": (624e12, 2.04e12),
+}
+UNKNOWN_GPU_PEAK = (10e15, 10e12)
+# Per CPU core: AMX-class matrix units (~1k FLOP/cycle at 4 GHz, far above fp32 AVX-512) and what a core's caches
+# can stream.
+CPU_CORE_PEAK = (4e12, 200e9)
+
+
+def peaks(info: dict[str, Any]) -> tuple[float, float]:
+    if info["device"] == "cuda":
+        return next((p for name, p in GPU_PEAKS.items() if name in info["device_name"]), UNKNOWN_GPU_PEAK)
+    cores = max(int(info.get("cpus") or 1), 1)
+    return CPU_CORE_PEAK[0] * cores, CPU_CORE_PEAK[1] * cores
+
+
+def speed_of_light_ms(info: dict[str, Any], peak_flops_per_s: float | None = None,
+                      peak_bytes_per_s: float | None = None) -> float:
+    flops_rate, bytes_rate = peaks(info)
+    flops_rate, bytes_rate = peak_flops_per_s or flops_rate, peak_bytes_per_s or bytes_rate
+    return max(info["flops"] / flops_rate, info["bytes"] / bytes_rate) * 1e3
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def evaluate(
+    problem: Path | str,
+    candidates: Sequence[Candidate],
+    *,
+    device: str = "cuda",
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    seeds: Sequence[int] | None = None,
+    runs: int = 20,
+    warmup: int = 3,
+    timeout_s: float = 600.0,
+    memory_limit_bytes: int | None = None,
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    flush_bytes: int | None = None,
+    peak_flops_per_s: float | None = None,
+    peak_bytes_per_s: float | None = None,
+    parallel: int = 1,
+) -> list[Result]:
+    """Evaluate `candidates` on one problem; "eager" (the baseline) is always evaluated, first. Returns one Result
+    per candidate, eager first, then in the order given.
+
+    seeds: the correctness checks' input seeds; None draws three fresh ones (a candidate cannot know its inputs in
+    advance). timeout_s: per candidate, from its request to its answer (builds and compiles included).
+    memory_limit_bytes: on CUDA the child's share of GPU memory; on CPU the child's resident memory. flush_bytes:
+    written between timed runs (default 256 MiB on a GPU, 8 MiB on a CPU: more than its L2). peak_*: override the device's peak
+    rates in the speed-of-light bound. parallel: how many candidate files are evaluated at once, each in its own
+    child; above 1 their timings disturb one another, so only for screening correctness (the tests do).
+    """
+    loaded = load_problem(problem)
+    for candidate in candidates:
+        if (candidate.file is None) == (candidate.transform is None):
+            raise UserError(f"candidate {candidate.name!r} needs exactly one of a file and a transform")
+        if candidate.file is not None:
+            candidate_defines_model_new(candidate.file)
+    if len({c.name for c in candidates}) != len(candidates):
+        raise UserError("candidate names must be unique")
+    if device.startswith("cuda") and not cuda_available():
+        raise UserError("--device cuda: no CUDA GPU is available here (use --device cpu)")
+    if runs < 1 or warmup < 0:
+        raise UserError("runs must be at least 1 and warmup at least 0")
+    seeds = list(seeds) if seeds is not None else [secrets.randbits(31) for _ in range(3)]
+    if not seeds:
+        raise UserError("at least one seed is needed")
+    setup = {
+        "op": "setup", "problem": str(loaded.path), "device": device, "seeds": seeds,
+        "timing_seeds": [max(seeds) + 1, max(seeds) + 2], "runs": runs, "warmup": warmup, "atol": atol, "rtol": rtol,
+        "memory_limit_bytes": memory_limit_bytes,
+        "flush_bytes": flush_bytes or (256 << 20 if device.startswith("cuda") else 8 << 20),
+    }
+    ordered = [EAGER] + [c for c in candidates if not (c.transform == "eager" and c.file is None)]
+    ordered = [c if c.transform != "eager" else next((d for d in candidates if d.transform == "eager"), c)
+               for c in ordered]
+    transforms = [c for c in ordered if c.file is None]
+    files = [c for c in ordered if c.file is not None]
+
+    raw: dict[str, dict[str, Any]] = {}
+    trusted = _run_group(loaded.name, transforms, setup, timeout_s, startup_timeout_s, memory_limit_bytes, raw)
+    if trusted is None:  # the problem itself does not run: nothing can be judged
+        raise SpecError(f"problem {loaded.name}: {raw[EAGER.name]['error']}")
+    with ThreadPoolExecutor(max_workers=max(parallel, 1)) as pool:  # threads only wait on children here
+        list(pool.map(lambda c: _run_group(loaded.name, [c], setup, timeout_s, startup_timeout_s,
+                                           memory_limit_bytes, raw), files))
+
+    sol_ms = speed_of_light_ms(trusted, peak_flops_per_s, peak_bytes_per_s)
+    return [_judge(raw[c.name], c, atol, rtol, sol_ms, trusted) for c in ordered]
+
+
+def _judge(data: dict[str, Any], candidate: Candidate, atol: float, rtol: float, sol_ms: float,
+           info: dict[str, Any]) -> Result:
+    data = {k: v for k, v in data.items() if k in Result.__dataclass_fields__}
+    result = Result.from_dict({**dict(
+        max_abs_err=None, rel_norm_err=None, max_scaled_err=None, median_ms=None, runs=0, compiled=False,
+        sound=False, error="",
+    ), **data, "correct": False, "atol": atol, "rtol": rtol, "speed_of_light_ms": sol_ms,
+        "lowers_precision": candidate.lowers_precision})
+    error, sound = result.error, result.sound
+    if sound and result.median_ms is not None and result.median_ms < sol_ms:
+        sound = False
+        error = (f"rejected: faster than the speed of light ({result.median_ms:.4f} ms < {sol_ms:.4f} ms for "
+                 f"{info['flops']:.3g} FLOP and {info['bytes']:.3g} bytes on {info['device_name']})")
+    result = _replace(result, sound=sound, error=error)
+    correct = result.correct_under(atol, rtol)
+    if sound and not correct:
+        if result.rel_norm_err > max(atol, rtol):
+            error = f"incorrect: relative norm error {result.rel_norm_err:.3g} > {max(atol, rtol):g}"
+        else:
+            error = f"incorrect: max |out - ref| / (atol + rtol |ref|) = {result.max_scaled_err:.3g} > 1"
+    return _replace(result, correct=correct, error=error)
+
+
+def _replace(result: Result, **changes: Any) -> Result:
+    from dataclasses import replace
+
+    return replace(result, **changes)
+
+
+def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], timeout_s: float,
+               startup_timeout_s: float, memory_limit_bytes: int | None, raw: dict[str, dict[str, Any]]
+               ) -> dict[str, Any] | None:
+    """Run candidates one after another in one child, starting a fresh child after any that broke it. Returns the
+    setup info of the first child that started (None if none could)."""
+    info: dict[str, Any] | None = None
+    child: Child | None = None
+    limit = memory_limit_bytes if not str(setup["device"]).startswith("cuda") else None
+    try:
+        for candidate in group:
+            if child is None:
+                child = Child(limit)
+                try:
+                    answer = child.ask(setup, startup_timeout_s)
+                except ChildFailed as exc:
+                    raw[candidate.name] = _failure(problem, candidate, f"worker did not start: {exc}")
+                    child.close()
+                    child = None
+                    if info is None:
+                        return None
+                    continue
+                if not answer.get("ok"):
+                    raw[candidate.name] = _failure(problem, candidate, answer.get("error", "setup failed"))
+                    return info
+                info = info or answer["info"]
+            try:
+                answer = child.ask({"op": "candidate", "candidate": candidate.request()}, timeout_s)
+                raw[candidate.name] = answer["result"]
+                if answer.get("restart"):
+                    child.close()
+                    child = None
+            except ChildFailed as exc:
+                raw[candidate.name] = _failure(problem, candidate, str(exc), compiled=exc.compiled)
+                child.close()
+                child = None
+    finally:
+        if child is not None:
+            child.close()
+    return info
+
+
+def _failure(problem: str, candidate: Candidate, error: str, compiled: bool = False) -> dict[str, Any]:
+    return {"problem": problem, "candidate": candidate.name, "compiled": compiled, "sound": False, "error": error}
+
+
+class ChildFailed(Exception):
+    def __init__(self, message: str, compiled: bool = False) -> None:
+        super().__init__(message)
+        self.compiled = compiled
+
+
+_STARTING = threading.Lock()
+
+
+def _context() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    # Imported once by the fork server, not by every child (torch alone takes seconds). Neither touches CUDA: the
+    # fork server must not, or its forked children could not use it.
+    context.set_forkserver_preload(["torch", "farm_agent.tuner.worker"])
+    return context
+
+
+class Child:
+    """A worker process: JSON requests and answers over a pipe, its output in a log file whose last line explains
+    a crash. It leads its own session, so that it and any compiler processes it started are killed together."""
+
+    def __init__(self, memory_limit_bytes: int | None) -> None:
+        from farm_agent.tuner.worker import child_main
+
+        context = _context()
+        log = tempfile.NamedTemporaryFile(prefix="farm-kernel-worker-", suffix=".log", delete=False)
+        log.close()
+        self.log = Path(log.name)
+        self.conn, child_end = context.Pipe()
+        self.proc = context.Process(target=child_main, args=(child_end, str(self.log)), name="farm-kernel-worker")
+        with _STARTING:
+            # multiprocessing re-imports the caller's __main__ in a new process (as spawn does), which would re-run
+            # a script without an `if __name__ == "__main__"` guard: the child needs nothing from it, so it is shown
+            # an empty __main__ while it starts.
+            main = sys.modules["__main__"]
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            try:
+                self.proc.start()
+            finally:
+                sys.modules["__main__"] = main
+        child_end.close()
+        self.memory_limit_bytes = memory_limit_bytes
+
+    def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            self.conn.send_bytes(json.dumps(request).encode())
+        except OSError:
+            raise ChildFailed(self.death()) from None
+        deadline = time.monotonic() + timeout_s
+        while not self.conn.poll(0.1):
+            if not self.proc.is_alive():
+                raise ChildFailed(self.death(), compiled=True)
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ChildFailed(f"timed out after {timeout_s:g} s", compiled=True)
+            if self.memory_limit_bytes and self.rss() > self.memory_limit_bytes:
+                self.kill()
+                raise ChildFailed(f"used more than {self.memory_limit_bytes / 2**20:.0f} MiB of memory", compiled=True)
+        try:
+            return json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            raise ChildFailed(self.death(), compiled=True) from None
+
+    def rss(self) -> int:
+        try:
+            return psutil.Process(self.proc.pid).memory_info().rss
+        except psutil.Error:
+            return 0
+
+    def death(self) -> str:
+        self.proc.join(timeout=10)
+        if self.proc.exitcode is None:
+            self.kill()
+        code = self.proc.exitcode or 0
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        tail = [line for line in text.splitlines() if line.strip()][-1:]
+        return f"worker process died ({how})" + (f": {one_line(tail[0])}" if tail else "")
+
+    def kill(self) -> None:
+        if self.proc.pid is not None:
+            try:  # the child's session: it and what it started
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.join()
+
+    def close(self) -> None:
+        if self.conn.closed:
+            return
+        self.conn.close()  # end of requests: the worker returns
+        self.proc.join(timeout=30)
+        self.kill()
+        self.proc.close()
+        self.log.unlink(missing_ok=True)

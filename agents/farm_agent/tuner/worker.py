@@ -1,0 +1,527 @@
+"""The evaluator's child process: runs candidates against a problem's reference and measures them.
+
+The parent (evaluator.Child) starts `child_main` in a process of its own and sends JSON requests over a pipe;
+whatever a candidate prints goes to a log file, never into the pipe. Requests:
+
+    {"op": "setup", "problem": PATH, "device": "cuda"|"cpu"|..., "seeds": [...], "timing_seeds": [a, b],
+     "runs": N, "warmup": W, "atol": A, "rtol": R, "flush_bytes": B, "memory_limit_bytes": M|null}
+        -> {"ok": true, "info": {device facts, flops, bytes, outputs}}  or  {"ok": false, "error": "..."}
+    {"op": "candidate", "candidate": {"name", "file", "transform", "params", "lowers_precision"}}
+        -> {"ok": true, "result": {...}, "restart": bool}   (restart: the CUDA context is broken, start a new child)
+
+The candidate runs in this process, so this is not a sandbox against code that sets out to rewrite the worker's
+memory; what it does is make the known ways of gaming a timing reward fail loudly (each has a cheating candidate in
+tests/fixtures/kernels/), while the parent judges the speed-of-light bound from a child that ran no user code.
+"""
+
+from __future__ import annotations
+
+import builtins
+import gc
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Imported up front, in the fork server, once: FlopCounterMode needs dynamo (seconds to import) and torch.compile
+# needs inductor; importing them in every child would cost each child those seconds.
+import torch._dynamo  # noqa: F401
+import torch._inductor  # noqa: F401
+from torch.utils.flop_counter import FlopCounterMode
+
+from farm_agent.tuner.problem import MODEL_SEED, Problem, import_candidate, load_problem, one_line
+
+# The worker's own references to what it times and checks with, taken before any candidate code runs: a candidate
+# that rebinds time.perf_counter or torch.cuda.Event changes the module attribute, not these (and is rejected for
+# trying: see guarded_callables).
+_perf_counter = time.perf_counter
+_enumerate_threads = threading.enumerate
+_Event = torch.cuda.Event
+_synchronize = torch.cuda.synchronize
+_current_stream = torch.cuda.current_stream
+_equal = torch.equal
+_isfinite = torch.isfinite
+_vector_norm = torch.linalg.vector_norm
+
+# The rtol values at which the worst absolute excess max(|out - ref| - rtol * |ref|) is recorded, so that a result
+# can be re-judged under another tolerance without re-running (Result.correct_under in the evaluator).
+RTOL_GRID = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+
+
+def threads_now() -> set[threading.Thread]:
+    return set(_enumerate_threads())
+
+
+def _allowed_thread_classes() -> tuple[type, ...]:
+    # tqdm's progress-bar monitor: torch.compile's progress bars start it on a first compile.
+    if importlib.util.find_spec("tqdm") is None:
+        return ()
+    from tqdm._monitor import TMonitor
+
+    return (TMonitor,)
+
+
+_ALLOWED_THREADS = _allowed_thread_classes()
+
+
+def new_threads(before: set[threading.Thread]) -> list[str]:
+    """Threads alive now that were not before (a compiler's progress-bar monitor apart)."""
+    return sorted(t.name for t in _enumerate_threads() if t not in before and type(t) not in _ALLOWED_THREADS)
+
+
+class Rejected(Exception):
+    """The candidate broke a rule that no tolerance can forgive (wrong shape, aliasing, timer patching, ...)."""
+
+
+# -- guards -------------------------------------------------------------------------------------------------------
+
+
+def guarded_callables() -> dict[str, object]:
+    """Every function and class of the modules that timing and checking rely on, by name. Compared by identity
+    before and after candidate code runs: a candidate that rebinds any of them (time.perf_counter,
+    torch.cuda.Event.elapsed_time, torch.Tensor.sub, this worker's own functions, ...) is rejected."""
+    owners: list[tuple[str, Any]] = [
+        ("time", time), ("threading", threading), ("os", os), ("json", json), ("builtins", builtins),
+        ("math", math), ("statistics", statistics), ("torch", torch), ("torch.Tensor", torch.Tensor),
+        ("torch._C.TensorBase", torch._C.TensorBase), ("torch.cuda", torch.cuda), ("torch.cuda.Event", torch.cuda.Event),
+        ("torch.cuda.Stream", torch.cuda.Stream), ("torch.linalg", torch.linalg), ("worker", sys.modules[__name__]),
+    ]
+    found: dict[str, object] = {}
+    for label, owner in owners:
+        for key, value in list(vars(owner).items()):
+            if callable(value) or isinstance(value, (staticmethod, classmethod, property)):
+                found[f"{label}.{key}"] = value
+    return found
+
+
+# Rebound by torch itself: importing torch._dynamo (torch.compile's first use) wraps torch.manual_seed.
+REWRAPPED_BY_TORCH = frozenset({"torch.manual_seed"})
+
+
+def check_unpatched(before: dict[str, object]) -> None:
+    after = guarded_callables()
+    changed = sorted(
+        name for name, value in before.items()
+        if after.get(name) is not value
+        and not (name in REWRAPPED_BY_TORCH and getattr(after.get(name), "__wrapped__", None) is value)
+    )
+    if changed:
+        more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+        raise Rejected(f"patched {', '.join(changed[:3])}{more}: timers and checks must not be replaced")
+
+
+# -- tensors ------------------------------------------------------------------------------------------------------
+
+
+def tensors_of(value: Any, what: str) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return list(value)
+    raise Rejected(f"{what} returned {type(value).__name__}, not a tensor or a tuple of tensors")
+
+
+def clone_all(values: list[Any]) -> list[Any]:
+    return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def poison(values: list[Any]) -> None:
+    """Overwrite tensors the worker is about to drop, so that memory the allocator hands out again (to a candidate's
+    torch.empty) holds NaN (or an extreme integer), never a correct answer from an earlier check."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.numel() and not value.is_inference():
+            if value.is_floating_point() or value.is_complex():
+                value.fill_(math.nan)
+            elif value.dtype == torch.bool:
+                value.fill_(True)
+            else:
+                value.fill_(torch.iinfo(value.dtype).max)
+
+
+def storage_span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.untyped_storage().data_ptr()
+    return start, start + t.untyped_storage().nbytes()
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device or not a.untyped_storage().nbytes() or not b.untyped_storage().nbytes():
+        return False
+    (a0, a1), (b0, b1) = storage_span(a), storage_span(b)
+    return a0 < b1 and b0 < a1
+
+
+def nbytes(values: list[Any]) -> int:
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
+
+
+@contextmanager
+def strict_precision() -> Iterator[None]:
+    """The reference always runs in full fp32, whatever global flags a candidate (TF32, autocast) left behind."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with torch.autocast("cuda", enabled=False), torch.autocast("cpu", enabled=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+class Errors:
+    """The worst errors seen over every check of one candidate."""
+
+    def __init__(self, atol: float, rtol: float) -> None:
+        self.atol, self.rtol = atol, rtol
+        self.max_abs = 0.0
+        self.rel_norm = 0.0
+        self.max_scaled = 0.0
+        self.excess = {r: -math.inf for r in RTOL_GRID + (rtol,)}
+
+    def add(self, outs: list[torch.Tensor], refs: list[torch.Tensor]) -> None:
+        for out, ref in zip(outs, refs, strict=True):
+            o = out if out.is_floating_point() else out.double()
+            r = ref if ref.is_floating_point() else ref.double()
+            diff = (o - r).abs()
+            size = r.abs()
+            self.max_abs = max(self.max_abs, float(diff.max()))
+            self.max_scaled = max(self.max_scaled, float((diff / (self.atol + self.rtol * size)).max()))
+            for rtol in self.excess:
+                self.excess[rtol] = max(self.excess[rtol], float((diff - rtol * size).max()))
+            # Each output on its own, so that a small output cannot hide inside a large one; a zero reference with a
+            # non-zero answer is infinitely wrong, a zero answer to it exactly right.
+            ref_norm = float(_vector_norm(r, dtype=torch.float64))
+            err_norm = float(_vector_norm(diff, dtype=torch.float64))
+            self.rel_norm = max(self.rel_norm, err_norm / ref_norm if ref_norm else (math.inf if err_norm else 0.0))
+            del diff, size
+
+    def record(self) -> dict[str, Any]:
+        return {"max_abs_err": self.max_abs, "rel_norm_err": self.rel_norm, "max_scaled_err": self.max_scaled,
+                "excess": sorted([r, e] for r, e in self.excess.items())}
+
+
+# -- the session --------------------------------------------------------------------------------------------------
+
+
+class Session:
+    """One problem on one device; evaluates candidates one after another."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        self.problem: Problem = load_problem(request["problem"])
+        self.device = torch.device(request["device"])
+        self.cuda = self.device.type == "cuda"
+        self.seeds: list[int] = list(request["seeds"])
+        self.timing_seeds: list[int] = list(request["timing_seeds"])
+        self.runs: int = int(request["runs"])
+        self.warmup: int = int(request["warmup"])
+        self.atol, self.rtol = float(request["atol"]), float(request["rtol"])
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+            limit = request.get("memory_limit_bytes")
+            if limit:
+                total = torch.cuda.get_device_properties(self.device).total_memory
+                torch.cuda.set_per_process_memory_fraction(min(limit / total, 1.0), self.device)
+            # Captured before any candidate runs: timed work must run on this stream (see call).
+            self.stream = _current_stream(self.device)
+        # Written between timed runs: larger than the GPU's L2 (50 MB on an H200) or a CPU's last-level cache, so
+        # that every timed run starts with cold caches, as one forward among others in a real job would.
+        self.flush = torch.empty(int(request["flush_bytes"]) // 4, dtype=torch.float32, device=self.device)
+        self.reference = self.problem.model(self.device)
+        self.outputs: list[tuple[list[int], torch.dtype]] = []
+
+    def setup(self) -> dict[str, Any]:
+        """Run the reference once on a probe input: its FLOPs, its bytes and its outputs' shapes."""
+        inputs = self.problem.inputs(self.device, seed=self.timing_seeds[0] + 1)
+        for i, value in enumerate(inputs):
+            if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.ne(0).any()):
+                raise ValueError(f"get_inputs()[{i}] is all zeros: inputs must be random, never zeros")
+        with torch.no_grad(), strict_precision(), FlopCounterMode(display=False) as counter:
+            out = tensors_of(self.reference(*inputs), "Model")
+        self.sync()
+        for i, t in enumerate(out):
+            if not bool(_isfinite(t).all()):
+                raise ValueError(f"the reference's output {i} has NaN or Inf")
+        self.outputs = [(list(t.shape), t.dtype) for t in out]
+        info = {
+            "device": self.device.type, "device_name": self.device_name(), "cpus": len(os.sched_getaffinity(0)),
+            "flops": int(counter.get_total_flops()), "bytes": nbytes(inputs) + nbytes(out),
+            "outputs": [{"shape": s, "dtype": str(d)} for s, d in self.outputs],
+            "torch": torch.__version__,
+        }
+        poison(out + inputs)
+        return info
+
+    def device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
+
+    def sync(self) -> None:
+        if self.cuda:
+            _synchronize(self.device)
+
+    def reference_outputs(self, inputs: list[Any]) -> list[torch.Tensor]:
+        with strict_precision():
+            refs = tensors_of(self.reference(*inputs), "Model")
+        self.sync()
+        return [r.clone() for r in refs]  # the reference may hand back a buffer it reuses
+
+    # -- building -----------------------------------------------------------------------------------------------
+
+    def build(self, candidate: dict[str, Any], guard: dict[str, object]) -> Callable[..., Any]:
+        if candidate.get("file"):
+            threads = threads_now()
+            model_new = import_candidate(Path(candidate["file"]))
+            with torch.device(self.device):
+                torch.manual_seed(MODEL_SEED)  # the seed Model was built under: same layers, same initial weights
+                module = model_new(*self.problem.init_inputs())
+            module = module.to(self.device).eval()
+            if started := new_threads(threads):
+                raise Rejected(f"started thread {started[0]!r} while importing or constructing (work must run on "
+                               "the caller's thread)")
+            check_unpatched(guard)
+            return module
+        transform = candidate["transform"]
+        model = self.problem.model(self.device)
+        if transform == "eager":
+            return model
+        if importlib.util.find_spec("farm_agent.tuner.candidates") is not None:
+            from farm_agent.tuner import candidates  # the optimizer's transforms, when they are installed
+
+            example = self.problem.inputs(self.device, seed=self.timing_seeds[0])
+            return candidates.build(transform, model, example, dict(candidate.get("params") or {}))
+        if transform == "compile-default":
+            return torch.compile(model)
+        raise Rejected(f"unknown transform {transform!r}")
+
+    # -- one call -----------------------------------------------------------------------------------------------
+
+    def call(self, fn: Callable[..., Any], inputs: list[Any], check_threads: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One call with the checks that need no reference: returns its outputs and a copy of them taken as soon as
+        the call's own stream (GPU) or the call itself (CPU) finished."""
+        if self.cuda and _current_stream(self.device) != self.stream:
+            raise Rejected("changed the current CUDA stream")
+        threads = threads_now()
+        outs = tensors_of(fn(*inputs), "forward")
+        if check_threads and (started := new_threads(threads)):
+            raise Rejected(f"left thread {started[0]!r} running after its forward returned (work must finish on the "
+                           "caller's thread)")
+        if self.cuda:
+            if _current_stream(self.device) != self.stream:
+                raise Rejected("changed the current CUDA stream")
+            self.stream.synchronize()
+        early = [o.clone() for o in outs]
+        self.sync()
+        return outs, early
+
+    def check_outputs(self, outs: list[torch.Tensor], early: list[torch.Tensor], given: list[Any]) -> None:
+        if len(outs) != len(self.outputs):
+            raise Rejected(f"returned {len(outs)} outputs, the reference returns {len(self.outputs)}")
+        for i, (out, (shape, dtype)) in enumerate(zip(outs, self.outputs, strict=True)):
+            if list(out.shape) != shape or out.dtype != dtype:
+                raise Rejected(f"output {i} is {out.dtype} {tuple(out.shape)}, the reference's is {dtype} {tuple(shape)}")
+            if out.device != self.device:
+                raise Rejected(f"output {i} is on {out.device}, not {self.device}")
+            # An output sharing memory with an input is the input (or a view of it) handed back, or the input
+            # overwritten in place: neither is a new result.
+            if any(isinstance(v, torch.Tensor) and overlaps(out, v) for v in given):
+                raise Rejected(f"output {i} aliases an input (shares its memory)")
+        for i, (out, first) in enumerate(zip(outs, early, strict=True)):
+            # Uninitialised memory (torch.empty) reads as the NaN the worker poisoned it with; an output written by
+            # work still running on another stream or thread changes after the call returned.
+            if not bool(_isfinite(first).all()):
+                raise Rejected(f"output {i} has NaN or Inf (not fully written, or overflowed)")
+            if not _equal(out, first):
+                raise Rejected(f"output {i} changed after the call returned (work left running on another stream or thread)")
+
+    def poison_fresh_outputs(self) -> None:
+        """Allocate and drop NaN tensors of the outputs' sizes right before a checked call: a candidate that
+        returns torch.empty of that size gets this memory back from the allocator and returns NaN."""
+        bait = [torch.full(shape, math.nan, dtype=dtype, device=self.device) if dtype.is_floating_point
+                else torch.empty(shape, dtype=dtype, device=self.device) for shape, dtype in self.outputs]
+        poison(bait)
+        del bait
+
+    # -- one candidate ------------------------------------------------------------------------------------------
+
+    def evaluate(self, candidate: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "problem": self.problem.name, "candidate": candidate["name"], "compiled": False, "sound": False,
+            "max_abs_err": math.inf, "rel_norm_err": math.inf, "max_scaled_err": math.inf, "excess": [],
+            "median_ms": None, "min_ms": None, "runs": 0, "error": "",
+        }
+        guard = guarded_callables()
+        errors = Errors(self.atol, self.rtol)
+        try:
+            with torch.no_grad():
+                try:
+                    fn = self.build(candidate, guard)
+                except Rejected:
+                    raise
+                except Exception as exc:
+                    result["error"] = f"build failed: {describe(exc)}"
+                    return result
+                # Built-in transforms' first call is where compilers compile, and they may start helper threads then.
+                self.check_correctness(fn, errors, result, trusted=not candidate.get("file"))
+                check_unpatched(guard)
+                times = self.time(fn, errors)
+                check_unpatched(guard)
+            result.update(errors.record())
+            result.update(sound=True, median_ms=statistics.median(times), min_ms=min(times), runs=len(times))
+        except Rejected as exc:
+            result.update(errors.record() if errors.excess[0.0] > -math.inf else {})
+            result["error"] = f"rejected: {exc}"
+        except Exception as exc:
+            result["error"] = f"failed: {describe(exc)}"
+            if is_cuda_fault(exc):
+                raise
+        finally:
+            fn = None  # noqa: F841 (drop the candidate before the next one is built)
+            if "torch._dynamo" in sys.modules:  # free compiled graphs (and what they hold) of this candidate
+                torch._dynamo.reset()
+            gc.collect()
+            if self.cuda:
+                torch.cuda.empty_cache()
+        return result
+
+    def check_correctness(self, fn: Callable[..., Any], errors: Errors, result: dict[str, Any], trusted: bool) -> None:
+        """One call per seed, each on fresh random inputs; the reference for a seed is computed only after the
+        candidate answered it, so that no correct answer sits anywhere in memory while the candidate runs."""
+        for i, seed in enumerate(self.seeds):
+            pristine = self.problem.inputs(self.device, seed)
+            given = clone_all(pristine)
+            self.poison_fresh_outputs()
+            outs, early = self.call(fn, given, check_threads=i > 0 or not trusted)
+            result["compiled"] = True
+            self.check_outputs(outs, early, given)
+            for j, (a, b) in enumerate(zip(given, pristine, strict=True)):
+                if isinstance(a, torch.Tensor) and not _equal(a, b):
+                    raise Rejected(f"modified its input {j} in place")
+            refs = self.reference_outputs(pristine)
+            errors.add(early, refs)
+            poison(outs + early + refs + given + pristine)
+
+    def time(self, fn: Callable[..., Any], errors: Errors) -> list[float]:
+        """Warm-up, then `runs` timed calls. Before each call the inputs are refilled in place, alternating between
+        two fresh input sets (a candidate that memoises by input address returns a stale answer), and the cache is
+        flushed; the device is idle at the start of each timed region and fully synchronised at its end. The last
+        call's answer is checked against the reference too."""
+        sets = [self.problem.inputs(self.device, seed) for seed in self.timing_seeds]
+        buffers = clone_all(sets[0])
+        times: list[float] = []
+        pending: list[float] = []
+        early: list[torch.Tensor] = []
+        total = self.warmup + self.runs
+        for k in range(total):
+            source = sets[k % 2]
+            for buffer, value in zip(buffers, source, strict=True):
+                if isinstance(buffer, torch.Tensor):
+                    buffer.copy_(value)
+            self.flush.zero_()
+            self.sync()
+            outs, early, elapsed_ms, pending_ms = self.timed_call(fn, buffers)
+            if k >= self.warmup:
+                self.check_outputs(outs, early, buffers)
+                times.append(elapsed_ms)
+                pending.append(pending_ms)
+            if k < total - 1:
+                poison(early)
+                del outs, early
+        if self.cuda and statistics.median(pending) > 0.1 + 0.05 * statistics.median(times):
+            raise Rejected(f"left work running after its timed region (median {statistics.median(pending):.3f} ms "
+                           "of device work still pending when its stream had finished: another stream?)")
+        errors.add(early, self.reference_outputs(sets[(total - 1) % 2]))
+        return times
+
+    def timed_call(self, fn: Callable[..., Any], inputs: list[Any]
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, float]:
+        threads = threads_now()
+        if self.cuda:
+            if _current_stream(self.device) != self.stream:
+                raise Rejected("changed the current CUDA stream")
+            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+            start.record(self.stream)
+            outs = tensors_of(fn(*inputs), "forward")
+            end.record(self.stream)
+            end.synchronize()  # this stream is done ...
+            stream_done = _perf_counter()
+            early = [o.clone() for o in outs]
+            _synchronize(self.device)  # ... and so is every other: how long that took is work left pending
+            pending_ms = (_perf_counter() - stream_done) * 1e3
+            elapsed_ms = start.elapsed_time(end)
+            if _current_stream(self.device) != self.stream:
+                raise Rejected("changed the current CUDA stream")
+        else:
+            t0 = _perf_counter()
+            outs = tensors_of(fn(*inputs), "forward")
+            elapsed_ms = (_perf_counter() - t0) * 1e3
+            early = [o.clone() for o in outs]
+            pending_ms = 0.0
+        if started := new_threads(threads):
+            raise Rejected(f"left thread {started[0]!r} running after its forward returned (work must finish on the "
+                           "caller's thread)")
+        return outs, early, elapsed_ms, pending_ms
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {one_line(str(exc))}"
+
+
+def is_cuda_fault(exc: BaseException) -> bool:
+    """A CUDA error (illegal address, device-side assert) leaves the context unusable: the child must start over."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(exc, accelerator_error):
+        return True
+    return "CUDA error" in str(exc) and not isinstance(exc, torch.OutOfMemoryError)
+
+
+def child_main(conn: Connection, log_path: str) -> None:
+    """The child's loop: one JSON request per message on `conn`, one JSON answer each, until the parent closes it.
+
+    Started through multiprocessing's forkserver: a clean spawned interpreter that imported torch and this module
+    once (and never touched CUDA), forked per child, so a child costs milliseconds instead of a torch import. The
+    child leads its own session (the parent kills it and any compiler processes it started as one group) and
+    writes fds 1 and 2 to `log_path`: what a candidate prints goes there, and its last line explains a crash.
+    """
+    os.setsid()
+    gc.freeze()  # what the fork server imported stays: collections after each candidate only look at the rest
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    send, dumps = conn.send_bytes, json.dumps
+
+    def answer(message: dict[str, Any]) -> None:
+        send(dumps(message).encode())
+
+    session: Session | None = None
+    while True:
+        try:
+            request = json.loads(conn.recv_bytes())
+        except EOFError:
+            return
+        if request["op"] == "setup":
+            try:
+                session = Session(request)
+                answer({"ok": True, "info": session.setup()})
+            except Exception as exc:
+                answer({"ok": False, "error": describe(exc)})
+                return
+        elif request["op"] == "candidate" and session is not None:
+            try:
+                answer({"ok": True, "result": session.evaluate(request["candidate"]), "restart": False})
+            except Exception as exc:  # a CUDA fault: report it, then let the parent start a fresh child
+                answer({"ok": True, "restart": True, "result": {
+                    "problem": session.problem.name, "candidate": request["candidate"]["name"], "compiled": True,
+                    "sound": False, "error": f"failed: {describe(exc)}"}})
+                return
