@@ -25,17 +25,33 @@ def _farm_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
                           timeout=timeout, cwd=ROOT, check=False)
 
 
-def _our_processes() -> set[int]:
-    """Ray and Farm processes on this machine (to find what a benchmark left behind)."""
-    found = set()
-    for proc in psutil.process_iter(["name", "cmdline"]):
+def _sessions_of(pids: list[int]) -> set[int]:
+    """The sessions of these processes and of all their descendants. The head and each agent run in a session of
+    their own (`--detach`), and so does each Ray node they start; Ray's workers stay in their node's session even
+    when their parent dies. Other users of this machine (other benchmarks, test runs) are in none of them."""
+    sessions = set()
+    for pid in pids:
         try:
-            text = " ".join(proc.info["cmdline"] or []) + " " + (proc.info["name"] or "")
+            family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
         except psutil.Error:
             continue
-        if any(key in text for key in ("raylet", "gcs_server", "ray::", "farm.cli.main", "farm_agent", "ray start",
-                                       "default_worker.py", "dashboard", "log_monitor", "runtime_env")):
-            found.add(proc.pid)
+        for proc in family:
+            try:
+                sessions.add(os.getsid(proc.pid))
+            except OSError:
+                continue
+    return sessions
+
+
+def _in_sessions(sessions: set[int]) -> set[int]:
+    """The live processes of these sessions (to find what a benchmark left behind)."""
+    found = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) in sessions and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except (OSError, psutil.Error):
+            continue
     return found - {os.getpid()}
 
 
@@ -45,7 +61,6 @@ class LocalFarm:
     def __init__(self, agents: int, cpus: int) -> None:
         self.agents, self.cpus = agents, cpus
         self.state = Path(tempfile.mkdtemp(prefix="farm-bench-"))
-        self.before = _our_processes()
         self.head: HeadInfo | None = None
         self.leftover: set[int] = set()
 
@@ -89,13 +104,17 @@ class LocalFarm:
         return read_json(self.state / "head.json") or {}
 
     def stop(self) -> None:
-        """Agents first (they deregister from a head that still listens), then the head, then any straggler."""
-        terminate(*[int(s["pid"]) for s in self.agent_status() if pid_alive(int(s.get("pid", 0)))])
+        """Agents first (they deregister from a head that still listens), then the head, then any straggler of
+        theirs (only processes in the sessions they and their Ray nodes run in)."""
+        agents = [int(s["pid"]) for s in self.agent_status() if pid_alive(int(s.get("pid", 0)))]
         info = self.head_json()
-        if pid_alive(int(info.get("pid", 0))):
-            terminate(int(info["pid"]))
-        wait_for(lambda: not (_our_processes() - self.before), 20, 0.5)
-        self.leftover = _our_processes() - self.before
+        head = [int(info["pid"])] if pid_alive(int(info.get("pid", 0))) else []
+        sessions = _sessions_of(agents + head) - {os.getsid(0)}
+        terminate(*agents)
+        if head:
+            terminate(*head)
+        wait_for(lambda: not _in_sessions(sessions), 20, 0.5)
+        self.leftover = _in_sessions(sessions)
         if self.leftover:
             terminate(*self.leftover, grace=5)
         shutil.rmtree(self.state, ignore_errors=True)
