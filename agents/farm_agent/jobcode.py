@@ -17,6 +17,15 @@ if TYPE_CHECKING:
 
 
 def _call(path: str, root: Path, what: str) -> Any:
+    target = resolve(path, root, what)
+    try:
+        return target()
+    except Exception as exc:
+        raise SpecError(f"{what} {path!r} raised {type(exc).__name__}: {exc}") from None
+
+
+def resolve(path: str, root: Path, what: str) -> Any:
+    """The callable `package.module:name` names, imported from the job's code under `root`."""
     module_name, _, attr = path.partition(":")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -27,10 +36,7 @@ def _call(path: str, root: Path, what: str) -> Any:
     target = getattr(module, attr, None)
     if not callable(target):
         raise SpecError(f"{what} {path!r}: {module_name} has no callable {attr!r}")
-    try:
-        return target()
-    except Exception as exc:
-        raise SpecError(f"{what} {path!r} raised {type(exc).__name__}: {exc}") from None
+    return target
 
 
 def _as_array(value: Any, what: str) -> np.ndarray:
@@ -84,6 +90,12 @@ def _read_file(path: Path) -> Any:
 
 @lru_cache(maxsize=4)
 def load_model(model: str, weights: str | None, root: Path) -> torch.nn.Module:
+    """The model for inference, built once per worker process (shards of one job share it read-only)."""
+    return build_model(model, weights, root)
+
+
+def build_model(model: str, weights: str | None, root: Path) -> torch.nn.Module:
+    """A fresh model of its own (training changes it), with `weights` loaded when given."""
     import torch
 
     module = _call(model, root, "model")

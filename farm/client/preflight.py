@@ -41,6 +41,8 @@ def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     from farm_agent.jobcode import load_dataset, load_model
 
     inputs, _ = load_dataset(spec.dataset, workdir)
+    if spec.training is not None and spec.training.eval_dataset:
+        load_dataset(spec.training.eval_dataset, workdir)
     model = load_model(spec.model, spec.weights, workdir)
     model_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     output = (workdir / spec.output_dir).resolve()

@@ -36,6 +36,63 @@ class Tolerance(Frozen):
     rtol: float = Field(default=1e-4, ge=0)
 
 
+class SyncMode(StrEnum):
+    SYNC = "sync"  # every step: gradients summed over all workers, one global batch split by measured speed
+    LOCAL_SGD = "local-sgd"  # local steps; every sync_every steps parameters averaged, weighted by samples seen
+
+
+class Optimizer(StrEnum):
+    SGD = "sgd"
+    ADAM = "adam"
+    ADAMW = "adamw"
+
+
+class Training(Frozen):
+    """What a `kind: training` job adds: how to train, for how long, on how many workers."""
+
+    loss: str = "cross_entropy"  # cross_entropy | mse | package.module:callable(outputs, targets) -> mean loss
+    optimizer: Optimizer = Optimizer.ADAM
+    lr: float = Field(default=1e-3, gt=0)
+    momentum: float = Field(default=0.0, ge=0, lt=1)  # sgd only
+    weight_decay: float = Field(default=0.0, ge=0)
+    steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    epochs: float | None = Field(default=None, gt=0)
+    workers: int = Field(default=2, ge=1, le=1024)  # at most this many devices train together
+    sync: SyncMode = SyncMode.SYNC
+    sync_every: int = Field(default=8, ge=1)  # local-sgd: local steps between parameter averages
+    checkpoint_every: int = Field(default=50, ge=1)  # steps between checkpoints (and rebalancing)
+    eval_dataset: str | None = None  # scored at each checkpoint and at the end (accuracy when it has labels)
+    seed: int = 0
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if value not in LOSSES and not CALLABLE_PATH.match(value):
+            raise ValueError(f"{value!r} is none of {', '.join(LOSSES)} nor package.module:callable")
+        return value
+
+    @field_validator("eval_dataset")
+    @classmethod
+    def _eval_dataset(cls, value: str | None) -> str | None:
+        if value is not None and not CALLABLE_PATH.match(value):
+            raise ValueError(f"{value!r} is not of the form package.module:callable")
+        return value
+
+    @model_validator(mode="after")
+    def _length(self) -> Training:
+        if (self.steps is None) == (self.epochs is None):
+            raise ValueError("give exactly one of steps and epochs")
+        return self
+
+    def total_steps(self, items: int, batch_size: int) -> int:
+        if self.steps is not None:
+            return self.steps
+        return max(1, round((self.epochs or 0) * items / batch_size))
+
+
+LOSSES = ("cross_entropy", "mse")
+
+
 class JobSpec(Frozen):
     name: str
     kind: JobKind = JobKind.INFERENCE
@@ -49,6 +106,7 @@ class JobSpec(Frozen):
     deadline_s: float | None = Field(default=None, gt=0)
     tolerance: Tolerance = Tolerance()
     output: str | None = None
+    training: Training | None = None  # kind: training only; batch_size is then the global batch
 
     @field_validator("name")
     @classmethod
@@ -82,6 +140,14 @@ class JobSpec(Frozen):
     def _deadline(self) -> JobSpec:
         if self.policy is Policy.DEADLINE and self.deadline_s is None:
             raise ValueError("policy 'deadline' needs deadline_s")
+        return self
+
+    @model_validator(mode="after")
+    def _training(self) -> JobSpec:
+        if self.kind is JobKind.TRAINING and self.training is None:
+            raise ValueError("kind 'training' needs a 'training' section (loss, optimizer, steps or epochs, ...)")
+        if self.kind is not JobKind.TRAINING and self.training is not None:
+            raise ValueError(f"a 'training' section does not go with kind '{self.kind.value}'")
         return self
 
     @property
@@ -119,7 +185,7 @@ def _first_problem(exc: ValidationError) -> str:
         return f"missing required field '{field}'"
     message = str(error["msg"]).removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
-    return f"field '{field}': {message}{more}"
+    return f"field '{field}': {message}{more}" if error["loc"] else f"{message}{more}"
 
 
 def shard_ranges(items: int, shards: int) -> list[tuple[int, int]]:

@@ -21,11 +21,12 @@ from ray._private.runtime_env import packaging
 
 from farm.core.errors import FarmError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
-from farm.core.spec import JobSpec, parse_spec
+from farm.core.spec import JobKind, JobSpec, parse_spec
 from farm.core.tasks import ShardResult, ShardTask
 from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
+from farm.head.training import TrainingDriver
 from farm.scheduler import Assignment, ShardRequest, calibration
 from farm.scheduler.rounds import schedule_round
 from farm_agent.runner import run_shard
@@ -58,6 +59,7 @@ class Dispatcher:
         self.running: dict[tuple[str, int], Running] = {}
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
         self.tasks: set[asyncio.Task[None]] = set()
+        self.training = TrainingDriver(store, settings, notify, self._working_dir)
 
     async def run(self) -> None:
         requeued = self.store.requeue_running()
@@ -80,7 +82,7 @@ class Dispatcher:
         }
         now = time.time()
         ready = set()
-        for node in self.store.nodes():
+        for node in self.store.node_liveness():  # not store.nodes(): thousands of nodes, every second
             if node.state is NodeState.OFFLINE:  # it left or went silent; a heartbeat or Register brings it back
                 continue
             if now - node.last_heartbeat > self.settings.offline_after_s:
@@ -119,6 +121,9 @@ class Dispatcher:
         nodes = {node.id: node for node in self.store.nodes()}
         busy = Counter((r.node_id, r.device) for r in self.running.values())
         for job in jobs:
+            if job.kind == JobKind.TRAINING.value:  # its workers step together: driven from start to end apart
+                self.training.ensure(job)
+                continue
             spec = parse_spec(job.spec_yaml, job.id)
             peaks = {BackendName(b): n for b, n in self.store.peak_memory(job.model_key).items()}
             wanted = [
@@ -234,6 +239,7 @@ class Dispatcher:
 
     def cancel(self, job_id: str) -> None:
         self._cancel_running(job_id)
+        self.training.cancel(job_id)
         self.store.set_job_state(job_id, JobState.CANCELLED)
         self.notify(job_id)
 

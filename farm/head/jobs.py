@@ -29,10 +29,18 @@ class Jobs:
     def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
         """Validate, then persist the job, its code and its shards before anyone is told it exists."""
         spec = parse_spec(spec_yaml, "spec")
-        if spec.kind is not JobKind.INFERENCE:
-            raise SpecError(f"job kind '{spec.kind.value}' is not supported by this head yet (inference is)")
+        if spec.kind is JobKind.KERNEL_EVAL:
+            raise SpecError(f"job kind '{spec.kind.value}' is not supported by this head yet")
         if items < 1:
             raise SpecError("the dataset is empty")
+        ranges = shard_ranges(items, spec.shards)
+        if spec.training is not None:  # shards are stretches of steps between checkpoints; items are samples
+            if spec.batch_size > items:
+                raise SpecError(f"batch_size {spec.batch_size} is larger than the dataset ({items} items)")
+            steps = spec.training.total_steps(items, spec.batch_size)
+            every = spec.training.checkpoint_every
+            ranges = [(start, min(start + every, steps)) for start in range(0, steps, every)]
+            items = steps * spec.batch_size
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
         names = _zip_names(code_zip)
@@ -46,7 +54,7 @@ class Jobs:
         write_private(code_path, code_zip)
         self.store.add_job(
             job_id, spec.name, spec.kind.value, spec_yaml, str(code_path), output, items,
-            shard_ranges(items, spec.shards), model_key(spec, code_zip), max(model_bytes, 0),
+            ranges, model_key(spec, code_zip), max(model_bytes, 0),
         )
         self.dispatcher.wake.set()
         return job_id
