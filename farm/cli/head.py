@@ -27,8 +27,12 @@ def start(
     ] = None,
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background and return once ready.")] = False,
+    dashboard_port: Annotated[
+        int | None, typer.Option(help="The web dashboard's and /metrics' port (default: --port + 2, else a free one).")
+    ] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
+    from farm.dashboard import Dashboard, pick_port
     from farm.head.server import serve
     from farm.head.settings import HeadSettings
 
@@ -41,8 +45,11 @@ def start(
         _start_detached(settings.state_dir, sys.argv[1:])
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(settings, on_ready=lambda join: console.print(f"head ready; join other machines with:\n  {join}",
-                                                         highlight=False))
+    # The head's process serves the dashboard too, composed here: the head never imports it.
+    dashboard = Dashboard(host, pick_port(host, dashboard_port, default=port + 2), settings.advertise)
+    serve(settings, on_ready=lambda join: console.print(
+        f"head ready; dashboard at {dashboard.url}\njoin other machines with:\n  {join}", highlight=False,
+    ), services=[dashboard])
 
 
 def _start_detached(directory: Path, argv: list[str]) -> None:
@@ -55,6 +62,7 @@ def _start_detached(directory: Path, argv: list[str]) -> None:
                                "the head did not start")
     info = read_json(directory / "head.json") or {}
     console.print(f"head running (pid {proc.pid}), state in {directory}, log in {log}")
+    console.print(f"dashboard at {info.get('dashboard', '-')}", highlight=False)
     console.print("join other machines with:")
     console.print(f"  farm agent start --head {info['address']} --token {info['join_token']}", highlight=False)
 

@@ -8,8 +8,9 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import ray
@@ -32,6 +33,16 @@ MAX_MESSAGE = 256 * 1024 * 1024  # a Submit carries the job's zipped code
 GRPC_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
 
 
+class HeadService(Protocol):
+    """Something the entry point serves alongside the control plane, on the head's event loop (the dashboard): the
+    head knows it only by this shape, so it never imports what composes it."""
+
+    async def start(self, store: Store, jobs: Jobs, tokens: Tokens) -> dict[str, str]:
+        """Start serving; return what head.json should say of it (its address)."""
+
+    async def stop(self) -> None: ...
+
+
 def join_command(settings: HeadSettings, tokens: Tokens) -> str:
     return f"farm agent start --head {settings.address} --token {tokens.join}"
 
@@ -49,7 +60,8 @@ def check_can_start(settings: HeadSettings) -> None:
                 raise UserError(f"cannot listen on port {port} ({what}): {exc.strerror}") from None
 
 
-def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join: None) -> None:
+def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join: None,
+          services: Sequence[HeadService] = ()) -> None:
     """Run the head in the foreground until SIGTERM or SIGINT; leaves no Ray process behind."""
     check_can_start(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -68,7 +80,7 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
         if not ray_head.running:
             raise ray_head.failure()
         ray.init(address=settings.ray_address, namespace="farm", log_to_driver=False, logging_level=logging.WARNING)
-        asyncio.run(_serve(settings, tokens, on_ready))
+        asyncio.run(_serve(settings, tokens, on_ready, services))
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -87,12 +99,16 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
     return server
 
 
-async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str], None]) -> None:
+async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str], None],
+                 services: Sequence[HeadService] = ()) -> None:
     store = Store(settings.state_dir / "state.db")
     events = JobEvents()
     dispatcher = Dispatcher(store, settings, events.publish)
     server = build_server(settings, tokens, store, dispatcher, events)
     await server.start()
+    served: dict[str, str] = {}
+    for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from
+        served.update(await service.start(store, Jobs(store, dispatcher, events, settings), tokens))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,6 +117,7 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     write_json(settings.info_path, {
         "pid": os.getpid(), "address": settings.address, "ray_address": settings.ray_address,
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
+        **served,
     })
     log.info("head listening on %s:%d", settings.host, settings.port)
     on_ready(join_command(settings, tokens))
@@ -108,6 +125,8 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
         await stopping.wait()
     finally:
         log.info("stopping")
+        for service in services:
+            await service.stop()
         dispatch.cancel()
         await server.stop(grace=2)
         store.close()

@@ -10,6 +10,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,20 @@ class Job:
     @property
     def energy_sources(self) -> list[str]:
         return sorted({s.energy_source for s in self.shards if s.state is ShardState.SUCCEEDED and s.energy_source})
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """What a node's finished shards add up to, per energy source and scope (all time)."""
+
+    node_id: str
+    node_name: str
+    energy_source: str
+    energy_scope: str
+    shards: int
+    items: int
+    seconds: float
+    energy_j: float
 
 
 class Store:
@@ -343,6 +358,22 @@ class Store:
             (model_key, ShardState.SUCCEEDED.value),
         ).fetchall()
         return {r["backend"]: r["peak"] for r in rows}
+
+    def work_by_node(self) -> list[NodeWork]:
+        """Per node and energy source, the finished shards' items, seconds and joules: the dashboard's perf/W and
+        energy counters (read-only)."""
+        rows = self._db.execute(
+            """SELECT node_id, MAX(node_name) AS node_name, energy_source, energy_scope, COUNT(*) AS shards,
+                      SUM(items) AS items, SUM(seconds) AS seconds, SUM(energy_j) AS energy_j
+               FROM shards WHERE state = ? GROUP BY node_id, energy_source, energy_scope""",
+            (ShardState.SUCCEEDED.value,),
+        ).fetchall()
+        return [NodeWork(**dict(r)) for r in rows]
+
+    def job_counts(self) -> dict[str, int]:
+        """How many jobs are in each state (read-only)."""
+        rows = self._db.execute("SELECT state, COUNT(*) AS n FROM jobs GROUP BY state").fetchall()
+        return {r["state"]: r["n"] for r in rows}
 
     def requeue_running(self) -> int:
         """After a head restart: shards that were running belonged to the old Ray driver and died with it."""

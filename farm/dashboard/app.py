@@ -1,0 +1,255 @@
+"""The dashboard's HTTP server (aiohttp), run on the head's event loop in the head's process.
+
+    GET  /                        the page (static/index.html; its assets under /static/, nothing from elsewhere)
+    GET  /api/fleet               nodes, totals, nodes per backend
+    GET  /api/jobs                the latest jobs with their progress
+    GET  /api/jobs/{id}           a job: shard placement, seconds and energy per shard, the scheduler's explanation
+    GET  /api/history             the last 15 minutes of utilisation and power per node
+    GET  /api/events              server-sent events: a `tick` (fleet, jobs, the new sample) every few seconds
+    GET  /api/auth                204 with a valid API token (bearer), 401 without: what the sign-in form checks
+    POST /api/jobs/{id}/cancel    cancel a job, through the same code as the gRPC Cancel; needs the API token
+    GET  /metrics                 Prometheus
+
+Reading needs no token; acting does (`Authorization: Bearer <API token>`, the token in the head's head.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import socket
+import time
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from farm.core.errors import AuthError, ConflictError, FarmError, NotFoundError, UserError
+from farm.core.models import JobState
+from farm.dashboard import metrics
+from farm.dashboard.history import History, Reading
+from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view
+from farm.head.auth import Tokens
+from farm.head.jobs import Jobs
+from farm.head.store import Store
+from farm.local import free_port
+
+log = logging.getLogger("farm.dashboard")
+
+STATIC = resources.files("farm.dashboard") / "static"
+JOBS_SHOWN = 50
+HTTP_STATUS = {AuthError: 401, NotFoundError: 404, ConflictError: 409, UserError: 400}
+# The page loads nothing from elsewhere: it works offline, and injected markup could not fetch anything either.
+CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'"
+
+
+def pick_port(host: str, requested: int | None, default: int) -> int:
+    """The dashboard's port: the one asked for (0: any free one), which must be free; else `default` when it is free,
+    else any free one, so that a busy default never stops a head from starting."""
+    if requested is not None:
+        if requested == 0:
+            return free_port()
+        if not _can_bind(host, requested):
+            raise UserError(f"cannot listen on port {requested} (--dashboard-port): it is in use")
+        return requested
+    return default if _can_bind(host, default) else free_port()
+
+
+def _can_bind(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class Feed:
+    """The latest tick, handed to every live-update stream: computed once however many pages are open."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self.seq = 0
+        self.payload = b""
+        self.closed = False
+
+    async def publish(self, payload: bytes) -> None:
+        async with self._changed:
+            self.seq += 1
+            self.payload = payload
+            self._changed.notify_all()
+
+    async def next(self, seen: int) -> tuple[bytes | None, int]:
+        """The first tick after `seen` (None once the dashboard stops)."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.closed or self.seq > seen)
+            return (None if self.closed else self.payload), self.seq
+
+    async def close(self) -> None:
+        async with self._changed:
+            self.closed = True
+            self._changed.notify_all()
+
+
+class Dashboard:
+    """The head's web dashboard and /metrics: a service the entry point hands to `farm.head.server.serve`."""
+
+    def __init__(self, host: str, port: int, advertise: str, sample_every_s: float = 2.0) -> None:
+        self.host = host
+        self.port = port
+        self.advertise = advertise
+        self.sample_every_s = sample_every_s
+        self.history = History(sample_every_s)
+        self.feed = Feed()
+        self._runner: web.AppRunner | None = None
+        self._sampler: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.advertise}:{self.port}/"
+
+    async def start(self, store: Store, jobs: Jobs, tokens: Tokens) -> dict[str, str]:
+        self.store, self.jobs, self.tokens = store, jobs, tokens
+        self.registry: CollectorRegistry = metrics.registry(store)
+        await self.sample()  # the first page and scrape already have figures
+        self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
+        await self._runner.setup()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise UserError(f"the dashboard cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
+        self._sampler = asyncio.create_task(self._sample_forever())
+        log.info("dashboard at %s", self.url)
+        return {"dashboard": self.url}
+
+    async def stop(self) -> None:
+        if self._sampler:
+            self._sampler.cancel()
+        await self.feed.close()  # ends the event streams, so the server stops without waiting on them
+        if self._runner:
+            await self._runner.cleanup()
+
+    # ---- sampling
+
+    async def _sample_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.sample_every_s)
+            try:
+                await self.sample()
+            except Exception:  # one bad tick (a locked store, say) must not end the live view; the next may work
+                log.exception("dashboard sample")
+
+    async def sample(self) -> None:
+        """Read the store once: add a tick to the history and hand the live view its update."""
+        now = time.time()
+        nodes = self.store.nodes()
+        readings = {
+            n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power)) for n in nodes if n.state in LIVE_STATES
+        }
+        self.history.add(now, readings)
+        fleet = fleet_view(nodes, self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node())
+        update = {
+            "fleet": fleet,
+            "jobs": [job_summary(j) for j in self.store.jobs(limit=JOBS_SHOWN)],
+            "sample": {"t": now, "values": {i: [r.cpu_percent, r.power_w] for i, r in readings.items()}},
+        }
+        await self.feed.publish(f"event: tick\ndata: {json.dumps(update)}\n\n".encode())
+
+    # ---- HTTP
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors])
+        app.on_response_prepare.append(_security_headers)
+        app.add_routes([
+            web.get("/", self.page),
+            web.get("/api/fleet", self.fleet),
+            web.get("/api/jobs", self.job_list),
+            web.get("/api/jobs/{job_id}", self.job),
+            web.post("/api/jobs/{job_id}/cancel", self.cancel),
+            web.get("/api/history", self.history_view),
+            web.get("/api/events", self.events),
+            web.get("/api/auth", self.auth),
+            web.get("/metrics", self.metrics),
+            web.static("/static", str(STATIC)),
+        ])
+        return app
+
+    async def page(self, request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(str(STATIC / "index.html"))
+
+    async def fleet(self, request: web.Request) -> web.Response:
+        nodes = self.store.nodes()
+        return web.json_response(fleet_view(nodes, self.store.jobs(states=(JobState.RUNNING,)),
+                                            self.store.work_by_node()))
+
+    async def job_list(self, request: web.Request) -> web.Response:
+        limit = _int_query(request, "limit", JOBS_SHOWN)
+        return web.json_response([job_summary(j) for j in self.store.jobs(limit=limit)])
+
+    async def job(self, request: web.Request) -> web.Response:
+        return web.json_response(job_view(self.store.job(request.match_info["job_id"])))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        return web.json_response(job_view(self.jobs.cancel(request.match_info["job_id"])))
+
+    async def history_view(self, request: web.Request) -> web.Response:
+        return web.json_response(self.history.series(time.time(), limit=_int_query(request, "limit", 24)))
+
+    async def auth(self, request: web.Request) -> web.Response:
+        self._check_token(request)
+        return web.Response(status=204)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        await stream.write(b"retry: 2000\n\n")  # after a head restart, the page reconnects within 2 s
+        seen = -1
+        while True:
+            payload, seen = await self.feed.next(seen)
+            if payload is None:
+                break
+            try:
+                await stream.write(payload)
+            except ConnectionError:  # the page went away
+                break
+        return stream
+
+    def _check_token(self, request: web.Request) -> None:
+        presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(presented.encode(), self.tokens.api.encode()):
+            raise AuthError("invalid or missing API token")
+
+
+def _int_query(request: web.Request, name: str, default: int) -> int:
+    value = request.query.get(name, "")
+    if not value:
+        return default
+    if not value.isdigit() or not 0 < int(value) <= 1000:
+        raise UserError(f"{name} must be a whole number from 1 to 1000")
+    return int(value)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Farm's errors as JSON with the matching HTTP status, one line like the CLI's."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except FarmError as exc:
+        status = next((code for cls, code in HTTP_STATUS.items() if isinstance(exc, cls)), 500)
+        return web.json_response({"error": exc.message}, status=status)
+
+
+async def _security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers.setdefault("Content-Security-Policy", CSP)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+

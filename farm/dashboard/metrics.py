@@ -1,0 +1,114 @@
+"""`/metrics`: the store read at scrape time, in Prometheus' text format. No gauges are kept between scrapes, so a
+scrape always says what the store says now.
+
+Labels: `node` is a node's id and `name` its name; `job` a job's id. Power and energy carry `source` (counter |
+vendor-estimate | model-estimate) and `scope` (device | package | system), so a dashboard can keep estimates apart.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from farm.core.models import JobState, NodeState, ShardState
+from farm.dashboard.views import running_shards_by_node
+from farm.head.store import Store
+
+UNFINISHED = (JobState.QUEUED, JobState.RUNNING)
+
+
+class FarmCollector(Collector):
+    def __init__(self, store: Store, finished_jobs: int = 20) -> None:
+        self.store = store
+        self.finished_jobs = finished_jobs  # how many of the latest finished jobs keep their series
+
+    def collect(self) -> Iterator[Metric]:
+        nodes = self.store.nodes()
+        unfinished = self.store.jobs(states=UNFINISHED)
+        latest = self.store.jobs(limit=self.finished_jobs + len(unfinished))
+        finished = [j for j in latest if j.state.finished][: self.finished_jobs]
+        running = running_shards_by_node(unfinished)
+        job_counts = self.store.job_counts()
+
+        yield GaugeMetricFamily("farm_up", "1 while the head answers scrapes.", value=1)
+        by_state = Counter(n.state.value for n in nodes)
+        nodes_gauge = GaugeMetricFamily("farm_nodes", "Nodes in each state.", labels=["state"])
+        for state in NodeState:
+            nodes_gauge.add_metric([state.value], by_state[state.value])
+        yield nodes_gauge
+        jobs_gauge = GaugeMetricFamily("farm_jobs", "Jobs in each state.", labels=["state"])
+        for job_state in JobState:
+            jobs_gauge.add_metric([job_state.value], job_counts.get(job_state.value, 0))
+        yield jobs_gauge
+
+        node_labels = ["node", "name"]
+        info = GaugeMetricFamily("farm_node_info", "1 per node; its state and backends as labels.",
+                                 labels=[*node_labels, "state", "backends"])
+        busy = GaugeMetricFamily("farm_node_busy", "1 while the node's owner needs it (no shards go there).",
+                                 labels=node_labels)
+        cpu = GaugeMetricFamily("farm_node_cpu_utilisation_ratio", "CPU utilisation, 0 to 1.", labels=node_labels)
+        memory = GaugeMetricFamily("farm_node_memory_utilisation_ratio", "Memory in use, 0 to 1.", labels=node_labels)
+        power = GaugeMetricFamily("farm_node_power_watts", "Power per device, from the latest heartbeat.",
+                                  labels=[*node_labels, "device", "source", "scope"])
+        shards = GaugeMetricFamily("farm_node_shards_running", "Shards running on the node.", labels=node_labels)
+        heartbeat = GaugeMetricFamily("farm_node_last_heartbeat_timestamp_seconds", "When the node last beat.",
+                                      labels=node_labels)
+        for node in nodes:
+            labels = [node.id, node.name]
+            backends = ",".join(sorted({b.name.value for b in node.backends if b.available}))
+            info.add_metric([*labels, node.state.value, backends], 1)
+            busy.add_metric(labels, 1 if node.busy else 0)
+            cpu.add_metric(labels, node.cpu_percent / 100)
+            memory.add_metric(labels, node.memory_percent / 100)
+            for reading in node.power:
+                power.add_metric([*labels, reading.device, reading.source.value, reading.scope.value], reading.watts)
+            shards.add_metric(labels, running[node.id])
+            heartbeat.add_metric(labels, node.last_heartbeat)
+        yield from (info, busy, cpu, memory, power, shards, heartbeat)
+
+        energy = CounterMetricFamily("farm_node_energy_joules", "Energy of the shards the node finished.",
+                                     labels=[*node_labels, "source", "scope"])
+        items = CounterMetricFamily("farm_node_items", "Items the node's finished shards processed.",
+                                    labels=node_labels)
+        items_of: Counter[tuple[str, str]] = Counter()
+        for work in self.store.work_by_node():
+            items_of[(work.node_id, work.node_name)] += work.items
+            if work.energy_source:  # an unmeasured shard has no energy to count
+                energy.add_metric([work.node_id, work.node_name, work.energy_source, work.energy_scope], work.energy_j)
+        for (node_id, name), count in items_of.items():
+            items.add_metric([node_id, name], count)
+        yield from (energy, items)
+
+        job_labels = ["job", "name"]
+        job_info = GaugeMetricFamily("farm_job_info", "1 per job; its kind and state as labels.",
+                                     labels=[*job_labels, "kind", "state"])
+        progress = GaugeMetricFamily("farm_job_progress_ratio", "Items done over items, 0 to 1.", labels=job_labels)
+        job_items = GaugeMetricFamily("farm_job_items", "Items in the job.", labels=job_labels)
+        job_shards = GaugeMetricFamily("farm_job_shards_running", "The job's shards running now.", labels=job_labels)
+        job_energy = GaugeMetricFamily("farm_job_energy_joules", "Energy of the job's finished shards.",
+                                       labels=[*job_labels, "source"])
+        for job in [*unfinished, *finished]:
+            labels = [job.id, job.name]
+            job_info.add_metric([*labels, job.kind, job.state.value], 1)
+            progress.add_metric(labels, job.items_done / job.items if job.items else 0.0)
+            job_items.add_metric(labels, job.items)
+            job_shards.add_metric(labels, sum(1 for s in job.shards if s.state is ShardState.RUNNING))
+            joules: Counter[str] = Counter()
+            for shard in job.shards:
+                if shard.state is ShardState.SUCCEEDED and shard.energy_source:
+                    joules[shard.energy_source] += shard.energy_j
+            for source, value in joules.items():
+                job_energy.add_metric([*labels, source], value)
+        yield from (job_info, progress, job_items, job_shards, job_energy)
+
+
+def registry(store: Store) -> CollectorRegistry:
+    """A registry of this head's own (not the process-global one): Farm's figures and the head process's."""
+    found = CollectorRegistry()
+    found.register(FarmCollector(store))
+    ProcessCollector(registry=found)  # the head's CPU, memory and open files, for its health
+    return found

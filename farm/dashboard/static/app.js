@@ -1,0 +1,410 @@
+// Farm's dashboard: the fleet, its live charts and its jobs, kept current by the head's server-sent events.
+// Every figure from the head is put in the page as text (never as markup): node and job names are users' input.
+"use strict";
+
+const WINDOW_S = 15 * 60;
+const CHARTED_MAX = 24;  // the head's /api/history default: the busiest nodes, when there are more
+const COLOURS = ["#2563eb", "#16a34a", "#dc2626", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d",
+                 "#ea580c", "#4f46e5", "#0d9488", "#9333ea"];
+
+const state = {
+  fleet: null,            // the latest /api/fleet (or tick's fleet)
+  jobs: [],               // the latest jobs list
+  history: null,          // {t: [...], nodes: [{id, name, cpu: [...], power: [...]}], nodes_total}
+  charts: {},             // uPlot instances by metric
+  chartNodes: "",         // the node ids the charts were built for
+  job: null,              // the job shown on a job page
+  token: sessionStorage.getItem("farm.token") || "",
+  ticks: 0,
+};
+
+// ---- small helpers
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") el.className = value;
+    else if (key === "text") el.textContent = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else el.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+const num = (v, digits = 0) => Number(v).toLocaleString("en-US", {minimumFractionDigits: digits,
+                                                                   maximumFractionDigits: digits});
+function watts(v) { return v >= 1000 ? `${num(v / 1000, 2)} kW` : `${num(v, 1)} W`; }
+function joules(v) {
+  if (v >= 3.6e6) return `${num(v / 3.6e6, 2)} kWh`;
+  if (v >= 1e3) return `${num(v / 1e3, 2)} kJ`;
+  return `${num(v, 1)} J`;
+}
+function ago(ts) {
+  if (!ts) return "-";
+  const s = Math.max(Date.now() / 1000 - ts, 0);
+  if (s < 120) return `${Math.round(s)}s ago`;
+  if (s < 7200) return `${Math.round(s / 60)}m ago`;
+  return `${Math.round(s / 3600)}h ago`;
+}
+function duration(s) { return s < 60 ? `${num(s, 1)} s` : `${Math.floor(s / 60)}m ${Math.round(s % 60)}s`; }
+
+// An estimate is shown as one: "est." beside the figure, its source and scope on hover. Counter figures stand alone.
+function estBadge(estimate, source, scope) {
+  if (!estimate) return null;
+  const what = source === "mixed" ? "mixed sources, some estimated" : source + (scope ? `, ${scope}` : "");
+  return h("span", {class: "est", title: `estimate: ${what}`, "data-source": source}, "est.");
+}
+function figure(text, estimate, source, scope) {
+  return h("span", {class: "figure", title: source ? `source: ${source}${scope ? `, ${scope}` : ""}` : null},
+           text, estBadge(estimate, source, scope));
+}
+
+function stateCell(value, prefix = "state") { return h("span", {class: `state ${prefix}-${value}`}, value); }
+
+function progressBar(job) {
+  const pct = Math.round(job.progress * 100);
+  const cls = job.state === "succeeded" ? "bar done" : (job.state === "failed" || job.state === "cancelled")
+    ? "bar failed" : "bar";
+  return h("div", {},
+    h("div", {class: cls, role: "progressbar", "aria-valuenow": pct, "aria-valuemin": 0, "aria-valuemax": 100},
+      h("span", {style: `width:${pct}%`})),
+    h("div", {class: "progress-text"}, `${num(job.items_done)}/${num(job.items)} items · ${pct}%`));
+}
+
+async function api(path, options = {}) {
+  const headers = {...(options.headers || {})};
+  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const response = await fetch(path, {...options, headers});
+  if (!response.ok) {
+    let message = `${response.status} ${response.statusText}`;
+    try { message = (await response.json()).error || message; } catch (_) { /* not JSON */ }
+    throw new Error(message);
+  }
+  return response.status === 204 ? null : response.json();
+}
+
+// ---- routing: #/ is the fleet, #/jobs/ID a job
+
+function route() {
+  const match = location.hash.match(/^#\/jobs\/([^/]+)$/);
+  return match ? {page: "job", id: decodeURIComponent(match[1])} : {page: "fleet"};
+}
+
+async function show() {
+  const where = route();
+  destroyCharts();
+  const view = document.getElementById("view");
+  if (where.page === "job") {
+    view.replaceChildren(h("p", {class: "dim"}, "loading…"));
+    await loadJob(where.id);
+  } else {
+    view.replaceChildren(fleetSkeleton());
+    renderFleet();
+    await loadHistory();
+  }
+}
+
+// ---- the fleet page
+
+function fleetSkeleton() {
+  return h("div", {id: "fleet-page"},
+    h("div", {class: "cards", id: "totals"}),
+    h("h2", {}, "Backends"), h("div", {class: "chips", id: "backends"}),
+    h("h2", {}, "Nodes"), h("div", {class: "table-wrap"}, h("table", {id: "nodes"})),
+    h("h2", {}, "Last 15 minutes"),
+    h("div", {class: "charts"},
+      h("div", {class: "chart", id: "chart-cpu"}, h("h3", {}, "Utilisation (CPU %) per node")),
+      h("div", {class: "chart", id: "chart-power"}, h("h3", {}, "Power (W) per node"))),
+    h("p", {class: "dim", id: "chart-note"}),
+    h("h2", {}, "Jobs"), h("div", {class: "table-wrap"}, h("table", {id: "jobs"})));
+}
+
+function card(label, value, sub, id) {
+  return h("div", {class: "card", id}, h("div", {class: "label"}, label), h("div", {class: "value"}, value),
+           sub ? h("div", {class: "sub"}, sub) : null);
+}
+
+function renderFleet() {
+  if (route().page !== "fleet" || !state.fleet) { renderJobs(); return; }
+  const {totals, nodes, backends} = state.fleet;
+  const byState = totals.by_state, act = totals.by_activity;
+  document.getElementById("totals").replaceChildren(
+    card("Nodes", num(totals.nodes),
+         ["ready", "joining", "draining", "offline"].filter(s => byState[s]).map(s => `${byState[s]} ${s}`)
+           .join(" · ") || "none yet", "total-nodes"),
+    card("Activity", `${act.working || 0} working`,
+         `${act.idle || 0} idle · ${act.busy || 0} owner busy`, "total-activity"),
+    card("Utilisation", `${num(totals.cpu_percent)}%`, "mean CPU of live nodes", "total-cpu"),
+    card("Power", figure(watts(totals.power_w), totals.power_estimate, totals.power_source),
+         "live nodes, latest heartbeats", "total-power"),
+    card("Shards running", num(totals.shards_running), null, "total-shards"),
+    card("Energy spent", figure(joules(totals.energy_j), totals.energy_estimate, totals.energy_source),
+         `${num(totals.items_done)} items done`, "total-energy"),
+    card("Perf/W", totals.items_per_j == null ? "-" :
+         figure(`${num(totals.items_per_j, 1)} items/J`, totals.energy_estimate, totals.energy_source),
+         "items per joule (items/s per W)", "total-perf"));
+
+  document.getElementById("backends").replaceChildren(...(backends.length ? backends.map(b =>
+    h("span", {class: "chip", "data-backend": b.backend},
+      h("b", {}, b.backend), ` ${b.nodes} node${b.nodes === 1 ? "" : "s"} (${b.ready} ready) · ${b.devices} device${
+        b.devices === 1 ? "" : "s"}`)) : [h("span", {class: "dim"}, "no backends yet")]));
+
+  const head = h("tr", {}, ["Node", "State", "Activity", "Backends", "CPU", "Memory", "Power", "Shards running",
+    "Items done", "Energy", "Perf/W (items/J)", "Heartbeat"].map((c, i) => h("th", {class: i >= 4 && i < 11 ?
+      "num" : null}, c)));
+  const rows = nodes.map(n => h("tr", {"data-node": n.name, "data-node-id": n.id},
+    h("td", {}, h("b", {}, n.name), h("div", {class: "dim"}, n.id)),
+    h("td", {class: "node-state"}, stateCell(n.state)),
+    h("td", {class: "node-activity", title: n.busy ? `owner busy: ${n.busy}` : null},
+      stateCell(n.activity, "act"), n.busy ? h("div", {class: "dim"}, n.busy) : null),
+    h("td", {}, n.backends.map(b => h("div", {class: b.available ? null : "dim",
+      title: b.available ? b.detail : b.reason}, `${b.name} (${b.device})${b.available ? "" : ": unavailable"}`))),
+    h("td", {class: "num node-cpu"}, `${num(n.cpu_percent)}%`),
+    h("td", {class: "num"}, `${num(n.memory_percent)}%`),
+    h("td", {class: "num node-power"}, n.power.length ? figure(watts(n.power_w), n.power_estimate, n.power_source,
+      n.power.length === 1 ? n.power[0].scope : "") : "-"),
+    h("td", {class: "num node-shards"}, num(n.shards_running)),
+    h("td", {class: "num node-items"}, num(n.items_done)),
+    h("td", {class: "num"}, n.energy_source ? figure(joules(n.energy_j), n.energy_estimate, n.energy_source) : "-"),
+    h("td", {class: "num"}, n.items_per_j == null ? "-" :
+      figure(num(n.items_per_j, 1), n.energy_estimate, n.energy_source)),
+    h("td", {}, ago(n.last_heartbeat))));
+  document.getElementById("nodes").replaceChildren(h("thead", {}, head),
+    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 12, class: "empty"},
+      "No nodes yet: join one with the command `farm head start` printed."))));
+  renderJobs();
+}
+
+function renderJobs() {
+  const table = document.getElementById("jobs");
+  if (!table) return;
+  const head = h("tr", {}, ["Job", "State", "Progress", "Shards", "Energy", "Items/s", "Items/J", "Submitted"]
+    .map((c, i) => h("th", {class: i >= 3 && i < 7 ? "num" : null}, c)));
+  const rows = state.jobs.map(j => h("tr", {"data-job": j.id, "data-job-name": j.name, "data-state": j.state},
+    h("td", {}, h("a", {href: `#/jobs/${encodeURIComponent(j.id)}`}, j.name), h("div", {class: "dim"}, j.id)),
+    h("td", {class: "job-state", title: j.error || null}, stateCell(j.state)),
+    h("td", {class: "job-progress"}, progressBar(j)),
+    h("td", {class: "num"}, `${j.shards_done}/${j.shards}`, j.shards_running ?
+      h("div", {class: "dim"}, `${j.shards_running} running`) : null),
+    h("td", {class: "num"}, j.energy_sources.length ? figure(joules(j.energy_j), j.energy_estimate,
+      j.energy_sources.join(", ")) : "-"),
+    h("td", {class: "num"}, j.items_per_s ? num(j.items_per_s) : "-"),
+    h("td", {class: "num"}, j.items_per_j ? figure(num(j.items_per_j, 1), j.energy_estimate,
+      j.energy_sources.join(", ")) : "-"),
+    h("td", {}, ago(j.created_at))));
+  table.replaceChildren(h("thead", {}, head), h("tbody", {}, rows.length ? rows :
+    h("tr", {}, h("td", {colspan: 8, class: "empty"}, "No jobs yet: `farm submit SPEC.yaml`."))));
+}
+
+// ---- live charts (uPlot): one series per node over the ticks of the last 15 minutes
+
+async function loadHistory() {
+  state.history = await api("api/history");
+  buildCharts();
+}
+
+function destroyCharts() {
+  for (const chart of Object.values(state.charts)) chart.destroy();
+  state.charts = {};
+  state.chartNodes = "";
+}
+
+function chartData(metric) {
+  return [state.history.t, ...state.history.nodes.map(n => n[metric])];
+}
+
+function buildCharts() {
+  if (route().page !== "fleet" || !state.history) return;
+  destroyCharts();
+  const nodes = state.history.nodes;
+  state.chartNodes = nodes.map(n => n.id).join(",");
+  for (const [metric, id, unit, range] of [["cpu", "chart-cpu", "%", [0, 100]], ["power", "chart-power", "W", null]]) {
+    const box = document.getElementById(id);
+    box.querySelectorAll(".uplot, .note").forEach(el => el.remove());
+    const width = Math.max(box.clientWidth - 16, 300);
+    const opts = {
+      width, height: 220,
+      scales: {x: {time: true}, y: range ? {range: () => range} : {range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)]}},
+      axes: [{}, {values: (u, ticks) => ticks.map(v => `${num(v)}${unit === "%" ? "%" : ""}`), size: 50}],
+      series: [{}, ...nodes.map((n, i) => ({label: n.name, stroke: COLOURS[i % COLOURS.length], width: 1.5,
+        value: (u, v) => v == null ? "-" : `${num(v, 1)} ${unit}`}))],
+      legend: {live: true},
+    };
+    state.charts[metric] = new uPlot(opts, chartData(metric), box);
+    state.charts[metric].root.dataset.points = String(state.history.t.length);
+    if (!nodes.length) box.append(h("p", {class: "note"}, "No live nodes in the last 15 minutes."));
+  }
+  const note = document.getElementById("chart-note");
+  note.textContent = state.history.nodes_total > nodes.length ?
+    `Showing the ${nodes.length} busiest of ${state.history.nodes_total} nodes.` : "";
+}
+
+function appendSample(sample) {
+  const history = state.history;
+  if (!history) return;
+  const charted = new Set(history.nodes.map(n => n.id));
+  const unseen = Object.keys(sample.values).some(id => !charted.has(id));
+  if (unseen && history.nodes.length < CHARTED_MAX) {
+    loadHistory();  // a node joined: its series needs a place on the charts
+    return;
+  }
+  history.t.push(sample.t);
+  for (const n of history.nodes) {
+    const values = sample.values[n.id];
+    n.cpu.push(values ? values[0] : null);
+    n.power.push(values ? values[1] : null);
+  }
+  while (history.t.length && history.t[0] < sample.t - WINDOW_S) {
+    history.t.shift();
+    for (const n of history.nodes) { n.cpu.shift(); n.power.shift(); }
+  }
+  for (const [metric, chart] of Object.entries(state.charts)) {
+    chart.setData(chartData(metric));
+    chart.root.dataset.points = String(history.t.length);
+  }
+}
+
+window.addEventListener("resize", () => {
+  for (const [metric, chart] of Object.entries(state.charts)) {
+    const box = document.getElementById(metric === "cpu" ? "chart-cpu" : "chart-power");
+    if (box) chart.setSize({width: Math.max(box.clientWidth - 16, 300), height: 220});
+  }
+});
+
+// ---- the job page
+
+async function loadJob(id) {
+  try {
+    state.job = await api(`api/jobs/${encodeURIComponent(id)}`);
+  } catch (error) {
+    document.getElementById("view").replaceChildren(h("p", {}, h("a", {href: "#/"}, "← fleet")),
+      h("p", {class: "error"}, String(error.message)));
+    return;
+  }
+  renderJob();
+}
+
+function renderJob() {
+  const job = state.job;
+  if (!job || route().page !== "job") return;
+  const cancel = job.cancellable ? h("button", {class: "danger", id: "cancel-job", disabled: !state.token,
+    title: state.token ? "Cancel this job" : "Sign in with the API token to cancel", onclick: () => cancelJob(job)},
+    "Cancel job") : null;
+  const meta = [
+    ["State", stateCell(job.state)], ["Kind", job.kind], ["Items", `${num(job.items_done)}/${num(job.items)}`],
+    ["Energy", job.energy_sources.length ? figure(joules(job.energy_j), job.energy_estimate,
+      job.energy_sources.join(", ")) : "-"],
+    ["Items/s", job.items_per_s ? num(job.items_per_s) : "-"],
+    ["Items/J", job.items_per_j ? figure(num(job.items_per_j, 1), job.energy_estimate,
+      job.energy_sources.join(", ")) : "-"],
+    ["Wall time", job.metrics.wall_s ? duration(job.metrics.wall_s) : "-"],
+    ["Accuracy", job.metrics.accuracy != null ? `${num(job.metrics.accuracy * 100, 1)}%` : null],
+    ["Output", job.output],
+  ].filter(([, value]) => value !== null);
+  const head = h("tr", {}, ["#", "State", "Node", "Device", "Items", "Seconds", "Energy", "Items/J", "Peak memory",
+    "Tries", "Error"].map((c, i) => h("th", {class: i >= 4 && i < 10 ? "num" : null}, c)));
+  const rows = job.shards_detail.map(s => h("tr", {"data-shard": s.index, "data-node": s.node_name},
+    h("td", {}, s.index),
+    h("td", {}, stateCell(s.state)),
+    h("td", {class: "shard-node"}, s.node_name || "-"),
+    h("td", {class: "shard-device"}, s.device || s.backend ? `${s.device || "-"} (${s.backend || "-"})` : "-"),
+    h("td", {class: "num"}, num(s.items)),
+    h("td", {class: "num"}, s.seconds ? num(s.seconds, 3) : "-"),
+    h("td", {class: "num shard-energy"}, s.energy_source ? figure(joules(s.energy_j), s.energy_estimate,
+      s.energy_source, s.energy_scope) : "-"),
+    h("td", {class: "num"}, s.energy_source && s.energy_j > 0 ? num(s.items / s.energy_j, 1) : "-"),
+    h("td", {class: "num"}, s.peak_memory_bytes ? `${num(s.peak_memory_bytes / 2 ** 20)} MiB` : "-"),
+    h("td", {class: "num"}, s.attempts),
+    h("td", {class: "error"}, s.error)));
+  document.getElementById("view").replaceChildren(
+    h("p", {}, h("a", {href: "#/"}, "← fleet")),
+    h("h1", {}, `${job.name} `, h("span", {class: "dim"}, job.id)),
+    h("div", {class: "meta"}, meta.map(([label, value]) => h("div", {}, h("span", {}, label), value))),
+    h("div", {id: "job-progress"}, progressBar(job)),
+    job.error ? h("p", {class: "error"}, job.error) : null,
+    h("p", {}, cancel, h("span", {class: "error", id: "cancel-error"})),
+    h("h2", {}, "Shards: placement, time and energy"),
+    h("div", {class: "table-wrap"}, h("table", {id: "shards"}, h("thead", {}, head), h("tbody", {}, rows))),
+    h("h2", {}, "The scheduler's explanation"),
+    h("pre", {class: "explain", id: "explanation"}, job.explanation || "No scheduling round has run yet."));
+}
+
+async function cancelJob(job) {
+  if (!confirm(`Cancel job ${job.name} (${job.id})?`)) return;
+  try {
+    state.job = await api(`api/jobs/${encodeURIComponent(job.id)}/cancel`, {method: "POST"});
+    renderJob();
+  } catch (error) {
+    document.getElementById("cancel-error").textContent = ` ${error.message}`;
+  }
+}
+
+// ---- sign in: the API token, kept in this tab's sessionStorage
+
+function renderAuth() {
+  const box = document.getElementById("auth");
+  box.replaceChildren(state.token ?
+    h("span", {}, "signed in · ", h("button", {id: "signout", onclick: signOut}, "Sign out")) :
+    h("span", {}, "read-only · ", h("button", {id: "signin-open", onclick: () => {
+      document.getElementById("signin-error").textContent = "";
+      document.getElementById("signin").showModal();
+    }}, "Sign in")));
+}
+
+function signOut() {
+  state.token = "";
+  sessionStorage.removeItem("farm.token");
+  renderAuth();
+  renderJob();
+}
+
+document.getElementById("signin-cancel").addEventListener("click", () => document.getElementById("signin").close());
+document.getElementById("signin-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const token = document.getElementById("token-input").value.trim();
+  const response = await fetch("api/auth", {headers: {Authorization: `Bearer ${token}`}});
+  if (response.status !== 204) {
+    document.getElementById("signin-error").textContent = "That token is not this head's API token.";
+    return;
+  }
+  state.token = token;
+  sessionStorage.setItem("farm.token", token);
+  document.getElementById("token-input").value = "";
+  document.getElementById("signin").close();
+  renderAuth();
+  renderJob();
+});
+
+// ---- live updates
+
+function connect() {
+  const live = document.getElementById("live");
+  const events = new EventSource("api/events");
+  events.addEventListener("open", () => { live.className = "live on"; live.textContent = "live"; });
+  events.addEventListener("error", () => { live.className = "live off"; live.textContent = "reconnecting…"; });
+  events.addEventListener("tick", (event) => {
+    const update = JSON.parse(event.data);
+    state.ticks += 1;
+    live.className = "live on";
+    live.textContent = `live · ${new Date(update.sample.t * 1000).toLocaleTimeString()}`;
+    live.dataset.ticks = String(state.ticks);
+    state.fleet = update.fleet;
+    state.jobs = update.jobs;
+    renderFleet();
+    appendSample(update.sample);
+    // A job page follows its job until it finishes (the fetch that sees it finished is the last one).
+    if (route().page === "job" && state.job && !state.job.finished) loadJob(state.job.id);
+  });
+}
+
+window.addEventListener("hashchange", show);
+renderAuth();
+api("api/fleet").then(fleet => { state.fleet = fleet; renderFleet(); }).catch(() => {});
+api("api/jobs").then(jobs => { state.jobs = jobs; renderFleet(); }).catch(() => {});
+show();
+connect();

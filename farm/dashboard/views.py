@@ -1,0 +1,161 @@
+"""What the dashboard shows, as JSON-ready data built from the store's records. Pure: no I/O.
+
+Every power and energy figure keeps its source and scope; `estimate` says whether the page marks it "est." (anything
+but a hardware counter), so that estimates are shown as estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from farm.core.energy import EnergySource
+from farm.core.models import Node, NodeState, ShardState
+from farm.head.store import Job, NodeWork
+
+JSON = dict[str, Any]
+LIVE_STATES = (NodeState.JOINING, NodeState.READY, NodeState.DRAINING)
+
+
+def is_estimate(source: str) -> bool:
+    """A figure that no hardware counter measured. An empty source means no figure at all: nothing to mark."""
+    return bool(source) and source != EnergySource.COUNTER
+
+
+def combined_source(sources: Iterable[str]) -> str:
+    """One source for a sum of figures: theirs when they agree, else "mixed" (marked as an estimate when any is)."""
+    found = {s for s in sources if s}
+    if not found:
+        return ""
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+def _mixed_estimate(sources: Iterable[str]) -> bool:
+    return any(is_estimate(s) for s in sources)
+
+
+def activity(node: Node, shards_running: int) -> str:
+    """What a live node is doing: its owner needs it (busy), it runs Farm's shards (working), or it waits (idle)."""
+    if node.state is NodeState.OFFLINE:
+        return "offline"
+    if node.busy:
+        return "busy"
+    return "working" if shards_running else "idle"
+
+
+def running_shards_by_node(running_jobs: Iterable[Job]) -> Counter[str]:
+    return Counter(s.node_id for job in running_jobs for s in job.shards if s.state is ShardState.RUNNING)
+
+
+def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
+    power_w = sum(p.watts for p in node.power)
+    power_sources = [p.source.value for p in node.power]
+    items = sum(w.items for w in work)
+    energy_j = sum(w.energy_j for w in work)
+    energy_sources = [w.energy_source for w in work if w.energy_source]
+    measured = [w for w in work if w.energy_source]  # perf/W only over shards whose energy was measured
+    measured_items, measured_j = sum(w.items for w in measured), sum(w.energy_j for w in measured)
+    return {
+        "id": node.id, "name": node.name, "state": node.state.value, "activity": activity(node, shards_running),
+        "busy": node.busy,
+        "backends": [
+            {"name": b.name.value, "device": b.device, "available": b.available, "reason": b.reason,
+             "detail": b.detail}
+            for b in node.backends
+        ],
+        "cpu_percent": node.cpu_percent, "memory_percent": node.memory_percent,
+        "power_w": power_w, "power_source": combined_source(power_sources),
+        "power_estimate": _mixed_estimate(power_sources),
+        "power": [{"device": p.device, "watts": p.watts, "source": p.source.value, "scope": p.scope.value,
+                   "estimate": is_estimate(p.source.value)} for p in node.power],
+        "shards_running": shards_running, "shards_done": sum(w.shards for w in work), "items_done": items,
+        "energy_j": energy_j, "energy_source": combined_source(energy_sources),
+        "energy_estimate": _mixed_estimate(energy_sources),
+        "items_per_j": measured_items / measured_j if measured_j > 0 else None,
+        "last_heartbeat": node.last_heartbeat,
+        "hardware": {"cpu_model": node.hardware.cpu_model, "cpu_cores": node.hardware.cpu_cores,
+                     "gpus": [g.name for g in node.hardware.gpus], "apple_chip": node.hardware.apple_chip,
+                     "os": node.hardware.os, "arch": node.hardware.arch},
+    }
+
+
+def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork]) -> JSON:
+    """The overview: every node, the fleet's totals, and nodes per backend."""
+    running = running_shards_by_node(running_jobs)
+    work_of: defaultdict[str, list[NodeWork]] = defaultdict(list)
+    for w in work:
+        work_of[w.node_id].append(w)
+    views = [node_view(n, running[n.id], work_of[n.id]) for n in nodes]
+    live = [v for v in views if v["state"] in LIVE_STATES]
+    by_backend: dict[str, JSON] = {}
+    for node in nodes:
+        for offer in node.backends:
+            if not offer.available:
+                continue
+            entry = by_backend.setdefault(offer.name.value, {"backend": offer.name.value, "nodes": 0, "ready": 0,
+                                                             "devices": 0})
+            entry["devices"] += 1
+        for name in {o.name.value for o in node.backends if o.available}:
+            by_backend[name]["nodes"] += 1
+            by_backend[name]["ready"] += int(node.state is NodeState.READY)
+    measured = [w for w in work if w.energy_source]
+    measured_items, measured_j = sum(w.items for w in measured), sum(w.energy_j for w in measured)
+    live_power_sources = [p["source"] for v in live for p in v["power"]]
+    energy_sources = [w.energy_source for w in measured]
+    return {
+        "at": time.time(),
+        "nodes": views,
+        "backends": sorted(by_backend.values(), key=lambda b: b["backend"]),
+        "totals": {
+            "nodes": len(views),
+            "by_state": dict(Counter(v["state"] for v in views)),
+            "by_activity": dict(Counter(v["activity"] for v in views)),
+            "cpu_percent": sum(v["cpu_percent"] for v in live) / len(live) if live else 0.0,
+            "power_w": sum(v["power_w"] for v in live),
+            "power_source": combined_source(live_power_sources),
+            "power_estimate": _mixed_estimate(live_power_sources),
+            "shards_running": sum(running.values()),
+            "items_done": sum(w.items for w in work),
+            "energy_j": sum(w.energy_j for w in work),
+            "energy_source": combined_source(energy_sources),
+            "energy_estimate": _mixed_estimate(energy_sources),
+            "items_per_j": measured_items / measured_j if measured_j > 0 else None,
+        },
+    }
+
+
+def job_summary(job: Job) -> JSON:
+    """A row of the jobs list: its state, progress and what it has spent."""
+    done = sum(1 for s in job.shards if s.state is ShardState.SUCCEEDED)
+    return {
+        "id": job.id, "name": job.name, "kind": job.kind, "state": job.state.value, "error": job.error,
+        "items": job.items, "items_done": job.items_done,
+        "progress": job.items_done / job.items if job.items else 0.0,
+        "shards": len(job.shards), "shards_done": done,
+        "shards_running": sum(1 for s in job.shards if s.state is ShardState.RUNNING),
+        "energy_j": job.energy_j, "energy_sources": job.energy_sources,
+        "energy_estimate": _mixed_estimate(job.energy_sources),
+        "items_per_s": job.metrics.get("items_per_s"), "items_per_j": job.metrics.get("items_per_j"),
+        "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
+        "finished": job.state.finished,
+    }
+
+
+def job_view(job: Job) -> JSON:
+    """The job page: the summary, every shard's placement and figures, and the scheduler's explanation."""
+    return {
+        **job_summary(job),
+        "output": job.output, "metrics": job.metrics, "explanation": job.explanation,
+        "cancellable": not job.state.finished,
+        "shards_detail": [
+            {"index": s.index, "state": s.state.value, "node_id": s.node_id, "node_name": s.node_name,
+             "backend": s.backend, "device": s.device, "items": s.items if s.items else s.stop - s.start,
+             "seconds": s.seconds, "energy_j": s.energy_j, "energy_source": s.energy_source,
+             "energy_scope": s.energy_scope, "energy_estimate": is_estimate(s.energy_source),
+             "peak_memory_bytes": s.peak_memory_bytes, "attempts": s.attempts, "error": s.error}
+            for s in job.shards
+        ],
+    }
+

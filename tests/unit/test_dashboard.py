@@ -1,0 +1,312 @@
+"""The dashboard's HTTP API, live events and /metrics, served by the real aiohttp server on a real store in a temp
+directory (a free port on 127.0.0.1; no Ray: the dispatcher only ever cancels here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from farm.core.energy import DevicePower, Energy, EnergyScope, EnergySource
+from farm.core.errors import UserError
+from farm.core.models import BackendName, BackendOffer, Gpu, Hardware, JobState, NodeState
+from farm.dashboard import Dashboard, pick_port
+from farm.dashboard.history import History, Reading
+from farm.head.auth import Tokens
+from farm.head.dispatch import Dispatcher
+from farm.head.events import JobEvents
+from farm.head.jobs import Jobs
+from farm.head.settings import HeadSettings
+from farm.head.store import Store
+from farm.local import free_port
+
+HW = Hardware(hostname="h", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=8, memory_bytes=2**34)
+GPU_HW = HW.model_copy(update={"gpus": (Gpu(index=0, name="NVIDIA H200"),)})
+CPU = BackendOffer(name=BackendName.CPU, device="cpu")
+CUDA = BackendOffer(name=BackendName.CUDA, device="cuda:0")
+
+
+def power(device: str, watts: float, source: EnergySource, scope: EnergyScope = EnergyScope.DEVICE) -> DevicePower:
+    return DevicePower(device=device, watts=watts, source=source, scope=scope)
+
+
+def energy(joules: float, source: EnergySource, scope: EnergyScope = EnergyScope.PACKAGE) -> Energy:
+    return Energy(joules=joules, seconds=1.0, source=source, scope=scope)
+
+
+@dataclass
+class Served:
+    url: str
+    store: Store
+    tokens: Tokens
+    dashboard: Dashboard
+    http: aiohttp.ClientSession
+
+    async def get(self, path: str, token: str | None = None) -> tuple[int, object]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.http.get(self.url + path, headers=headers) as response:
+            body = await response.text()
+            is_json = response.content_type == "application/json"
+            return response.status, json.loads(body) if is_json and body else body
+
+    async def post(self, path: str, token: str | None = None) -> tuple[int, dict[str, object]]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.http.post(self.url + path, headers=headers) as response:
+            return response.status, await response.json()
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, sample_every_s: float = 60.0) -> AsyncIterator[Served]:
+    """The dashboard as `farm head start` composes it: the head's store, its Jobs and its tokens."""
+    settings = HeadSettings(state_dir=tmp_path, host="127.0.0.1", port=free_port())
+    tokens = Tokens.load_or_create(tmp_path, settings.ray_token_path)
+    store = Store(tmp_path / "state.db")
+    events = JobEvents()
+    jobs = Jobs(store, Dispatcher(store, settings, events.publish), events, settings)
+    dashboard = Dashboard("127.0.0.1", free_port(), "127.0.0.1", sample_every_s=sample_every_s)
+    info = await dashboard.start(store, jobs, tokens)
+    assert info == {"dashboard": dashboard.url}
+    try:
+        async with aiohttp.ClientSession() as http:
+            yield Served(dashboard.url, store, tokens, dashboard, http)
+    finally:
+        await dashboard.stop()
+        store.close()
+
+
+def run(tmp_path: Path, scenario: Callable[[Served], Awaitable[None]], **options: float) -> None:
+    async def main() -> None:
+        async with serving(tmp_path, **options) as served:
+            await scenario(served)
+
+    asyncio.run(main())
+
+
+def a_fleet(store: Store) -> None:
+    """An H200 box (NVML counter), a Mac-like node (vendor estimate), a CPU box whose owner is busy, an offline one."""
+    store.upsert_node("n-gpu", "gpu-box", GPU_HW, [CUDA, CPU], "10.0.0.1", "h")
+    store.upsert_node("n-mac", "mac", HW, [BackendOffer(name=BackendName.MPS, device="mps"), CPU], "10.0.0.2", "h")
+    store.upsert_node("n-cpu", "laptop", HW, [CPU], "10.0.0.3", "h")
+    store.upsert_node("n-off", "gone", HW, [CPU], "10.0.0.4", "h")
+    for node_id in ("n-gpu", "n-mac", "n-cpu"):
+        store.set_node_state(node_id, NodeState.READY)
+    store.set_node_state("n-off", NodeState.OFFLINE)
+    store.heartbeat("n-gpu", 40.0, 20.0, (power("cuda:0", 300.0, EnergySource.COUNTER),))
+    store.heartbeat("n-mac", 10.0, 30.0, (power("mps", 12.0, EnergySource.VENDOR_ESTIMATE),))
+    store.heartbeat("n-cpu", 90.0, 50.0, (power("cpu", 35.0, EnergySource.MODEL_ESTIMATE, EnergyScope.PACKAGE),),
+                    busy="owner's CPU load 85% > 50%")
+
+
+def a_job_half_done(store: Store) -> None:
+    """Two shards: one finished on the GPU box (counter energy), one running there."""
+    store.add_job("j-1", "digits", "inference", "name: digits\n", "/code.zip", "/out", 100, [(0, 50), (50, 100)])
+    store.set_job_state("j-1", JobState.RUNNING)
+    gpu = next(n for n in store.nodes() if n.id == "n-gpu")
+    store.shard_started("j-1", 0, gpu, "cuda", "cuda:0")
+    store.shard_started("j-1", 1, gpu, "cuda", "cuda:0")
+    store.shard_succeeded("j-1", 0, 50, 0.5, None, energy(25.0, EnergySource.COUNTER, EnergyScope.DEVICE),
+                          peak_memory_bytes=3 * 2**30)
+    store.set_explanation("j-1", "round 1: efficiency; gpu-box cuda:0 2.0 items/J (counter)")
+
+
+def test_the_fleet_api_shows_each_node_with_its_power_source_activity_and_the_totals(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        status, fleet = await served.get("api/fleet")
+        assert status == 200 and isinstance(fleet, dict)
+        nodes = {n["name"]: n for n in fleet["nodes"]}
+        assert set(nodes) == {"gpu-box", "mac", "laptop", "gone"}
+        gpu, mac, laptop = nodes["gpu-box"], nodes["mac"], nodes["laptop"]
+        assert (gpu["power_w"], gpu["power_source"], gpu["power_estimate"]) == (300.0, "counter", False)
+        assert (mac["power_source"], mac["power_estimate"]) == ("vendor-estimate", True)
+        assert (laptop["power_source"], laptop["power_estimate"]) == ("model-estimate", True)
+        assert gpu["activity"] == "working" and gpu["shards_running"] == 1
+        assert laptop["activity"] == "busy" and "owner" in laptop["busy"]
+        assert mac["activity"] == "idle" and nodes["gone"]["activity"] == "offline"
+        assert gpu["items_done"] == 50 and gpu["items_per_j"] == pytest.approx(2.0)  # 50 items over 25 J
+        totals = fleet["totals"]
+        assert totals["nodes"] == 4 and totals["by_state"] == {"ready": 3, "offline": 1}
+        assert totals["power_w"] == pytest.approx(347.0)  # live nodes only
+        assert (totals["power_source"], totals["power_estimate"]) == ("mixed", True)
+        assert totals["cpu_percent"] == pytest.approx((40 + 10 + 90) / 3)
+        assert totals["shards_running"] == 1 and totals["energy_j"] == 25.0 and totals["energy_estimate"] is False
+        backends = {b["backend"]: b for b in fleet["backends"]}
+        assert (backends["cpu"]["nodes"], backends["cpu"]["ready"]) == (4, 3)
+        assert backends["cuda"]["nodes"] == 1 and backends["mps"]["nodes"] == 1
+
+    run(tmp_path, scenario)
+
+
+def test_the_jobs_api_gives_progress_and_the_job_page_its_placement_energy_and_explanation(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        status, jobs = await served.get("api/jobs")
+        assert status == 200 and isinstance(jobs, list)
+        [row] = jobs
+        assert (row["id"], row["state"], row["items_done"], row["progress"]) == ("j-1", "running", 50, 0.5)
+        assert (row["shards_done"], row["shards_running"]) == (1, 1)
+        status, job = await served.get("api/jobs/j-1")
+        assert status == 200 and isinstance(job, dict)
+        done, running = job["shards_detail"]
+        assert (done["node_name"], done["device"], done["backend"], done["state"]) == ("gpu-box", "cuda:0", "cuda",
+                                                                                      "succeeded")
+        assert (done["seconds"], done["energy_j"], done["energy_source"], done["energy_estimate"]) == (
+            0.5, 25.0, "counter", False)
+        assert done["peak_memory_bytes"] == 3 * 2**30
+        assert running["state"] == "running" and running["node_name"] == "gpu-box"
+        assert "gpu-box cuda:0" in job["explanation"] and job["cancellable"] is True
+        assert await served.get("api/jobs/j-nope") == (404, {"error": "no job 'j-nope'"})
+        assert (await served.get("api/jobs?limit=x"))[0] == 400
+
+    run(tmp_path, scenario)
+
+
+def test_cancelling_needs_the_api_token_and_goes_through_the_head_s_jobs(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        served.store.add_job("j-2", "toy", "inference", "name: toy\n", "/code.zip", "/out", 10, [(0, 10)])
+        assert (await served.post("api/jobs/j-2/cancel"))[0] == 401
+        assert (await served.post("api/jobs/j-2/cancel", token="forged"))[0] == 401
+        assert (await served.post("api/jobs/j-2/cancel", token=served.tokens.join))[0] == 401
+        assert served.store.job("j-2").state is JobState.QUEUED  # read-only without the token
+
+        status, job = await served.post("api/jobs/j-2/cancel", token=served.tokens.api)
+        assert status == 200 and job["state"] == "cancelled" and job["cancellable"] is False
+        assert served.store.job("j-2").state is JobState.CANCELLED
+        status, error = await served.post("api/jobs/j-2/cancel", token=served.tokens.api)
+        assert status == 409 and "already cancelled" in str(error["error"])
+        assert (await served.post("api/jobs/j-none/cancel", token=served.tokens.api))[0] == 404
+
+        assert (await served.get("api/auth"))[0] == 401  # what the sign-in form checks
+        assert (await served.get("api/auth", token=served.tokens.api))[0] == 204
+
+    run(tmp_path, scenario)
+
+
+def test_metrics_scrape_cleanly_with_each_figure_labelled(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        served.store.add_job("j-3", "queued-one", "inference", "name: q\n", "/code.zip", "/out", 10, [(0, 10)])
+        async with served.http.get(served.url + "metrics") as response:
+            assert response.status == 200 and response.content_type == "text/plain"
+            text = await response.text()
+        samples = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples
+        }
+
+        def value(metric: str, /, **labels: str) -> float:
+            return samples[(metric, tuple(sorted(labels.items())))]
+
+        assert value("farm_up") == 1
+        assert value("farm_nodes", state="ready") == 3 and value("farm_nodes", state="offline") == 1
+        assert value("farm_jobs", state="running") == 1 and value("farm_jobs", state="queued") == 1
+        assert value("farm_jobs", state="succeeded") == 0
+        gpu = {"node": "n-gpu", "name": "gpu-box"}
+        assert value("farm_node_cpu_utilisation_ratio", **gpu) == pytest.approx(0.4)
+        assert value("farm_node_power_watts", **gpu, device="cuda:0", source="counter", scope="device") == 300.0
+        assert value("farm_node_power_watts", node="n-cpu", name="laptop", device="cpu", source="model-estimate",
+                     scope="package") == 35.0
+        assert value("farm_node_energy_joules_total", **gpu, source="counter", scope="device") == 25.0
+        assert value("farm_node_items_total", **gpu) == 50
+        assert value("farm_node_shards_running", **gpu) == 1
+        assert value("farm_node_busy", node="n-cpu", name="laptop") == 1
+        assert value("farm_job_progress_ratio", job="j-1", name="digits") == 0.5
+        assert value("farm_job_energy_joules", job="j-1", name="digits", source="counter") == 25.0
+        assert value("farm_job_info", job="j-3", name="queued-one", kind="inference", state="queued") == 1
+        assert any(name == "process_resident_memory_bytes" for name, _ in samples)  # the head process's health
+
+    run(tmp_path, scenario)
+
+
+def test_the_live_stream_sends_each_new_sample_to_the_page(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        async with served.http.get(served.url + "api/events") as response:
+            assert response.content_type == "text/event-stream"
+            first = await next_tick(response)  # the latest tick at once: from before the fleet joined
+            assert first["sample"]["values"] == {}
+            first = await next_tick(response)
+            assert first["sample"]["values"]["n-gpu"] == [40.0, 300.0]
+            assert "n-off" not in first["sample"]["values"]  # offline: a gap in its series, not a zero
+            served.store.heartbeat("n-gpu", 75.0, 20.0, (power("cuda:0", 650.0, EnergySource.COUNTER),))
+            served.store.add_job("j-4", "new", "inference", "name: new\n", "/code.zip", "/out", 10, [(0, 10)])
+            # The sampler runs every 0.2 s here: the change reaches the open stream without another request.
+            later = await next_tick(response)
+            while later["sample"]["values"]["n-gpu"] != [75.0, 650.0]:
+                later = await next_tick(response)
+            assert [j["id"] for j in later["jobs"]] == ["j-4"]
+        status, history = await served.get("api/history")
+        assert status == 200 and isinstance(history, dict)
+        gpu = next(n for n in history["nodes"] if n["id"] == "n-gpu")
+        assert len(history["t"]) >= 3 and len(gpu["cpu"]) == len(history["t"])
+        assert gpu["cpu"][0] is None and 40.0 in gpu["cpu"] and gpu["power"][-1] == 650.0  # it joined after tick 1
+
+    run(tmp_path, scenario, sample_every_s=0.2)
+
+
+async def next_tick(response: aiohttp.ClientResponse) -> dict[str, object]:
+    event = ""
+    async for line in response.content:
+        text = line.decode().rstrip("\n")
+        if text.startswith("event: "):
+            event = text.removeprefix("event: ")
+        elif text.startswith("data: ") and event == "tick":
+            return dict(json.loads(text.removeprefix("data: ")))
+    raise AssertionError("the stream ended")
+
+
+def test_the_page_and_its_assets_come_from_the_head_alone(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        async with served.http.get(served.url) as response:
+            page = await response.text()
+            assert response.status == 200 and "default-src 'self'" in response.headers["Content-Security-Policy"]
+        assert 'src="static/app.js"' in page and 'src="static/uPlot.iife.min.js"' in page
+        assert "http://" not in page and "https://" not in page  # no CDN: the page works offline
+        for asset in ("static/app.js", "static/app.css", "static/uPlot.iife.min.js", "static/uPlot.min.css"):
+            async with served.http.get(served.url + asset) as response:
+                assert response.status == 200, asset
+                assert "https://cdn" not in await response.text()
+
+    run(tmp_path, scenario)
+
+
+def test_history_keeps_fifteen_minutes_and_charts_the_busiest_nodes() -> None:
+    history = History(every_s=2.0)
+    start = 1_000_000.0
+    for tick in range(600):  # 20 minutes of ticks, 2 s apart
+        readings = {f"n-{i}": Reading(f"node-{i}", cpu_percent=float(i), power_w=10.0 * i) for i in range(30)}
+        if tick % 2:
+            del readings["n-5"]  # not live at every other tick: a gap
+        history.add(start + 2 * tick, readings)
+    now = start + 2 * 599
+    series = history.series(now, limit=3)
+    assert series["t"][0] >= now - 900 and series["t"][-1] == now and len(series["t"]) == 451
+    assert series["nodes_total"] == 30
+    assert [n["id"] for n in series["nodes"]] == ["n-27", "n-28", "n-29"]  # the busiest three, by name
+    assert series["nodes"][0]["power"][-1] == 270.0
+    node_5 = next(n for n in history.series(now, limit=30)["nodes"] if n["id"] == "n-5")
+    assert None in node_5["cpu"] and 5.0 in node_5["cpu"]
+
+
+def test_the_dashboard_port_falls_back_only_when_none_was_asked_for() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        assert pick_port("127.0.0.1", None, default=busy) != busy
+        with pytest.raises(UserError, match="--dashboard-port"):
+            pick_port("127.0.0.1", busy, default=busy)
+    port = free_port()
+    assert pick_port("127.0.0.1", None, default=port) == port
+    assert pick_port("127.0.0.1", 0, default=port) > 0
