@@ -1,0 +1,134 @@
+"""`farm kernels eval`: one problem's candidates measured by the hardened evaluator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from farm.cli.options import Json
+from farm.cli.render import console, print_json
+from farm.core.errors import UserError
+
+if TYPE_CHECKING:
+    from farm_agent.tuner.evaluator import Result
+
+app = typer.Typer(help="Measure and tune implementations of models on this machine's devices.",
+                  no_args_is_help=True)
+
+
+@app.command("eval")
+def eval_command(
+    problem: Annotated[Path, typer.Argument(help="A problem file: class Model, get_inputs(), get_init_inputs().")],
+    candidate: Annotated[
+        list[Path] | None,
+        typer.Option("--candidate", help="A candidate file defining class ModelNew (repeatable).", show_default=False),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cuda, cuda:N or cpu (default: cuda when there is a GPU).")] = None,
+    atol: Annotated[float, typer.Option(help="Absolute tolerance against the eager fp32 reference.")] = 1e-4,
+    rtol: Annotated[float, typer.Option(help="Relative tolerance (also the bound on the relative norm error).")] = 1e-4,
+    runs: Annotated[int, typer.Option(help="Timed runs per candidate (the median is reported).")] = 20,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate, compile included.")] = 600.0,
+    json: Json = False,
+) -> None:
+    """Evaluate eager, torch.compile (default mode) and the given candidates: correctness, median time, speedups."""
+    from farm_agent.tuner.evaluator import COMPILE_DEFAULT, cuda_available, evaluate, file_candidate
+
+    if device is None:
+        device = "cuda" if cuda_available() else "cpu"
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
+    candidates = [COMPILE_DEFAULT, *(file_candidate(path) for path in candidate or [])]
+    results = evaluate(problem, candidates, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=timeout_s)
+    rows = [row(r, results) for r in results]
+    if json:
+        print_json({"problem": str(problem), "device": device, "atol": atol, "rtol": rtol, "results": rows})
+    else:
+        console.print(results_table(f"{results[0].problem} on {device} (atol {atol:g}, rtol {rtol:g})", rows))
+
+
+def row(result: Result, results: list[Result]) -> dict[str, Any]:
+    """A result with its speedups against eager and compile-default (None where either side is not a correct time)."""
+    by_name = {r.candidate: r for r in results}
+    data = result.to_dict()
+    for baseline in ("eager", "compile-default"):
+        base = by_name.get(baseline)
+        fast = base is not None and base.correct and result.correct and base.median_ms and result.median_ms
+        data[f"speedup_vs_{baseline.replace('-', '_')}"] = (
+            base.median_ms / result.median_ms if fast else None  # type: ignore[union-attr,operator]
+        )
+    return data
+
+
+def results_table(title: str, rows: list[dict[str, Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("CANDIDATE", "COMPILED", "CORRECT", "MAX ERR", "REL NORM ERR", "MEDIAN MS", "VS EAGER",
+                   "VS COMPILE", "NOTE"):
+        table.add_column(column, justify="right" if column not in ("CANDIDATE", "NOTE") else "left")
+    for r in rows:
+        table.add_row(
+            r["candidate"] + (" (lower precision)" if r["lowers_precision"] else ""),
+            yes_no(r["compiled"]), yes_no(r["correct"]), number(r["max_abs_err"]), number(r["rel_norm_err"]),
+            f"{r['median_ms']:.4f}" if r["median_ms"] is not None else "-",
+            speedup(r["speedup_vs_eager"]), speedup(r["speedup_vs_compile_default"]), r["error"],
+        )
+    return table
+
+
+def yes_no(value: bool) -> str:
+    return "[green]yes[/]" if value else "[red]no[/]"
+
+
+def number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def speedup(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+@app.command("tune")
+def tune_command(
+    problem: Annotated[Path, typer.Argument(help="A problem file, or a folder of them (each tuned in turn).")],
+    budget_s: Annotated[float, typer.Option("--budget-s", help="Search seconds per problem (compiling counts).")] = 120.0,
+    device: Annotated[str | None, typer.Option(help="cuda, cuda:N or cpu (default: cuda when there is a GPU).")] = None,
+    atol: Annotated[float, typer.Option(help="Absolute tolerance: precision is lowered only when it allows.")] = 1e-4,
+    rtol: Annotated[float, typer.Option(help="Relative tolerance (also the bound on the relative norm error).")] = 1e-4,
+    runs: Annotated[int, typer.Option(help="Timed runs per candidate (the median is reported).")] = 20,
+    p: Annotated[float, typer.Option("--p", help="fast_p: faster than compile-default by more than this.")] = 0.05,
+    json: Json = False,
+) -> None:
+    """Search each problem's candidates in the learnt policy's order within the budget; the fastest correct one wins
+    and is cached for this GPU (the CUDA backend runs it). Prints the winner, its speedups and trials per problem,
+    then fast_p and the geometric-mean speedups."""
+    from dataclasses import asdict
+
+    from farm_agent.tuner.evaluator import cuda_available
+    from farm_agent.tuner.problem import problem_paths
+    from farm_agent.tuner.tune import summarize, table_row, tune
+
+    device = device or ("cuda" if cuda_available() else "cpu")
+    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
+    reports = [tune(path, budget_s=budget_s, atol=atol, rtol=rtol, device=device, runs=runs)
+               for path in problem_paths(problem)]
+    summary = summarize(reports, "run", p)
+    if json:
+        print_json({"device": device, "atol": atol, "rtol": rtol, "budget_s": budget_s,
+                    "reports": [r.to_json() for r in reports], "summary": asdict(summary)})
+        return
+    table = Table(title=f"tuned on {device} (atol {atol:g}, rtol {rtol:g}, budget {budget_s:g} s per problem)",
+                  title_justify="left")
+    for column in ("PROBLEM", "WINNER", "MS", "VS EAGER", "VS COMPILE", "TRIALS", "STOPPED"):
+        table.add_column(column, justify="left" if column in ("PROBLEM", "WINNER", "STOPPED") else "right")
+    for report in reports:
+        r = table_row(report)
+        winner = (r["winner"] or "none correct") + (" (lower precision)" if r["lowers_precision"] else "")
+        table.add_row(r["problem"], winner, f"{r['winner_ms']:.4f}" if r["winner_ms"] else "-",
+                      speedup(r["vs_eager"]), speedup(r["vs_compile"]), str(r["trials"]), report.stop_reason)
+    console.print(table)
+    console.print(f"fast_{p:g}: {summary.fast_p:.0%} of {summary.problems} (correct and more than {p:.0%} faster than "
+                  f"compile-default); geomean {speedup(summary.geomean_vs_eager)} vs eager, "
+                  f"{speedup(summary.geomean_vs_compile)} vs compile")
