@@ -11,6 +11,8 @@ from farm.core.models import BackendName, BackendOffer, Hardware
 # (see base.Backend).
 MODULES: dict[BackendName, str] = {
     BackendName.CUDA: "farm_agent.backends.cuda",
+    BackendName.ANE: "farm_agent.backends.ane",
+    BackendName.MPS: "farm_agent.backends.mps",
     BackendName.CPU: "farm_agent.backends.cpu",
 }
 

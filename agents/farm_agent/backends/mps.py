@@ -1,0 +1,45 @@
+"""PyTorch on the Mac GPU through Metal (`mps`).
+
+Offering runs in the agent daemon from the detected hardware (no torch): an Apple Silicon Mac offers one `mps`
+slot; any other machine offers none. Running happens in a Ray worker, which imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from farm.core.models import BackendName, BackendOffer, Hardware
+
+if TYPE_CHECKING:
+    import torch
+
+
+def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
+    # Intel Macs have MPS too, on AMD GPUs, but no power meter here reads them: Apple Silicon only.
+    if hardware.os != "darwin" or not hardware.apple_chip:
+        return []
+    return [BackendOffer(name=BackendName.MPS, device="mps", detail=f"{hardware.apple_chip} GPU (Metal)", slots=1,
+                         threads=1)]
+
+
+def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+    import torch
+
+    if not torch.backends.mps.is_available():
+        raise RuntimeError("PyTorch's MPS backend is not available here (it needs macOS 12.3+ on Apple Silicon)")
+    torch.set_num_threads(max(threads, 1))
+    target = torch.device("mps")
+    module = module.to(target).eval()
+    # Metal has no float64: float inputs run as float32, as they do on the CPU backend.
+    host = inputs.astype(np.float32, copy=False) if inputs.dtype == np.float64 else inputs
+    outputs = []
+    with torch.inference_mode():
+        for start in range(0, len(host), batch_size):
+            batch = torch.from_numpy(np.ascontiguousarray(host[start : start + batch_size])).to(target)
+            outputs.append(module(batch))
+        result = torch.cat(outputs).cpu() if outputs else torch.empty(0)
+    # Every kernel done before the power meter's window closes.
+    torch.mps.synchronize()
+    return result.numpy()
