@@ -1,0 +1,64 @@
+"""Training jobs end to end: a real head, its Ray cluster and real agents, through `farm submit`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from farm.client import Client
+from tests.conftest import FIXTURES, ROOT, Cluster
+from tests.integration.test_cluster import kill_hard, write_spec
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_digits_cnn_trains_on_two_agents_to_the_examples_bar(cluster: Cluster, tmp_path: Path) -> None:
+    spec = yaml.safe_load((ROOT / "examples/digits/train.yaml").read_text())
+    spec["output"] = str(tmp_path / "out")
+    result = cluster.farm("submit", str(write_spec(tmp_path, **spec)), "--wait", "--json", "--workdir", str(ROOT))
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "succeeded" and job["kind"] == "training"
+    assert job["metrics"]["accuracy"] >= 0.95 and job["metrics"]["step"] == 157  # 8 epochs of 1257 at 64
+    assert all(" + " in s["node_name"] for s in job["shards"])  # both agents trained every stretch
+    assert {s["energy_source"] for s in job["shards"]} == {"model-estimate"} and job["metrics"]["items_per_j"] > 0
+    output = Path(job["output"])
+    from examples.digits.model import build
+
+    build().load_state_dict(torch.load(output / "model.pt", weights_only=True))  # the final model loads
+    assert json.loads((output / "manifest.json").read_text())["steps"] == 157
+    with Client(cluster.head) as client:
+        logs = [line.message for line in client.logs(job["id"])]
+    assert any(m.startswith("workers: ") and "samples/s measured" in m for m in logs)
+    assert sum(m.startswith("step ") for m in logs) == 157
+
+
+def test_training_resumes_from_its_checkpoint_when_a_worker_node_is_lost(cluster: Cluster, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(FIXTURES / "jobs" / "toytrain.py", work / "toytrain.py")
+    started = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
+                           "--name", "agent-t", "--cpus", "1", "--state-dir", str(cluster.state_dir), "--detach",
+                           "--max-foreign-cpu", "100")
+    assert started.returncode == 0, started.stderr
+    spec = write_spec(work, name="resumable", kind="training", model="toytrain:build", dataset="toytrain:train_set",
+                      batch_size=48, backends=["cpu"], output=str(tmp_path / "out"),
+                      training={"optimizer": "sgd", "lr": 0.05, "steps": 120, "workers": 3, "checkpoint_every": 20,
+                                "eval_dataset": "toytrain:test_set"})
+    job_id = cluster.farm("submit", str(spec), "--workdir", str(work)).stdout.strip()
+    with Client(cluster.head) as client:
+        for record in client.watch(job_id):
+            if record.shards[0].state == "succeeded" and "agent-t" in record.shards[1].node_name:
+                break
+        kill_hard(cluster.state_dir / "agents" / "agent-t" / "agent.json")
+        final = list(client.watch(job_id))[-1]
+        logs = [line.message for line in client.logs(job_id)]
+    assert final.state == "succeeded", final.error
+    assert any("resuming at step" in m for m in logs)
+    assert "agent-t" not in final.shards[-1].node_name
+    assert final.metrics["accuracy"] >= 0.9
