@@ -74,10 +74,13 @@ def show_summary(job: job_pb2.Job) -> None:
     metrics = dict(job.metrics)
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
     facts = [f"{job.items} items in {wall:.2f} s"]
+    if job.kind == "training" and "step" in metrics:
+        facts[0] = f"{metrics['step']:.0f} steps, {job.items} samples in {wall:.2f} s; final loss {metrics['loss']:.4f}"
     if job.energy_sources:
         facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)})")
     if "accuracy" in metrics:
-        facts.append(f"accuracy {metrics['accuracy']:.2%} against the dataset's labels")
+        against = "the eval set" if job.kind == "training" else "the dataset's labels"
+        facts.append(f"accuracy {metrics['accuracy']:.2%} against {against}")
     facts.append(f"output: {job.output}")
     console.print("   ".join(facts), highlight=False)
     if job.error:
