@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from farm.cli import agent, demo, head, jobs, kernels, nodes
+from farm.cli import agent, demo, head, jobs, kernels, nodes, top
 from farm.cli.render import fail
 from farm.core.errors import FarmError
 
@@ -20,6 +20,7 @@ app.add_typer(kernels.app, name="kernels")
 app.command("nodes")(nodes.nodes)
 jobs.register(app)
 app.command("demo")(demo.demo)
+app.command("top")(top.top)
 
 
 def main() -> None:

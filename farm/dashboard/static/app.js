@@ -42,7 +42,7 @@ function watts(v) { return v >= 1000 ? `${num(v / 1000, 2)} kW` : `${num(v, 1)} 
 function joules(v) {
   if (v >= 3.6e6) return `${num(v / 3.6e6, 2)} kWh`;
   if (v >= 1e3) return `${num(v / 1e3, 2)} kJ`;
-  return `${num(v, 1)} J`;
+  return `${num(v, v < 1 ? 3 : v < 100 ? 2 : 1)} J`;  // a small shard's joules still show
 }
 function ago(ts) {
   if (!ts) return "-";
@@ -232,6 +232,7 @@ function buildCharts() {
       scales: {x: {time: true}, y: range ? {range: () => range} : {range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)]}},
       axes: [{}, {values: (u, ticks) => ticks.map(v => `${num(v)}${unit === "%" ? "%" : ""}`), size: 50}],
       series: [{}, ...nodes.map((n, i) => ({label: n.name, stroke: COLOURS[i % COLOURS.length], width: 1.5,
+        points: {show: false},
         value: (u, v) => v == null ? "-" : `${num(v, 1)} ${unit}`}))],
       legend: {live: true},
     };
@@ -321,17 +322,17 @@ function renderJob() {
     h("td", {class: "num"}, s.peak_memory_bytes ? `${num(s.peak_memory_bytes / 2 ** 20)} MiB` : "-"),
     h("td", {class: "num"}, s.attempts),
     h("td", {class: "error"}, s.error)));
-  document.getElementById("view").replaceChildren(
+  document.getElementById("view").replaceChildren(h("div", {id: "job-page", "data-job": job.id},
     h("p", {}, h("a", {href: "#/"}, "← fleet")),
     h("h1", {}, `${job.name} `, h("span", {class: "dim"}, job.id)),
-    h("div", {class: "meta"}, meta.map(([label, value]) => h("div", {}, h("span", {}, label), value))),
+    h("div", {class: "meta"}, meta.map(([label, value]) => h("div", {}, h("span", {class: "label"}, label), value))),
     h("div", {id: "job-progress"}, progressBar(job)),
     job.error ? h("p", {class: "error"}, job.error) : null,
     h("p", {}, cancel, h("span", {class: "error", id: "cancel-error"})),
     h("h2", {}, "Shards: placement, time and energy"),
     h("div", {class: "table-wrap"}, h("table", {id: "shards"}, h("thead", {}, head), h("tbody", {}, rows))),
     h("h2", {}, "The scheduler's explanation"),
-    h("pre", {class: "explain", id: "explanation"}, job.explanation || "No scheduling round has run yet."));
+    h("pre", {class: "explain", id: "explanation"}, job.explanation || "No scheduling round has run yet.")));
 }
 
 async function cancelJob(job) {

@@ -1,0 +1,166 @@
+"""The dashboard in a real headless Chromium (Debian's `chromium`, driven by Playwright) against a running head with
+two agents: the fleet appears, a job shows up and finishes live (no reload), the job page shows where its shards ran
+and what they spent, and a signed-in user cancels a job.
+
+FARM_SCREENSHOT=docs/dashboard.png makes the run save the fleet page, with the finished job, there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from farm.local import read_json
+from tests.conftest import FIXTURES, ROOT, Cluster
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)"),
+]
+WAIT_MS = 180_000  # a job on a busy two-core machine; every wait below ends as soon as its condition holds
+
+
+@pytest.fixture()
+def dashboard(cluster: Cluster) -> str:
+    info = read_json(cluster.state_dir / "head.json") or {}
+    assert str(info.get("dashboard", "")).startswith("http://127.0.0.1:"), info
+    return str(info["dashboard"])
+
+
+@dataclass
+class Browser:
+    page: Any  # playwright.sync_api.Page
+    elsewhere: list[str]  # requests for anything not served by the head: the page must need none
+    errors: list[str]  # uncaught script errors
+
+
+@pytest.fixture()
+def browser(dashboard: str) -> Iterator[Browser]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # --no-sandbox: Chromium's sandbox refuses to run as root, which is how CI runs.
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # bypass_csp: the page's policy forbids eval, which Playwright's wait_for_function needs for its predicates.
+        page = chromium.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
+        page.set_default_timeout(WAIT_MS)
+        opened = Browser(page, [], [])
+        page.on("request", lambda r: None if r.url.startswith((dashboard, "data:")) else opened.elsewhere.append(r.url))
+        page.on("pageerror", lambda error: opened.errors.append(str(error)))
+        yield opened
+        chromium.close()
+
+
+def api(dashboard: str, path: str) -> Any:
+    with urllib.request.urlopen(dashboard + path, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def submit(cluster: Cluster, work: Path, name: str, model: str, shards: int, batch_size: int) -> str:
+    spec = work / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({"name": name, "model": model, "dataset": "numbers.npz", "shards": shards,
+                                    "batch_size": batch_size, "output": str(work / "out" / name)}))
+    result = cluster.farm("submit", str(spec), "--workdir", str(work))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.fixture()
+def work(tmp_path: Path) -> Path:
+    """A job's working directory: the toy job code and 32 rows of numbers."""
+    shutil.copy(FIXTURES / "jobs" / "toyjob.py", tmp_path / "toyjob.py")
+    np.savez(tmp_path / "numbers.npz", x=np.arange(64, dtype=np.float32).reshape(32, 2))
+    return tmp_path
+
+
+def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard: str, browser: Browser,
+                                                   work: Path) -> None:
+    page = browser.page
+    page.goto(dashboard)
+    fleet = {n["name"]: n for n in api(dashboard, "api/fleet")["nodes"]}
+    for name in ("agent-a", "agent-b"):
+        row = page.locator(f"tr[data-node='{name}']")
+        row.wait_for()
+        assert row.locator(".node-state").inner_text() == "ready"
+        assert " W" in row.locator(".node-power").inner_text()
+        # CPU power here is Farm's model estimate (no RAPL) or a counter: the badge says which.
+        assert (row.locator(".node-power .est").count() == 1) is fleet[name]["power_estimate"]
+    page.wait_for_function("Number(document.getElementById('live').dataset.ticks || 0) >= 1")
+    page.evaluate("window.sameDocument = true")  # gone if the page reloads
+    items_before = page.evaluate(ITEMS_DONE)
+    # Record every state the job's row shows, as the live view redraws it.
+    page.evaluate("""() => { window.seen = []; new MutationObserver(() => {
+        for (const row of document.querySelectorAll('tr[data-job]'))
+            window.seen.push(row.dataset.job + ':' + row.dataset.state); })
+        .observe(document.getElementById('view'), {childList: true, subtree: true}); }""")
+
+    job_id = submit(cluster, work, "slow-toy", "toyjob:slow", shards=4, batch_size=4)  # ≈ 1 s a shard
+    row = page.locator(f"tr[data-job='{job_id}']")
+    row.wait_for()
+    page.wait_for_function(f"document.querySelector(\"tr[data-job='{job_id}']\").dataset.state === 'succeeded'")
+    seen = [s.split(":")[1] for s in page.evaluate("window.seen") if s.startswith(job_id + ":")]
+    assert seen[0] in ("queued", "running") and seen[-1] == "succeeded", seen  # it changed before our eyes
+    assert "32/32 items" in row.locator(".job-progress").inner_text()
+    page.wait_for_function(f"({ITEMS_DONE})() >= {items_before + 32}")  # the nodes' counts followed
+    assert page.evaluate("window.sameDocument") is True
+    points = page.locator("#chart-cpu .uplot").get_attribute("data-points")
+    assert points is not None and int(points) >= 2
+    assert page.locator("#chart-power .u-legend").inner_text().lower().count("agent-") == 2
+
+    if os.environ.get("FARM_SCREENSHOT"):
+        page.screenshot(path=str(ROOT / os.environ["FARM_SCREENSHOT"]), full_page=True)
+
+    row.locator("a").click()
+    page.locator("#job-page").wait_for()
+    job = api(dashboard, f"api/jobs/{job_id}")
+    shown = page.locator("#shards tbody tr")
+    assert shown.count() == 4
+    for index, shard in enumerate(job["shards_detail"]):
+        cells = shown.nth(index)
+        assert cells.locator(".shard-node").inner_text() == shard["node_name"] != ""
+        assert cells.locator(".shard-device").inner_text() == f"{shard['device']} ({shard['backend']})"
+        # An estimated energy figure says so; a counter's stands alone.
+        assert (cells.locator(".shard-energy .est").count() == 1) is shard["energy_estimate"]
+    assert {s["node_name"] for s in job["shards_detail"]} <= {"agent-a", "agent-b"}
+    assert page.locator("#explanation").inner_text().strip() == job["explanation"].strip() != ""
+    assert page.locator("#cancel-job").count() == 0  # a finished job has nothing to cancel
+    assert browser.elsewhere == [] and browser.errors == []
+
+
+def test_cancelling_from_the_page_needs_the_api_token(cluster: Cluster, dashboard: str, browser: Browser,
+                                                      work: Path) -> None:
+    page = browser.page
+    job_id = submit(cluster, work, "slower-toy", "toyjob:slow", shards=2, batch_size=1)  # 16 × 0.5 s a shard
+    page.goto(f"{dashboard}#/jobs/{job_id}")
+    button = page.locator("#cancel-job")
+    button.wait_for()
+    assert button.is_disabled()  # read-only without the token
+
+    page.locator("#signin-open").click()
+    page.locator("#token-input").fill("not-the-token")
+    page.locator("#signin-submit").click()
+    page.wait_for_function("document.getElementById('signin-error').textContent !== ''")
+    page.locator("#token-input").fill(cluster.head.api_token)
+    page.locator("#signin-submit").click()
+    page.locator("#signout").wait_for()
+
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.locator("#cancel-job:not([disabled])").click()
+    page.wait_for_function("document.querySelector('#job-page .meta .state').textContent === 'cancelled'")
+    assert api(dashboard, f"api/jobs/{job_id}")["state"] == "cancelled"
+    assert browser.errors == []
+
+
+ITEMS_DONE = """() => [...document.querySelectorAll('tr[data-node] .node-items')]
+    .reduce((sum, cell) => sum + Number(cell.textContent.replace(/,/g, '')), 0)"""
