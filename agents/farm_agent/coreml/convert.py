@@ -12,9 +12,10 @@ What the package is, and why:
   and flexible ("range") shapes run on the CPU or GPU. A batch is padded up to its bucket (buckets.py). The
   functions share their weights in the package.
 - Compute units CPU_AND_NE: a load-time choice in Core ML, recorded in the package's metadata for the ANE backend.
-- Captured with torch.export (then the core ATen decompositions), else torch.jit.trace: coremltools 9.0 is tested
-  against torch 2.7, and with torch 2.13 torch.export converts models that jit.trace does not (transformers' BERT
-  masks), while jit.trace takes models that torch.export refuses (a Python int from a tensor).
+- Captured with torch.export, else torch.export lowered to core ATen ops, else torch.jit.trace (CAPTURES): coremltools
+  9.0 is tested against torch 2.7 only. With torch 2.13, torch.export converts the models here; transformers' own
+  BERT needs the core ATen lowering (coremltools has no converter for new_ones) and does not trace (a tensor turned
+  into a Python int); jit.trace remains for models that torch.export refuses.
 - Cached by model hash (architecture, weights, input item shape and dtype, buckets, coremltools version): a model
   converts once per node, under <FARM_STATE_DIR>/coreml/<hash>.mlpackage.
 """
@@ -29,7 +30,7 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,7 +70,7 @@ class ConversionError(Exception):
 class Conversion:
     package: PackageInfo
     notes: tuple[str, ...]  # rewrites made and Neural-Engine obstacles found
-    source: str  # torch.export or torch.jit.trace
+    source: str  # how the model was captured: a CAPTURES key
     seconds: float  # 0 when it came from the cache
     cached: bool
 
@@ -106,43 +107,55 @@ def example_batch(examples: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(batch.astype(core_ml_dtype(examples.dtype)))
 
 
-def _capture(module: nn.Module, batch: torch.Tensor) -> tuple[object, str]:
-    """The model as coremltools takes it: an ExportedProgram, else a TorchScript trace. Raises ConversionError."""
+def _export(module: nn.Module, batch: torch.Tensor, decompose: bool) -> object:
     import torch
 
-    try:
-        with warnings.catch_warnings():  # torch.export's own deprecation notices are not the user's concern
-            warnings.simplefilter("ignore", FutureWarning)
-            exported = torch.export.export(module, (batch,), strict=False)
-        return exported.run_decompositions(), "torch.export"
-    except Exception as export_error:  # torch.export's failures span many types; each says what it refused
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            try:
-                return torch.jit.trace(module, batch, check_trace=False), "torch.jit.trace"
-            except Exception as trace_error:
-                raise ConversionError(
-                    f"neither torch.export ({type(export_error).__name__}: {_first_line(export_error)}) nor "
-                    f"torch.jit.trace ({type(trace_error).__name__}: {_first_line(trace_error)}) captures the model"
-                ) from None
+    with warnings.catch_warnings():  # torch.export's own deprecation notices are not the user's concern
+        warnings.simplefilter("ignore", FutureWarning)
+        exported = torch.export.export(module, (batch,), strict=False)
+        # Without decompositions composite ops that coremltools converts whole (einsum) stay whole; the core ATen
+        # decompositions lower ops it does not know (new_ones, in transformers' masks) at the cost of more ops.
+        return exported.run_decompositions() if decompose else exported.run_decompositions({})
+
+
+def _trace(module: nn.Module, batch: torch.Tensor) -> object:
+    import torch
+
+    with warnings.catch_warnings():  # TracerWarnings, and jit.trace's own deprecation
+        warnings.simplefilter("ignore")
+        return torch.jit.trace(module, batch, check_trace=False)
+
+
+# How a model is captured for coremltools, tried in this order; the first that converts is used for every bucket.
+CAPTURES: dict[str, Callable[[nn.Module, torch.Tensor], object]] = {
+    "torch.export": lambda module, batch: _export(module, batch, decompose=False),
+    "torch.export (core ATen)": lambda module, batch: _export(module, batch, decompose=True),
+    "torch.jit.trace": _trace,
+}
 
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
-def _convert_bucket(module: nn.Module, batch: np.ndarray) -> tuple[object, str]:
+def _convert_bucket(module: nn.Module, batch: np.ndarray, sources: Sequence[str]) -> tuple[object, str]:
+    """The model converted for one batch shape, through the first capture in `sources` that converts."""
     import coremltools as ct
     import torch
 
-    captured, source = _capture(module, torch.from_numpy(batch))
-    try:
-        with _quiet():
-            mlmodel = _ct_convert(ct, captured, batch)
-    except Exception as exc:  # the converter's errors name the op it could not convert
-        raise ConversionError(f"coremltools could not convert the {source} capture: {type(exc).__name__}: "
-                              f"{_first_line(exc)}") from None
-    return mlmodel, source
+    failures = []
+    for source in sources:
+        try:
+            captured = CAPTURES[source](module, torch.from_numpy(batch))
+        except Exception as exc:  # capture failures span many types; each says what it refused
+            failures.append(f"{source}: {type(exc).__name__}: {_first_line(exc)}")
+            continue
+        try:
+            with _quiet():
+                return _ct_convert(ct, captured, batch), source
+        except Exception as exc:  # the converter's errors name the op it could not convert
+            failures.append(f"{source} then coremltools: {type(exc).__name__}: {_first_line(exc)}")
+    raise ConversionError("; ".join(failures))
 
 
 def _ct_convert(ct: Any, captured: object, batch: np.ndarray) -> object:
@@ -159,8 +172,10 @@ def _ct_convert(ct: Any, captured: object, batch: np.ndarray) -> object:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """coremltools draws a progress bar per pass on stderr; a conversion's own errors are raised, not printed."""
-    with contextlib.redirect_stderr(io.StringIO()):
+    """coremltools draws a progress bar per pass on stderr and warns about casts of its own constants (fp16 overflow of
+    an unbounded clip); a conversion's own errors are raised, not printed."""
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         yield
 
 
@@ -181,8 +196,10 @@ def convert(module: nn.Module, examples: np.ndarray, out: Path, buckets: Sequenc
     source = ""
     with tempfile.TemporaryDirectory(prefix="farm-coreml-") as tmp:
         descriptor = ct.utils.MultiFunctionDescriptor()
+        sources: Sequence[str] = tuple(CAPTURES)
         for bucket in buckets:
-            mlmodel, source = _convert_bucket(form.module, example_batch(examples, bucket))
+            mlmodel, source = _convert_bucket(form.module, example_batch(examples, bucket), sources)
+            sources = (source,)  # every bucket the same way
             path = Path(tmp) / f"{FUNCTION_PREFIX}{bucket}.mlpackage"
             mlmodel.save(str(path))  # type: ignore[attr-defined]
             descriptor.add_function(str(path), src_function_name="main",
