@@ -10,7 +10,7 @@ from rich.table import Table
 
 from farm.cli.options import Json
 from farm.cli.render import console, print_json
-from farm.core.errors import UserError
+from farm.core.errors import NotFoundError, UserError
 
 if TYPE_CHECKING:
     from farm_agent.tuner.evaluator import Result
@@ -34,12 +34,16 @@ def eval_command(
     json: Json = False,
 ) -> None:
     """Evaluate eager, torch.compile (default mode) and the given candidates: correctness, median time, speedups."""
-    from farm_agent.tuner.evaluator import COMPILE_DEFAULT, cuda_available, evaluate, file_candidate
+    # What can be checked without torch is checked first: importing it takes seconds.
+    if device is not None and not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
+    for path, what in [(problem, "problem"), *((c, "candidate") for c in candidate or [])]:
+        if not path.is_file():
+            raise NotFoundError(f"{what} file {path} not found")
+    from farm_agent.tuner.evaluator import COMPILE_DEFAULT, cuda_available, evaluate, file_candidate  # imports torch
 
     if device is None:
         device = "cuda" if cuda_available() else "cpu"
-    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
-        raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
     candidates = [COMPILE_DEFAULT, *(file_candidate(path) for path in candidate or [])]
     results = evaluate(problem, candidates, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=timeout_s)
     rows = [row(r, results) for r in results]

@@ -95,17 +95,13 @@ def test_memoised_answers_are_faster_than_the_speed_of_light() -> None:
     assert results["eager"].correct and results["eager"].median_ms > results["eager"].speed_of_light_ms
 
 
-def test_built_in_transforms_share_a_child_and_compile_is_judged_like_any_candidate() -> None:
-    seeds = (11, 12, 13)
+def test_an_unknown_transform_fails_alone_and_same_layers_get_the_same_weights() -> None:
+    # torch.compile itself is exercised end to end by tests/e2e/test_kernels_cli.py.
     results = by_name(evaluate(PROBLEMS / "linear_gelu.py",
-                               [Candidate("compile-default", transform="compile-default"),
-                                Candidate("nonsense", transform="no-such-transform"),
-                                candidate("honest_linear_gelu")], device="cpu", seeds=seeds))
-    assert list(results) == ["eager", "compile-default", "nonsense", "file:honest_linear_gelu"]
+                               [Candidate("nonsense", transform="no-such-transform"), candidate("honest_linear_gelu")],
+                               device="cpu", seeds=(11, 12, 13)))
+    assert list(results) == ["eager", "nonsense", "file:honest_linear_gelu"]
     assert results["eager"].correct
-    compiled = results["compile-default"]
-    # Where inductor cannot build (no C compiler), the candidate is reported as not compiled, with the reason.
-    assert compiled.correct or (not compiled.compiled and compiled.error.startswith("build failed")), compiled
     assert "no-such-transform" in results["nonsense"].error and not results["nonsense"].correct
     honest = results["file:honest_linear_gelu"]
     assert honest.correct and 0 < honest.max_abs_err < 1e-5  # same weights (same seed), a different GELU formula

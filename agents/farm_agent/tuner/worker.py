@@ -222,6 +222,8 @@ class Session:
         self.problem: Problem = load_problem(request["problem"])
         self.device = torch.device(request["device"])
         self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:  # "cuda" means the current GPU: name it, as tensors do
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.seeds: list[int] = list(request["seeds"])
         self.timing_seeds: list[int] = list(request["timing_seeds"])
         self.runs: int = int(request["runs"])
@@ -243,7 +245,7 @@ class Session:
 
     def setup(self) -> dict[str, Any]:
         """Run the reference once on a probe input: its FLOPs, its bytes and its outputs' shapes."""
-        inputs = self.problem.inputs(self.device, seed=self.timing_seeds[0] + 1)
+        inputs = self.problem.inputs(self.device, seed=max(self.timing_seeds) + 1)
         for i, value in enumerate(inputs):
             if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.ne(0).any()):
                 raise ValueError(f"get_inputs()[{i}] is all zeros: inputs must be random, never zeros")
@@ -298,7 +300,7 @@ class Session:
         if importlib.util.find_spec("farm_agent.tuner.candidates") is not None:
             from farm_agent.tuner import candidates  # the optimizer's transforms, when they are installed
 
-            example = self.problem.inputs(self.device, seed=self.timing_seeds[0])
+            example = self.problem.inputs(self.device, seed=max(self.timing_seeds) + 2)
             return candidates.build(transform, model, example, dict(candidate.get("params") or {}))
         if transform == "compile-default":
             return torch.compile(model)
