@@ -1,8 +1,9 @@
 """`/metrics`: the store read at scrape time, in Prometheus' text format. No gauges are kept between scrapes, so a
 scrape always says what the store says now.
 
-Labels: `node` is a node's id and `name` its name; `job` a job's id. Power and energy carry `source` (counter |
-vendor-estimate | model-estimate) and `scope` (device | package | system), so a dashboard can keep estimates apart.
+Labels: `node` is a node's id and `name` its name; `job_id` a job's id (not `job`: Prometheus gives every target
+that one). Power and energy carry `source` (counter | vendor-estimate | model-estimate) and `scope` (device | package
+| system), so a dashboard can keep estimates apart. farm/dashboard/grafana/farm.json charts these.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class FarmCollector(Collector):
             items.add_metric([node_id, name], count)
         yield from (energy, items)
 
-        job_labels = ["job", "name"]
+        job_labels = ["job_id", "name"]
         job_info = GaugeMetricFamily("farm_job_info", "1 per job; its kind and state as labels.",
                                      labels=[*job_labels, "kind", "state"])
         progress = GaugeMetricFamily("farm_job_progress_ratio", "Items done over items, 0 to 1.", labels=job_labels)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -15,6 +16,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import farm.dashboard
 from farm.core.energy import DevicePower, Energy, EnergyScope, EnergySource
 from farm.core.errors import UserError
 from farm.core.models import BackendName, BackendOffer, Gpu, Hardware, JobState, NodeState
@@ -221,9 +223,9 @@ def test_metrics_scrape_cleanly_with_each_figure_labelled(tmp_path: Path) -> Non
         assert value("farm_node_items_total", **gpu) == 50
         assert value("farm_node_shards_running", **gpu) == 1
         assert value("farm_node_busy", node="n-cpu", name="laptop") == 1
-        assert value("farm_job_progress_ratio", job="j-1", name="digits") == 0.5
-        assert value("farm_job_energy_joules", job="j-1", name="digits", source="counter") == 25.0
-        assert value("farm_job_info", job="j-3", name="queued-one", kind="inference", state="queued") == 1
+        assert value("farm_job_progress_ratio", job_id="j-1", name="digits") == 0.5
+        assert value("farm_job_energy_joules", job_id="j-1", name="digits", source="counter") == 25.0
+        assert value("farm_job_info", job_id="j-3", name="queued-one", kind="inference", state="queued") == 1
         assert any(name == "process_resident_memory_bytes" for name, _ in samples)  # the head process's health
 
     run(tmp_path, scenario)
@@ -310,3 +312,21 @@ def test_the_dashboard_port_falls_back_only_when_none_was_asked_for() -> None:
     port = free_port()
     assert pick_port("127.0.0.1", None, default=port) == port
     assert pick_port("127.0.0.1", 0, default=port) > 0
+
+
+def test_the_grafana_dashboard_charts_only_metrics_the_head_exports(tmp_path: Path) -> None:
+    grafana = json.loads((Path(farm.dashboard.__file__).parent / "grafana" / "farm.json").read_text())
+    wanted = {
+        name for panel in grafana["panels"] for target in panel["targets"]
+        for name in re.findall(r"\b(?:farm|process)_[a-z_]+\b", target["expr"])
+    }
+    assert {"farm_node_power_watts", "farm_node_energy_joules_total", "farm_job_progress_ratio"} <= wanted
+
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        async with served.http.get(served.url + "metrics") as response:
+            exported = {s.name for f in text_string_to_metric_families(await response.text()) for s in f.samples}
+        assert wanted <= exported, wanted - exported
+
+    run(tmp_path, scenario)
