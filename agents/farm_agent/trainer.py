@@ -17,6 +17,7 @@ worker is on CUDA. Torch is imported inside the actor only: the head imports thi
 from __future__ import annotations
 
 import io
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,9 @@ from farm_agent.power import meter_for
 if TYPE_CHECKING:
     import torch
 
-# Steps whose compute time the speed probe averages: enough to get past the first (slow) step.
-PROBE_STEPS = 3
+# Forward-and-backward passes the speed probe times after one untimed pass (the first is slow); it takes their
+# median, which one descheduled pass does not move. The first stretch's measured speeds correct it anyway.
+PROBE_STEPS = 5
 
 
 class TrainWorker:
@@ -88,7 +90,7 @@ class TrainWorker:
             self._sync_device()
             timings.append(time.perf_counter() - began)
         self.model.zero_grad(set_to_none=True)
-        return items / (sum(timings[1:]) / PROBE_STEPS)
+        return items / statistics.median(timings[1:])
 
     def train(self, first: int, last: int, shares: list[int]) -> dict[str, Any]:
         """Steps [first, last) with `shares` (items of each global batch, per rank); losses of the global batch."""
