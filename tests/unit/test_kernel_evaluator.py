@@ -98,9 +98,11 @@ def test_memoised_answers_are_faster_than_the_speed_of_light() -> None:
 def test_an_unknown_transform_fails_alone_and_same_layers_get_the_same_weights() -> None:
     # torch.compile itself is exercised end to end by tests/e2e/test_kernels_cli.py.
     results = by_name(evaluate(PROBLEMS / "linear_gelu.py",
-                               [Candidate("nonsense", transform="no-such-transform"), candidate("honest_linear_gelu")],
-                               device="cpu", seeds=(11, 12, 13)))
-    assert list(results) == ["eager", "nonsense", "file:honest_linear_gelu"]
+                               [Candidate("nonsense", transform="no-such-transform"), candidate("honest_linear_gelu"),
+                                candidate("cheat_zero_reference")], device="cpu", seeds=(11, 12, 13), parallel=2))
+    assert list(results) == ["eager", "nonsense", "file:honest_linear_gelu", "file:cheat_zero_reference"]
+    zeroed = results["file:cheat_zero_reference"]
+    assert not zeroed.correct and zeroed.error == "rejected: modified the reference model's parameters or buffers"
     assert results["eager"].correct
     assert "no-such-transform" in results["nonsense"].error and not results["nonsense"].correct
     honest = results["file:honest_linear_gelu"]

@@ -30,7 +30,7 @@ import types
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -213,16 +213,15 @@ def evaluate(
         "memory_limit_bytes": memory_limit_bytes,
         "flush_bytes": flush_bytes or (256 << 20 if device.startswith("cuda") else 8 << 20),
     }
-    ordered = [EAGER] + [c for c in candidates if not (c.transform == "eager" and c.file is None)]
-    ordered = [c if c.transform != "eager" else next((d for d in candidates if d.transform == "eager"), c)
-               for c in ordered]
+    eager = next((c for c in candidates if c.transform == "eager"), EAGER)  # the baseline, given or not
+    ordered = [eager, *(c for c in candidates if c is not eager)]
     transforms = [c for c in ordered if c.file is None]
     files = [c for c in ordered if c.file is not None]
 
     raw: dict[str, dict[str, Any]] = {}
     trusted = _run_group(loaded.name, transforms, setup, timeout_s, startup_timeout_s, memory_limit_bytes, raw)
     if trusted is None:  # the problem itself does not run: nothing can be judged
-        raise SpecError(f"problem {loaded.name}: {raw[EAGER.name]['error']}")
+        raise SpecError(f"problem {loaded.name}: {raw[eager.name]['error']}")
     with ThreadPoolExecutor(max_workers=max(parallel, 1)) as pool:  # threads only wait on children here
         list(pool.map(lambda c: _run_group(loaded.name, [c], setup, timeout_s, startup_timeout_s,
                                            memory_limit_bytes, raw), files))
@@ -244,20 +243,14 @@ def _judge(data: dict[str, Any], candidate: Candidate, atol: float, rtol: float,
         sound = False
         error = (f"rejected: faster than the speed of light ({result.median_ms:.4f} ms < {sol_ms:.4f} ms for "
                  f"{info['flops']:.3g} FLOP and {info['bytes']:.3g} bytes on {info['device_name']})")
-    result = _replace(result, sound=sound, error=error)
+    result = replace(result, sound=sound, error=error)
     correct = result.correct_under(atol, rtol)
     if sound and not correct:
         if result.rel_norm_err > max(atol, rtol):
             error = f"incorrect: relative norm error {result.rel_norm_err:.3g} > {max(atol, rtol):g}"
         else:
             error = f"incorrect: max |out - ref| / (atol + rtol |ref|) = {result.max_scaled_err:.3g} > 1"
-    return _replace(result, correct=correct, error=error)
-
-
-def _replace(result: Result, **changes: Any) -> Result:
-    from dataclasses import replace
-
-    return replace(result, **changes)
+    return replace(result, correct=correct, error=error)
 
 
 def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], timeout_s: float,

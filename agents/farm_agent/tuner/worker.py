@@ -87,15 +87,18 @@ class Rejected(Exception):
 # -- guards -------------------------------------------------------------------------------------------------------
 
 
-def guarded_callables() -> dict[str, object]:
+def guarded_callables(problem: Problem) -> dict[str, object]:
     """Every function and class of the modules that timing and checking rely on, by name. Compared by identity
     before and after candidate code runs: a candidate that rebinds any of them (time.perf_counter,
-    torch.cuda.Event.elapsed_time, torch.Tensor.sub, this worker's own functions, ...) is rejected."""
+    torch.cuda.Event.elapsed_time, torch.Tensor.sub, this worker's own functions, the problem's get_inputs or
+    Model.forward, ...) is rejected."""
     owners: list[tuple[str, Any]] = [
         ("time", time), ("threading", threading), ("os", os), ("json", json), ("builtins", builtins),
         ("math", math), ("statistics", statistics), ("torch", torch), ("torch.Tensor", torch.Tensor),
         ("torch._C.TensorBase", torch._C.TensorBase), ("torch.cuda", torch.cuda), ("torch.cuda.Event", torch.cuda.Event),
-        ("torch.cuda.Stream", torch.cuda.Stream), ("torch.linalg", torch.linalg), ("worker", sys.modules[__name__]),
+        ("torch.cuda.Stream", torch.cuda.Stream), ("torch.linalg", torch.linalg), ("torch.nn.Module", torch.nn.Module),
+        ("worker", sys.modules[__name__]), ("farm_agent.tuner.problem", sys.modules[Problem.__module__]),
+        ("Problem", Problem), ("problem", problem.module), ("Model", problem.module.Model),
     ]
     found: dict[str, object] = {}
     for label, owner in owners:
@@ -109,8 +112,8 @@ def guarded_callables() -> dict[str, object]:
 REWRAPPED_BY_TORCH = frozenset({"torch.manual_seed"})
 
 
-def check_unpatched(before: dict[str, object]) -> None:
-    after = guarded_callables()
+def check_unpatched(before: dict[str, object], problem: Problem) -> None:
+    after = guarded_callables(problem)
     changed = sorted(
         name for name, value in before.items()
         if after.get(name) is not value
@@ -147,6 +150,13 @@ def poison(values: list[Any]) -> None:
                 value.fill_(True)
             else:
                 value.fill_(torch.iinfo(value.dtype).max)
+
+
+def fingerprint(module: torch.nn.Module) -> list[tuple[str, float, float]]:
+    """Each parameter's and buffer's sum and sum of squares, in float64."""
+    with torch.no_grad():
+        return [(name, float(t.double().sum()), float(t.double().square().sum()))
+                for name, t in module.state_dict(keep_vars=True).items() if isinstance(t, torch.Tensor)]
 
 
 def storage_span(t: torch.Tensor) -> tuple[int, int]:
@@ -241,6 +251,7 @@ class Session:
         # that every timed run starts with cold caches, as one forward among others in a real job would.
         self.flush = torch.empty(int(request["flush_bytes"]) // 4, dtype=torch.float32, device=self.device)
         self.reference = self.problem.model(self.device)
+        self.reference_fingerprint = fingerprint(self.reference)
         self.outputs: list[tuple[list[int], torch.dtype]] = []
 
     def setup(self) -> dict[str, Any]:
@@ -264,6 +275,13 @@ class Session:
         }
         poison(out + inputs)
         return info
+
+    def check_untouched(self, guard: dict[str, object]) -> None:
+        """Nothing the checks rely on was replaced, and the reference model still has the weights it was built with
+        (a candidate can reach it through the garbage collector: zeroed weights would make zeros look right)."""
+        check_unpatched(guard, self.problem)
+        if fingerprint(self.reference) != self.reference_fingerprint:
+            raise Rejected("modified the reference model's parameters or buffers")
 
     def device_name(self) -> str:
         return torch.cuda.get_device_name(self.device) if self.cuda else "cpu"
@@ -291,7 +309,7 @@ class Session:
             if started := new_threads(threads):
                 raise Rejected(f"started thread {started[0]!r} while importing or constructing (work must run on "
                                "the caller's thread)")
-            check_unpatched(guard)
+            check_unpatched(guard, self.problem)
             return module
         transform = candidate["transform"]
         model = self.problem.model(self.device)
@@ -362,7 +380,7 @@ class Session:
             "max_abs_err": math.inf, "rel_norm_err": math.inf, "max_scaled_err": math.inf, "excess": [],
             "median_ms": None, "min_ms": None, "runs": 0, "error": "",
         }
-        guard = guarded_callables()
+        guard = guarded_callables(self.problem)
         errors = Errors(self.atol, self.rtol)
         try:
             with torch.no_grad():
@@ -375,9 +393,9 @@ class Session:
                     return result
                 # Built-in transforms' first call is where compilers compile, and they may start helper threads then.
                 self.check_correctness(fn, errors, result, trusted=not candidate.get("file"))
-                check_unpatched(guard)
+                self.check_untouched(guard)
                 times = self.time(fn, errors)
-                check_unpatched(guard)
+                self.check_untouched(guard)
             result.update(errors.record())
             result.update(sound=True, median_ms=statistics.median(times), min_ms=min(times), runs=len(times))
         except Rejected as exc:
