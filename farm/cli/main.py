@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from farm.cli import agent, demo, head, jobs, kernels, nodes, top
+from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, top
 from farm.cli.render import fail
 from farm.core.errors import FarmError
 
@@ -17,6 +17,7 @@ app = typer.Typer(
 app.add_typer(head.app, name="head")
 app.add_typer(agent.app, name="agent")
 app.add_typer(kernels.app, name="kernels")
+app.add_typer(ane.app, name="ane")
 app.command("nodes")(nodes.nodes)
 jobs.register(app)
 app.command("demo")(demo.demo)
