@@ -21,26 +21,28 @@ import json
 import logging
 import socket
 import time
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from farm.core.errors import AuthError, ConflictError, FarmError, NotFoundError, UserError
-from farm.core.models import JobState
+from farm.core.models import JobState, Node
 from farm.dashboard import metrics
 from farm.dashboard.history import History, Reading
 from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
-from farm.head.store import Store
+from farm.head.store import Job, NodeWork, Store
 from farm.local import free_port
 
 log = logging.getLogger("farm.dashboard")
 
 STATIC = resources.files("farm.dashboard") / "static"
 JOBS_SHOWN = 50
+LOOP_SHARE = 10  # a tick that took t seconds waits at least LOOP_SHARE × t for the next
 HTTP_STATUS = {AuthError: 401, NotFoundError: 404, ConflictError: 409, UserError: 400}
 # The page loads nothing from elsewhere: it works offline, and injected markup could not fetch anything either.
 CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'"
@@ -69,13 +71,16 @@ def _can_bind(host: str, port: int) -> bool:
 
 
 class Feed:
-    """The latest tick, handed to every live-update stream: computed once however many pages are open."""
+    """The latest tick, handed to every open page's event stream: built once however many pages are open, and only
+    while one is (at thousands of nodes a tick is megabytes of JSON)."""
 
     def __init__(self) -> None:
         self._changed = asyncio.Condition()
         self.seq = 0
         self.payload = b""
         self.closed = False
+        self.watchers = 0
+        self.wanted = asyncio.Event()  # a page has just opened: it wants a tick now, not at the next period
 
     async def publish(self, payload: bytes) -> None:
         async with self._changed:
@@ -114,8 +119,7 @@ class Dashboard:
 
     async def start(self, store: Store, jobs: Jobs, tokens: Tokens) -> dict[str, str]:
         self.store, self.jobs, self.tokens = store, jobs, tokens
-        self.registry: CollectorRegistry = metrics.registry(store)
-        await self.sample()  # the first page and scrape already have figures
+        await self.sample()  # the charts start with a point
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         try:
@@ -137,28 +141,37 @@ class Dashboard:
     # ---- sampling
 
     async def _sample_forever(self) -> None:
+        rest = 0.0
         while True:
-            await asyncio.sleep(self.sample_every_s)
+            # The head's event loop serves thousands of agents first: a tick that took t seconds is followed by
+            # LOOP_SHARE × t of rest, even for a page that opens meanwhile, so the dashboard keeps to a small share.
+            await asyncio.sleep(rest)
+            try:
+                await asyncio.wait_for(self.feed.wanted.wait(), timeout=max(self.sample_every_s - rest, 0.0))
+            except TimeoutError:
+                pass
+            self.feed.wanted.clear()
+            started = time.monotonic()
             try:
                 await self.sample()
             except Exception:  # one bad tick (a locked store, say) must not end the live view; the next may work
                 log.exception("dashboard sample")
+            rest = LOOP_SHARE * (time.monotonic() - started)
 
     async def sample(self) -> None:
-        """Read the store once: add a tick to the history and hand the live view its update."""
+        """Read the store once: add a tick to the history and, while a page is open, hand it the update."""
         now = time.time()
         nodes = self.store.nodes()
         readings = {
             n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power)) for n in nodes if n.state in LIVE_STATES
         }
         self.history.add(now, readings)
-        fleet = fleet_view(nodes, self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node())
-        update = {
-            "fleet": fleet,
-            "jobs": [job_summary(j) for j in self.store.jobs(limit=JOBS_SHOWN)],
-            "sample": {"t": now, "values": {i: [r.cpu_percent, r.power_w] for i, r in readings.items()}},
-        }
-        await self.feed.publish(f"event: tick\ndata: {json.dumps(update)}\n\n".encode())
+        if not self.feed.watchers:
+            return
+        running, work = self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
+        jobs = self.store.jobs(limit=JOBS_SHOWN)
+        payload = await asyncio.to_thread(_tick, now, nodes, running, work, jobs, readings)
+        await self.feed.publish(payload)
 
     # ---- HTTP
 
@@ -183,13 +196,12 @@ class Dashboard:
         return web.FileResponse(str(STATIC / "index.html"))
 
     async def fleet(self, request: web.Request) -> web.Response:
-        nodes = self.store.nodes()
-        return web.json_response(fleet_view(nodes, self.store.jobs(states=(JobState.RUNNING,)),
-                                            self.store.work_by_node()))
+        nodes, running, work = self.store.nodes(), self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
+        return await _json_response(fleet_view, nodes, running, work)
 
     async def job_list(self, request: web.Request) -> web.Response:
-        limit = _int_query(request, "limit", JOBS_SHOWN)
-        return web.json_response([job_summary(j) for j in self.store.jobs(limit=limit)])
+        jobs = self.store.jobs(limit=_int_query(request, "limit", JOBS_SHOWN))
+        return await _json_response(lambda: [job_summary(j) for j in jobs])
 
     async def job(self, request: web.Request) -> web.Response:
         return web.json_response(job_view(self.store.job(request.match_info["job_id"])))
@@ -206,27 +218,50 @@ class Dashboard:
         return web.Response(status=204)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        body = await asyncio.to_thread(metrics.exposition, metrics.read(self.store))  # read here, rendered off-loop
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def events(self, request: web.Request) -> web.StreamResponse:
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await stream.prepare(request)
         await stream.write(b"retry: 2000\n\n")  # after a head restart, the page reconnects within 2 s
-        seen = -1
-        while True:
-            payload, seen = await self.feed.next(seen)
-            if payload is None:
-                break
-            try:
+        seen = self.feed.seq  # from the next tick on, which the sampler makes now for this page
+        self.feed.watchers += 1
+        self.feed.wanted.set()
+        try:
+            while True:
+                payload, seen = await self.feed.next(seen)
+                if payload is None:
+                    break
                 await stream.write(payload)
-            except ConnectionError:  # the page went away
-                break
+        except ConnectionError:  # the page went away
+            pass
+        finally:
+            self.feed.watchers -= 1
         return stream
 
     def _check_token(self, request: web.Request) -> None:
         presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not hmac.compare_digest(presented.encode(), self.tokens.api.encode()):
             raise AuthError("invalid or missing API token")
+
+
+def _tick(now: float, nodes: list[Node], running: list[Job], work: list[NodeWork], jobs: list[Job],
+          readings: dict[str, Reading]) -> bytes:
+    """One live update, as a server-sent event: the fleet, the latest jobs and the new sample."""
+    update = {
+        "fleet": fleet_view(nodes, running, work),
+        "jobs": [job_summary(j) for j in jobs],
+        "sample": {"t": now, "values": {i: [r.cpu_percent, r.power_w] for i, r in readings.items()}},
+    }
+    return f"event: tick\ndata: {json.dumps(update)}\n\n".encode()
+
+
+async def _json_response(build: Callable[..., Any], *args: Any) -> web.Response:
+    """Build and encode a reply off the event loop (pure work on what was read from the store): at thousands of
+    nodes it takes a good part of a second."""
+    text = await asyncio.to_thread(lambda: json.dumps(build(*args)))
+    return web.Response(text=text, content_type="application/json")
 
 
 def _int_query(request: web.Request, name: str, default: int) -> int:

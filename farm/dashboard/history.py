@@ -64,9 +64,12 @@ class History:
         up to `limit` nodes, the busiest over the window first, since a chart of thousands of lines shows nothing."""
         order = [(self._next + i) % self.capacity for i in range(self.capacity)]
         slots = [s for s in order if not math.isnan(self._times[s]) and self._times[s] >= now - self.window_s]
-        cpu = self._cpu[slots, :]
-        power = self._power[slots, :]
-        busiest = sorted(self._column, key=lambda n: (-_mean(cpu[:, self._column[n]]), self._names[n]))
+        cpu = self._cpu[slots, : len(self._column)]
+        power = self._power[slots, : len(self._column)]
+        present = ~np.isnan(cpu)
+        means = np.where(present, cpu, 0).sum(axis=0) / np.maximum(present.sum(axis=0), 1)
+        means[~present.any(axis=0)] = -1.0  # never live in the window: last
+        busiest = sorted(self._column, key=lambda n: (-means[self._column[n]], self._names[n]))
         return {
             "window_s": self.window_s,
             "t": [float(self._times[s]) for s in slots],
@@ -83,11 +86,6 @@ def _widen(ring: np.ndarray, width: int) -> np.ndarray:
     wider = np.full((ring.shape[0], width), np.nan, dtype=ring.dtype)
     wider[:, : ring.shape[1]] = ring
     return wider
-
-
-def _mean(values: np.ndarray) -> float:
-    present = values[~np.isnan(values)]
-    return float(present.mean()) if present.size else -1.0
 
 
 def _values(column: np.ndarray) -> list[float | None]:

@@ -1,5 +1,5 @@
 """`/metrics`: the store read at scrape time, in Prometheus' text format. No gauges are kept between scrapes, so a
-scrape always says what the store says now.
+scrape always says what the store says now: `read` takes the figures, `exposition` renders them.
 
 Labels: `node` is a node's id and `name` its name; `job_id` a job's id (not `job`: Prometheus gives every target
 that one). Power and energy carry `source` (counter | vendor-estimate | model-estimate) and `scope` (device | package
@@ -10,30 +10,54 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from farm.core.models import JobState, NodeState, ShardState
+from farm.core.models import JobState, Node, NodeState, ShardState
 from farm.dashboard.views import running_shards_by_node
-from farm.head.store import Store
+from farm.head.store import Job, NodeWork, Store
 
 UNFINISHED = (JobState.QUEUED, JobState.RUNNING)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """What a scrape reports, read from the store in one go (on the head's event loop, where the store lives)."""
+
+    nodes: list[Node]
+    unfinished: list[Job]
+    finished: list[Job]  # the latest ones only: each job's series lasts a few scrapes after it ends
+    work: list[NodeWork]
+    job_counts: dict[str, int]
+
+
+def read(store: Store, finished_jobs: int = 20) -> Snapshot:
+    unfinished = store.jobs(states=UNFINISHED)
+    latest = store.jobs(limit=finished_jobs + len(unfinished))
+    return Snapshot(store.nodes(), unfinished, [j for j in latest if j.state.finished][:finished_jobs],
+                    store.work_by_node(), store.job_counts())
+
+
+def exposition(snapshot: Snapshot) -> bytes:
+    """The text a scrape gets: Farm's figures and the head process's own (CPU, memory, open files). Pure apart from
+    reading /proc, so it can run off the event loop: at thousands of nodes it takes a while."""
+    registry = CollectorRegistry()
+    registry.register(FarmCollector(snapshot))
+    ProcessCollector(registry=registry)
+    return generate_latest(registry)
+
+
 class FarmCollector(Collector):
-    def __init__(self, store: Store, finished_jobs: int = 20) -> None:
-        self.store = store
-        self.finished_jobs = finished_jobs  # how many of the latest finished jobs keep their series
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        nodes = self.store.nodes()
-        unfinished = self.store.jobs(states=UNFINISHED)
-        latest = self.store.jobs(limit=self.finished_jobs + len(unfinished))
-        finished = [j for j in latest if j.state.finished][: self.finished_jobs]
+        nodes, unfinished, finished = self.snapshot.nodes, self.snapshot.unfinished, self.snapshot.finished
         running = running_shards_by_node(unfinished)
-        job_counts = self.store.job_counts()
+        job_counts = self.snapshot.job_counts
 
         yield GaugeMetricFamily("farm_up", "1 while the head answers scrapes.", value=1)
         by_state = Counter(n.state.value for n in nodes)
@@ -76,7 +100,7 @@ class FarmCollector(Collector):
         items = CounterMetricFamily("farm_node_items", "Items the node's finished shards processed.",
                                     labels=node_labels)
         items_of: Counter[tuple[str, str]] = Counter()
-        for work in self.store.work_by_node():
+        for work in self.snapshot.work:
             items_of[(work.node_id, work.node_name)] += work.items
             if work.energy_source:  # an unmeasured shard has no energy to count
                 energy.add_metric([work.node_id, work.node_name, work.energy_source, work.energy_scope], work.energy_j)
@@ -105,11 +129,3 @@ class FarmCollector(Collector):
             for source, value in joules.items():
                 job_energy.add_metric([*labels, source], value)
         yield from (job_info, progress, job_items, job_shards, job_energy)
-
-
-def registry(store: Store) -> CollectorRegistry:
-    """A registry of this head's own (not the process-global one): Farm's figures and the head process's."""
-    found = CollectorRegistry()
-    found.register(FarmCollector(store))
-    ProcessCollector(registry=found)  # the head's CPU, memory and open files, for its health
-    return found

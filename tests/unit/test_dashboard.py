@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -236,14 +237,13 @@ def test_the_live_stream_sends_each_new_sample_to_the_page(tmp_path: Path) -> No
         a_fleet(served.store)
         async with served.http.get(served.url + "api/events") as response:
             assert response.content_type == "text/event-stream"
-            first = await next_tick(response)  # the latest tick at once: from before the fleet joined
-            assert first["sample"]["values"] == {}
+            # A tick made for the page as it opens (not the next period's, a minute away here), then one per period.
             first = await next_tick(response)
             assert first["sample"]["values"]["n-gpu"] == [40.0, 300.0]
             assert "n-off" not in first["sample"]["values"]  # offline: a gap in its series, not a zero
             served.store.heartbeat("n-gpu", 75.0, 20.0, (power("cuda:0", 650.0, EnergySource.COUNTER),))
             served.store.add_job("j-4", "new", "inference", "name: new\n", "/code.zip", "/out", 10, [(0, 10)])
-            # The sampler runs every 0.2 s here: the change reaches the open stream without another request.
+            # The change reaches the open stream without another request.
             later = await next_tick(response)
             while later["sample"]["values"]["n-gpu"] != [75.0, 650.0]:
                 later = await next_tick(response)
@@ -257,14 +257,25 @@ def test_the_live_stream_sends_each_new_sample_to_the_page(tmp_path: Path) -> No
     run(tmp_path, scenario, sample_every_s=0.2)
 
 
-async def next_tick(response: aiohttp.ClientResponse) -> dict[str, object]:
+def test_a_page_that_opens_gets_a_tick_at_once_not_at_the_next_period(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        async with served.http.get(served.url + "api/events") as response:
+            tick = await asyncio.wait_for(next_tick(response), timeout=30)  # the period is 10 minutes here
+            assert {n["name"] for n in tick["fleet"]["nodes"]} == {"gpu-box", "mac", "laptop", "gone"}
+
+    run(tmp_path, scenario, sample_every_s=600)
+
+
+async def next_tick(response: aiohttp.ClientResponse) -> dict[str, Any]:
     event = ""
     async for line in response.content:
         text = line.decode().rstrip("\n")
         if text.startswith("event: "):
             event = text.removeprefix("event: ")
         elif text.startswith("data: ") and event == "tick":
-            return dict(json.loads(text.removeprefix("data: ")))
+            update: dict[str, Any] = json.loads(text.removeprefix("data: "))
+            return update
     raise AssertionError("the stream ended")
 
 

@@ -247,7 +247,7 @@ function buildCharts() {
 
 function appendSample(sample) {
   const history = state.history;
-  if (!history) return;
+  if (!history || sample.t <= history.t[history.t.length - 1]) return;  // already in the history fetched
   const charted = new Set(history.nodes.map(n => n.id));
   const unseen = Object.keys(sample.values).some(id => !charted.has(id));
   if (unseen && history.nodes.length < CHARTED_MAX) {
