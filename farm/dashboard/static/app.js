@@ -157,23 +157,25 @@ function renderFleet() {
   const head = h("tr", {}, ["Node", "State", "Activity", "Backends", "CPU", "Memory", "Power", "Shards running",
     "Items done", "Energy", "Perf/W (items/J)", "Heartbeat"].map((c, i) => h("th", {class: i >= 4 && i < 11 ?
       "num" : null}, c)));
-  const rows = nodes.map(n => h("tr", {"data-node": n.name, "data-node-id": n.id},
+  const rows = nodes.map(n => { const live = n.state !== "offline"; return h("tr", {"data-node": n.name,
+      "data-node-id": n.id, class: live ? null : "dim"},
     h("td", {}, h("b", {}, n.name), h("div", {class: "dim"}, n.id)),
     h("td", {class: "node-state"}, stateCell(n.state)),
     h("td", {class: "node-activity", title: n.busy ? `owner busy: ${n.busy}` : null},
       stateCell(n.activity, "act"), n.busy ? h("div", {class: "dim"}, n.busy) : null),
     h("td", {}, n.backends.map(b => h("div", {class: b.available ? null : "dim",
       title: b.available ? b.detail : b.reason}, `${b.name} (${b.device})${b.available ? "" : ": unavailable"}`))),
-    h("td", {class: "num node-cpu"}, `${num(n.cpu_percent)}%`),
-    h("td", {class: "num"}, `${num(n.memory_percent)}%`),
-    h("td", {class: "num node-power"}, n.power.length ? figure(watts(n.power_w), n.power_estimate, n.power_source,
-      n.power.length === 1 ? n.power[0].scope : "") : "-"),
+    // An offline node's last figures are stale: they are not shown as if current.
+    h("td", {class: "num node-cpu"}, live ? `${num(n.cpu_percent)}%` : "-"),
+    h("td", {class: "num"}, live ? `${num(n.memory_percent)}%` : "-"),
+    h("td", {class: "num node-power"}, live && n.power.length ? figure(watts(n.power_w), n.power_estimate,
+      n.power_source, n.power.length === 1 ? n.power[0].scope : "") : "-"),
     h("td", {class: "num node-shards"}, num(n.shards_running)),
     h("td", {class: "num node-items"}, num(n.items_done)),
     h("td", {class: "num"}, n.energy_source ? figure(joules(n.energy_j), n.energy_estimate, n.energy_source) : "-"),
     h("td", {class: "num"}, n.items_per_j == null ? "-" :
       figure(num(n.items_per_j, 1), n.energy_estimate, n.energy_source)),
-    h("td", {}, ago(n.last_heartbeat))));
+    h("td", {}, ago(n.last_heartbeat))); });
   document.getElementById("nodes").replaceChildren(h("thead", {}, head),
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 12, class: "empty"},
       "No nodes yet: join one with the command `farm head start` printed."))));
