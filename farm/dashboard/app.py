@@ -187,7 +187,7 @@ class Dashboard:
             web.get("/api/history", self.history_view),
             web.get("/api/events", self.events),
             web.get("/api/auth", self.auth),
-            web.get("/metrics", self.metrics),
+            web.get("/metrics", self.scrape),
             web.static("/static", str(STATIC)),
         ])
         return app
@@ -217,7 +217,7 @@ class Dashboard:
         self._check_token(request)
         return web.Response(status=204)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def scrape(self, request: web.Request) -> web.Response:
         body = await asyncio.to_thread(metrics.exposition, metrics.read(self.store))  # read here, rendered off-loop
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
