@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import sys
 import time
 from dataclasses import asdict
@@ -40,10 +42,14 @@ def main() -> None:
     parser.add_argument("--candidate-timeout-s", type=float, default=180.0)
     parser.add_argument("--policy", type=Path, default=None, help="policy state to start from and update")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--shuffle-seed", type=int, default=None,
+                        help="tune the problems in a random order (a time limit then cuts a random subset)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
     paths = [p for folder in args.problems for p in problem_paths(folder)]
+    if args.shuffle_seed is not None:
+        random.Random(args.shuffle_seed).shuffle(paths)
     policy = Policy.load(args.policy)
     started = time.perf_counter()
     reports = []
@@ -85,6 +91,8 @@ def write(args: argparse.Namespace, reports: list, failures: dict[str, str], sta
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "wall_s": time.perf_counter() - started,
+        # benchmarks/kernels/evaluator_pending_fix: whether the worker's pending-work check was run with its fix
+        "evaluator_pending_fix": os.environ.get("FARM_EVALUATOR_PENDING_FIX") == "1",
         "summary": {s: asdict(summarize(reports, s)) for s in ("strict", "loose")},
         "reports": [r.to_json() for r in reports],
         "failures": failures,
