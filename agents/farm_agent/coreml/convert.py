@@ -23,6 +23,7 @@ What the package is, and why:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import os
@@ -248,9 +249,16 @@ def cached_conversion(module: nn.Module, examples: np.ndarray, buckets: Sequence
     buckets = normalise(buckets)
     key = model_hash(module, examples.shape[1:], examples.dtype, buckets)
     path = cache_dir(state_dir) / f"{key}.mlpackage"
-    if path.exists():
-        info = read_package(path)
-        form_notes = static_form(module).notes
-        return Conversion(package=info, notes=(*form_notes, *ane_notes(info.function(buckets[-1]))),
-                          source=info.metadata.get(META_SOURCE, ""), seconds=0.0, cached=True)
-    return convert(module, examples, path, buckets, model_key=key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Workers on one node may meet the same model at once: one converts, the others wait and read its package.
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if path.exists():
+                info = read_package(path)
+                form_notes = static_form(module).notes
+                return Conversion(package=info, notes=(*form_notes, *ane_notes(info.function(buckets[-1]))),
+                                  source=info.metadata.get(META_SOURCE, ""), seconds=0.0, cached=True)
+            return convert(module, examples, path, buckets, model_key=key)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
