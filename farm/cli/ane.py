@@ -55,7 +55,8 @@ def convert(
     if not workdir.is_dir():
         raise SpecError(f"working directory {workdir} does not exist")
     try:
-        from farm_agent.coreml.convert import ConversionError, convert as convert_model
+        from farm_agent.coreml.convert import ConversionError
+        from farm_agent.coreml.convert import convert as convert_model
     except ImportError as exc:
         raise UserError(f"coremltools is not installed ({exc}): pip install 'farm[apple]'") from None
     from farm_agent.jobcode import build_model, load_dataset

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from farm.core.models import BackendName, Hardware, Node, NodeState
-from farm.scheduler import ShardRequest, place
 from farm_agent import backends
 from farm_agent.backends import ane, mps
 from farm_agent.coreml.buckets import DEFAULT_BUCKETS, batches, bucket_for, normalise, pad_to
 from farm_agent.coreml.compute_plan import OpPlacement, compute_plan, summarise
+
+from farm.core.models import BackendName, Hardware, Node, NodeState
+from farm.scheduler import ShardRequest, place
 from tests.conftest import FIXTURES, ROOT
 
 MAC_ONLY = pytest.mark.skipif(sys.platform != "darwin", reason="needs macOS: Core ML's runtime and Metal")
@@ -64,7 +64,8 @@ def test_offering_imports_neither_coremltools_nor_torch() -> None:
         "print(names, 'coremltools' in sys.modules, 'torch' in sys.modules)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "agents"), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "['ane', 'cpu', 'mps'] False False"
 
@@ -163,8 +164,9 @@ def test_running_the_ane_backend_off_macos_says_why() -> None:
 
 
 def digits() -> tuple[object, np.ndarray, np.ndarray]:
-    from examples.digits.data import test_set
     from farm_agent.jobcode import build_model
+
+    from examples.digits.data import test_set
 
     inputs, labels = test_set()
     return build_model("examples.digits.model:build", "examples/digits/weights.pt", ROOT), inputs, labels
@@ -173,7 +175,6 @@ def digits() -> tuple[object, np.ndarray, np.ndarray]:
 @MAC_ONLY
 def test_ane_runs_the_digits_model_on_this_mac(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
-
     from farm_agent.coreml.convert import cached_conversion
 
     monkeypatch.setenv("FARM_STATE_DIR", str(tmp_path))

@@ -7,7 +7,6 @@ import sys
 from collections.abc import Sequence
 
 import pytest
-
 from farm_agent.idle_mac import (
     ASSERTIONS_ARGS,
     BATTERY_ARGS,
@@ -26,6 +25,7 @@ from farm_agent.idle_mac import (
     parse_thermal_pressure,
     read_mac_signals,
 )
+
 from tests.conftest import FIXTURES
 
 APPLE = FIXTURES / "apple"
@@ -68,13 +68,13 @@ def test_assertions_system_wide_and_their_holders() -> None:
 
 
 def signals(**changes: object) -> MacSignals:
-    idle = dict(
-        idle_seconds=parse_hid_idle_seconds(fixture("ioreg-hidsystem.txt")),
-        power=parse_power_source(fixture("pmset-batt-ac.txt")),
-        thermal=parse_thermal_pressure(fixture("notifyutil-thermalpressure-nominal.txt")),
-        cpu_speed_limit=parse_cpu_speed_limit(fixture("pmset-therm-nominal.txt")),
-        assertions=parse_assertions(fixture("pmset-assertions-idle.txt")),
-    )
+    idle = {
+        "idle_seconds": parse_hid_idle_seconds(fixture("ioreg-hidsystem.txt")),
+        "power": parse_power_source(fixture("pmset-batt-ac.txt")),
+        "thermal": parse_thermal_pressure(fixture("notifyutil-thermalpressure-nominal.txt")),
+        "cpu_speed_limit": parse_cpu_speed_limit(fixture("pmset-therm-nominal.txt")),
+        "assertions": parse_assertions(fixture("pmset-assertions-idle.txt")),
+    }
     return MacSignals(**{**idle, **changes})  # type: ignore[arg-type]
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from farm_agent.coreml.ane_bert import MeanPooledEmbedderANE
 from farm_agent.coreml.buckets import DEFAULT_BUCKETS
 from farm_agent.coreml.convert import (
@@ -25,6 +24,7 @@ from farm_agent.coreml.convert import (
 )
 from farm_agent.coreml.package_info import read_package
 from farm_agent.jobcode import build_model
+
 from tests.conftest import FIXTURES, ROOT
 
 pytest.importorskip("coremltools", reason="coremltools is in the dev and apple extras")
@@ -137,8 +137,8 @@ def test_the_ane_rewrite_of_minilm_gives_the_same_embeddings_as_the_original() -
 
     original = build()
     rewritten = MeanPooledEmbedderANE(original.encoder).eval()
-    tokens = torch.from_numpy(tokenize(["Return a new set.", "Open a file and return a stream; raise OSError "
-                                        "upon failure.", "x"], length=32))
+    texts = ["Return a new set.", "Open a file and return a stream; raise OSError upon failure.", "x"]
+    tokens = torch.from_numpy(tokenize(texts, length=32))
     with torch.inference_mode():
         np.testing.assert_allclose(rewritten(tokens).numpy(), original(tokens).numpy(), atol=1e-5, rtol=1e-4)
 

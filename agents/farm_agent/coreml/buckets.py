@@ -15,7 +15,7 @@ DEFAULT_BUCKETS: tuple[int, ...] = (1, 8, 32, 64)
 
 def normalise(buckets: Sequence[int]) -> tuple[int, ...]:
     """Sorted, distinct, positive bucket sizes; ValueError for an empty or non-positive set."""
-    sizes = tuple(sorted(set(int(b) for b in buckets)))
+    sizes = tuple(sorted({int(b) for b in buckets}))
     if not sizes or sizes[0] < 1:
         raise ValueError(f"batch buckets must be positive sizes, got {list(buckets)}")
     return sizes

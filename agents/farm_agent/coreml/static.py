@@ -31,17 +31,17 @@ class StaticForm:
 def _sentence_embedder(module: nn.Module) -> StaticForm:
     from farm_agent.coreml.ane_bert import MeanPooledEmbedderANE
 
-    return StaticForm(
-        MeanPooledEmbedderANE(module.encoder).eval(),
-        (
-            "rewritten: the length grouping and per-group padding trim of MiniLMEmbedder.forward are CPU shortcuts "
-            "with data-dependent shapes (argsort, nonzero); the static form embeds the whole padded batch, which "
-            "gives the same vectors",
-            "rewritten per Apple's 'Deploying Transformers on the Apple Neural Engine': (B, C, 1, S) layout, "
-            "Linear -> 1x1 Conv2d, attention split per head (einsum, softmax over keys on axis 1), channel-axis "
-            "LayerNorm, fp16-safe -1e4 mask (farm_agent/coreml/ane_bert.py)",
-        ),
+    static = (
+        "rewritten: the length grouping and per-group padding trim of MiniLMEmbedder.forward are CPU shortcuts with "
+        "data-dependent shapes (argsort, nonzero); the static form embeds the whole padded batch, which gives the "
+        "same vectors"
     )
+    layout = (
+        "rewritten per Apple's 'Deploying Transformers on the Apple Neural Engine': (B, C, 1, S) layout, "
+        "Linear -> 1x1 Conv2d, attention split per head (einsum, softmax over keys on axis 1), channel-axis "
+        "LayerNorm, fp16-safe -1e4 mask (farm_agent/coreml/ane_bert.py)"
+    )
+    return StaticForm(MeanPooledEmbedderANE(module.encoder).eval(), (static, layout))
 
 
 # By the model class's qualified name: the class lives in a job's code, which this package does not import.
