@@ -91,8 +91,8 @@ def write(args: argparse.Namespace, reports: list, failures: dict[str, str], sta
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "wall_s": time.perf_counter() - started,
-        # benchmarks/kernels/evaluator_pending_fix: whether the worker's pending-work check was run with its fix
-        "evaluator_pending_fix": os.environ.get("FARM_EVALUATOR_PENDING_FIX") == "1",
+        # benchmarks/kernels/evaluator_fixes: whether the worker ran with those two fixes
+        "evaluator_fixes": os.environ.get("FARM_EVALUATOR_FIXES") == "1",
         "summary": {s: asdict(summarize(reports, s)) for s in ("strict", "loose")},
         "reports": [r.to_json() for r in reports],
         "failures": failures,
