@@ -138,7 +138,11 @@ class TrainingDriver:
         except ray_errors.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
             message = cause.message if isinstance(cause, FarmError) else f"{type(cause).__name__}: {_first_line(cause)}"
-            self._fail(job.id, message)
+            if _peer_lost(message):  # a survivor's collective broke because a partner vanished: not the job's fault
+                index = next(s.index for s in self.store.job(job.id).shards if s.state is not ShardState.SUCCEEDED)
+                self._requeue_or_fail(job.id, index, message)
+            else:
+                self._fail(job.id, message)
         finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
@@ -267,6 +271,14 @@ def _write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+# What a collective raises on the workers that remain when one of the group dies (gloo's TCP pairs, NCCL).
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "NCCL communicator")
+
+
+def _peer_lost(message: str) -> bool:
+    return any(sign in message for sign in PEER_LOST)
 
 
 def _first_line(exc: BaseException) -> str:
