@@ -5,6 +5,7 @@ MiniLM conversion takes about a minute on two cores."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -97,6 +98,7 @@ def test_the_package_is_cached_by_model_hash_and_a_new_weight_is_a_new_model(tmp
     assert not first.cached and first.package.path.parent == tmp_path / "coreml"
     again = cached_conversion(module, examples, buckets=(8,), state_dir=tmp_path)
     assert again.cached and again.package.path == first.package.path and again.seconds == 0.0
+    assert again.notes == first.notes and again.source == first.source
     assert again.package.metadata["farm.model_hash"] == first.package.path.stem
     key = model_hash(module, examples.shape[1:], examples.dtype, (8,))
     with torch.no_grad():
@@ -163,5 +165,8 @@ def test_minilm_is_converted_in_apples_ane_layout(minilm: tuple[Conversion, floa
     assert "linear" not in ops and "matmul" not in ops
     assert ops.get("transpose", 0) <= 2 * 6 + 1  # the key's per layer, and the embedding's once
     assert any("rewritten per Apple's" in n for n in conversion.notes)
+    # the rewrites travel with the package, so a cached package tells them too
+    rewrites = json.loads(conversion.package.metadata["farm.rewrites"])
+    assert len(rewrites) == 2 and rewrites == [n for n in conversion.notes if n.startswith("rewritten")]
     assert any(n.startswith("integer inputs (input)") for n in conversion.notes)
     assert not any("rank-3" in n for n in conversion.notes)

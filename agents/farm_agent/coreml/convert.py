@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import hashlib
 import io
+import json
 import os
 import shutil
 import tempfile
@@ -45,6 +46,7 @@ from farm_agent.coreml.package_info import (
     META_BUCKETS,
     META_COMPUTE_UNITS,
     META_MODEL_HASH,
+    META_REWRITES,
     META_SOURCE,
     PackageInfo,
     quiet_coremltools,
@@ -84,6 +86,7 @@ def core_ml_dtype(dtype: np.dtype) -> type:
 def model_hash(module: nn.Module, item_shape: Sequence[int], item_dtype: np.dtype, buckets: Sequence[int]) -> str:
     """What identifies a conversion: the model's class, architecture and weights, and what it is converted for."""
     import coremltools as ct
+    import torch
 
     digest = hashlib.sha256()
     for part in (FORMAT_VERSION, ct.__version__, f"{type(module).__module__}.{type(module).__qualname__}",
@@ -92,14 +95,8 @@ def model_hash(module: nn.Module, item_shape: Sequence[int], item_dtype: np.dtyp
         digest.update(b"\0")
     for name, tensor in sorted(module.state_dict().items()):
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=_byte_dtype()).numpy().tobytes())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
-
-
-def _byte_dtype() -> torch.dtype:
-    import torch
-
-    return torch.uint8
 
 
 def example_batch(examples: np.ndarray, size: int) -> np.ndarray:
@@ -213,7 +210,7 @@ def convert(module: nn.Module, examples: np.ndarray, out: Path, buckets: Sequenc
         package = ct.models.MLModel(str(merged), skip_model_load=True)
         package.user_defined_metadata.update({
             META_COMPUTE_UNITS: COMPUTE_UNITS, META_MODEL_HASH: key, META_SOURCE: source,
-            META_BUCKETS: ",".join(str(b) for b in buckets),
+            META_BUCKETS: ",".join(str(b) for b in buckets), META_REWRITES: json.dumps(form.notes),
         })
         staged = Path(tmp) / "staged.mlpackage"
         package.save(str(staged))
@@ -256,8 +253,8 @@ def cached_conversion(module: nn.Module, examples: np.ndarray, buckets: Sequence
         try:
             if path.exists():
                 info = read_package(path)
-                form_notes = static_form(module).notes
-                return Conversion(package=info, notes=(*form_notes, *ane_notes(info.function(buckets[-1]))),
+                rewrites = tuple(json.loads(info.metadata.get(META_REWRITES, "[]")))
+                return Conversion(package=info, notes=(*rewrites, *ane_notes(info.function(buckets[-1]))),
                                   source=info.metadata.get(META_SOURCE, ""), seconds=0.0, cached=True)
             return convert(module, examples, path, buckets, model_key=key)
         finally:

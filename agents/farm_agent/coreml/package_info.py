@@ -17,7 +17,8 @@ from pathlib import Path
 META_COMPUTE_UNITS = "farm.compute_units"
 META_MODEL_HASH = "farm.model_hash"
 META_BUCKETS = "farm.batch_buckets"
-META_SOURCE = "farm.source"  # how the PyTorch model was captured: torch.export or torch.jit.trace
+META_SOURCE = "farm.source"  # how the PyTorch model was captured (convert.CAPTURES)
+META_REWRITES = "farm.rewrites"  # JSON list: what static.py rewrote for the Neural Engine, and why
 
 FUNCTION_PREFIX = "batch_"
 
