@@ -121,7 +121,7 @@ def excess_bound(excess: Sequence[tuple[float, float]], rtol: float) -> float:
     points = sorted(excess)
     if not points or rtol < points[0][0]:
         return math.inf
-    for (r0, e0), (r1, e1) in zip(points, points[1:]):
+    for (r0, e0), (r1, e1) in zip(points, points[1:], strict=False):
         if r0 <= rtol <= r1:
             if math.isinf(e0) or math.isinf(e1):
                 return e0 if rtol < r1 else e1
@@ -188,9 +188,9 @@ def evaluate(
     seeds: the correctness checks' input seeds; None draws three fresh ones (a candidate cannot know its inputs in
     advance). timeout_s: per candidate, from its request to its answer (builds and compiles included).
     memory_limit_bytes: on CUDA the child's share of GPU memory; on CPU the child's resident memory. flush_bytes:
-    written between timed runs (default 256 MiB on a GPU, 8 MiB on a CPU: more than its L2). peak_*: override the device's peak
-    rates in the speed-of-light bound. parallel: how many candidate files are evaluated at once, each in its own
-    child; above 1 their timings disturb one another, so only for screening correctness (the tests do).
+    written between timed runs (default 256 MiB on a GPU, 8 MiB on a CPU: more than its L2). peak_*: override the
+    device's peak rates in the speed-of-light bound. parallel: how many candidate files are evaluated at once, each
+    in its own child; above 1 their timings disturb one another, so only for screening correctness (the tests do).
     """
     loaded = load_problem(problem)
     for candidate in candidates:
@@ -309,8 +309,10 @@ _STARTING = threading.Lock()
 
 def _context() -> multiprocessing.context.ForkServerContext:
     context = multiprocessing.get_context("forkserver")
-    # Imported once by the fork server, not by every child (torch alone takes seconds). Neither touches CUDA: the
-    # fork server must not, or its forked children could not use it.
+    # Imported once by the fork server, not by every child (torch alone takes seconds). The fork server must never
+    # initialise the CUDA driver, or its forked children could not use CUDA: should anything it imports ask whether
+    # CUDA is available, PyTorch answers through NVML instead (the server inherits this environment when it starts).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     context.set_forkserver_preload(["torch", "farm_agent.tuner.worker"])
     return context
 

@@ -48,6 +48,8 @@ from farm_agent.tuner.problem import MODEL_SEED, Problem, import_candidate, load
 _perf_counter = time.perf_counter
 _enumerate_threads = threading.enumerate
 _Event = torch.cuda.Event
+_record = torch.cuda.Event.record
+_elapsed_time = torch.cuda.Event.elapsed_time
 _synchronize = torch.cuda.synchronize
 _current_stream = torch.cuda.current_stream
 _equal = torch.equal
@@ -95,7 +97,8 @@ def guarded_callables(problem: Problem) -> dict[str, object]:
     owners: list[tuple[str, Any]] = [
         ("time", time), ("threading", threading), ("os", os), ("json", json), ("builtins", builtins),
         ("math", math), ("statistics", statistics), ("torch", torch), ("torch.Tensor", torch.Tensor),
-        ("torch._C.TensorBase", torch._C.TensorBase), ("torch.cuda", torch.cuda), ("torch.cuda.Event", torch.cuda.Event),
+        ("torch._C.TensorBase", torch._C.TensorBase), ("torch.cuda", torch.cuda),
+        ("torch.cuda.Event", torch.cuda.Event),
         ("torch.cuda.Stream", torch.cuda.Stream), ("torch.linalg", torch.linalg), ("torch.nn.Module", torch.nn.Module),
         ("worker", sys.modules[__name__]), ("farm_agent.tuner.problem", sys.modules[Problem.__module__]),
         ("Problem", Problem), ("problem", problem.module), ("Model", problem.module.Model),
@@ -108,15 +111,17 @@ def guarded_callables(problem: Problem) -> dict[str, object]:
     return found
 
 
-# Rebound by torch itself: importing torch._dynamo (torch.compile's first use) wraps torch.manual_seed.
+# Rebound by torch itself. Importing torch._dynamo wraps torch.manual_seed; torch.compile's first compile patches
+# nn.Module's __init__ and __setstate__ to track module creation (the reference model already exists by then).
 REWRAPPED_BY_TORCH = frozenset({"torch.manual_seed"})
+REBOUND_BY_TORCH = frozenset({"torch.nn.Module.__init__", "torch.nn.Module.__setstate__"})
 
 
 def check_unpatched(before: dict[str, object], problem: Problem) -> None:
     after = guarded_callables(problem)
     changed = sorted(
         name for name, value in before.items()
-        if after.get(name) is not value
+        if after.get(name) is not value and name not in REBOUND_BY_TORCH
         and not (name in REWRAPPED_BY_TORCH and getattr(after.get(name), "__wrapped__", None) is value)
     )
     if changed:
@@ -178,7 +183,8 @@ def nbytes(values: list[Any]) -> int:
 @contextmanager
 def strict_precision() -> Iterator[None]:
     """The reference always runs in full fp32, whatever global flags a candidate (TF32, autocast) left behind."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
@@ -199,6 +205,7 @@ class Errors:
         self.rel_norm = 0.0
         self.max_scaled = 0.0
         self.excess = {r: -math.inf for r in RTOL_GRID + (rtol,)}
+        self.compared = False  # whether any output was compared yet
 
     def add(self, outs: list[torch.Tensor], refs: list[torch.Tensor]) -> None:
         for out, ref in zip(outs, refs, strict=True):
@@ -216,6 +223,7 @@ class Errors:
             err_norm = float(_vector_norm(diff, dtype=torch.float64))
             self.rel_norm = max(self.rel_norm, err_norm / ref_norm if ref_norm else (math.inf if err_norm else 0.0))
             del diff, size
+        self.compared = True
 
     def record(self) -> dict[str, Any]:
         return {"max_abs_err": self.max_abs, "rel_norm_err": self.rel_norm, "max_scaled_err": self.max_scaled,
@@ -276,10 +284,12 @@ class Session:
         poison(out + inputs)
         return info
 
-    def check_untouched(self, guard: dict[str, object]) -> None:
-        """Nothing the checks rely on was replaced, and the reference model still has the weights it was built with
-        (a candidate can reach it through the garbage collector: zeroed weights would make zeros look right)."""
-        check_unpatched(guard, self.problem)
+    def check_untouched(self, guard: dict[str, object] | None) -> None:
+        """Nothing the checks rely on was replaced (guard: None for built-in transforms, whose compilers may rebind
+        torch internals), and the reference model still has the weights it was built with (a candidate can reach it
+        through the garbage collector: zeroed weights would make zeros look right)."""
+        if guard is not None:
+            check_unpatched(guard, self.problem)
         if fingerprint(self.reference) != self.reference_fingerprint:
             raise Rejected("modified the reference model's parameters or buffers")
 
@@ -326,7 +336,8 @@ class Session:
 
     # -- one call -----------------------------------------------------------------------------------------------
 
-    def call(self, fn: Callable[..., Any], inputs: list[Any], check_threads: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def call(self, fn: Callable[..., Any], inputs: list[Any], check_threads: bool
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """One call with the checks that need no reference: returns its outputs and a copy of them taken as soon as
         the call's own stream (GPU) or the call itself (CPU) finished."""
         if self.cuda and _current_stream(self.device) != self.stream:
@@ -349,7 +360,8 @@ class Session:
             raise Rejected(f"returned {len(outs)} outputs, the reference returns {len(self.outputs)}")
         for i, (out, (shape, dtype)) in enumerate(zip(outs, self.outputs, strict=True)):
             if list(out.shape) != shape or out.dtype != dtype:
-                raise Rejected(f"output {i} is {out.dtype} {tuple(out.shape)}, the reference's is {dtype} {tuple(shape)}")
+                raise Rejected(f"output {i} is {out.dtype} {tuple(out.shape)}, "
+                               f"the reference's is {dtype} {tuple(shape)}")
             if out.device != self.device:
                 raise Rejected(f"output {i} is on {out.device}, not {self.device}")
             # An output sharing memory with an input is the input (or a view of it) handed back, or the input
@@ -362,7 +374,8 @@ class Session:
             if not bool(_isfinite(first).all()):
                 raise Rejected(f"output {i} has NaN or Inf (not fully written, or overflowed)")
             if not _equal(out, first):
-                raise Rejected(f"output {i} changed after the call returned (work left running on another stream or thread)")
+                raise Rejected(f"output {i} changed after the call returned (work left running on another stream "
+                               "or thread)")
 
     def poison_fresh_outputs(self) -> None:
         """Allocate and drop NaN tensors of the outputs' sizes right before a checked call: a candidate that
@@ -391,15 +404,18 @@ class Session:
                 except Exception as exc:
                     result["error"] = f"build failed: {describe(exc)}"
                     return result
-                # Built-in transforms' first call is where compilers compile, and they may start helper threads then.
-                self.check_correctness(fn, errors, result, trusted=not candidate.get("file"))
-                self.check_untouched(guard)
+                # Built-in transforms are Farm's own code: their compilers may start helper threads on a first call
+                # and rebind torch internals. User code may do neither.
+                trusted = not candidate.get("file")
+                self.check_correctness(fn, errors, result, trusted=trusted)
+                self.check_untouched(None if trusted else guard)
                 times = self.time(fn, errors)
-                self.check_untouched(guard)
+                self.check_untouched(None if trusted else guard)
             result.update(errors.record())
             result.update(sound=True, median_ms=statistics.median(times), min_ms=min(times), runs=len(times))
         except Rejected as exc:
-            result.update(errors.record() if errors.excess[0.0] > -math.inf else {})
+            if errors.compared:
+                result.update(errors.record())
             result["error"] = f"rejected: {exc}"
         except Exception as exc:
             result["error"] = f"failed: {describe(exc)}"
@@ -470,15 +486,16 @@ class Session:
             if _current_stream(self.device) != self.stream:
                 raise Rejected("changed the current CUDA stream")
             start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            start.record(self.stream)
+            _record(start, self.stream)
             outs = tensors_of(fn(*inputs), "forward")
-            end.record(self.stream)
-            end.synchronize()  # this stream is done ...
-            stream_done = _perf_counter()
+            _record(end, self.stream)
+            end.synchronize()  # this stream is done: copy the outputs as they are now (on this stream) ...
             early = [o.clone() for o in outs]
-            _synchronize(self.device)  # ... and so is every other: how long that took is work left pending
+            self.stream.synchronize()
+            stream_done = _perf_counter()
+            _synchronize(self.device)  # ... then wait for every stream: how long that took is work left pending
             pending_ms = (_perf_counter() - stream_done) * 1e3
-            elapsed_ms = start.elapsed_time(end)
+            elapsed_ms = _elapsed_time(start, end)
             if _current_stream(self.device) != self.stream:
                 raise Rejected("changed the current CUDA stream")
         else:
