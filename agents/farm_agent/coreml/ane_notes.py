@@ -21,8 +21,8 @@ def ane_notes(function: FunctionInfo) -> list[str]:
     if integer_inputs:
         gathers = function.op_counts.get("gather", 0) + function.op_counts.get("gather_nd", 0)
         notes.append(
-            f"integer inputs ({', '.join(integer_inputs)}): the ANE computes in fp16 only, so integer work (casts"
-            + (f", {gathers} gather op(s) indexing by id" if gathers else "") + ") runs on the CPU"
+            f"integer inputs ({', '.join(integer_inputs)}): the ANE computes in fp16, so expect the integer work (casts"
+            + (f", {gathers} gather op(s) indexing by id" if gathers else "") + ") on the CPU"
         )
     short = [(op, shape) for op, shape in function.op_shapes if shape and shape[-1] < ANE_ROW_VALUES]
     if short:
