@@ -62,3 +62,24 @@ def test_training_resumes_from_its_checkpoint_when_a_worker_node_is_lost(cluster
     assert any("resuming at step" in m for m in logs)
     assert "agent-t" not in final.shards[-1].node_name
     assert final.metrics["accuracy"] >= 0.9
+
+
+def test_a_cancelled_training_job_gives_its_devices_back(cluster: Cluster, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(FIXTURES / "jobs" / "toytrain.py", work / "toytrain.py")
+    spec = write_spec(work, name="cancelled", kind="training", model="toytrain:build", dataset="toytrain:train_set",
+                      batch_size=32, backends=["cpu"], output=str(tmp_path / "out"),
+                      training={"steps": 100_000, "workers": 2, "checkpoint_every": 50})
+    job_id = cluster.farm("submit", str(spec), "--workdir", str(work)).stdout.strip()
+    with Client(cluster.head) as client:
+        for record in client.watch(job_id):
+            if record.shards[0].state == "succeeded":  # training for real: its workers hold both agents' slots
+                break
+        assert client.cancel(job_id).state == "cancelled"
+    # The workers are gone: an inference job on the same two agents gets their slots and finishes.
+    infer = write_spec(work, name="after", model="toytrain:build", dataset="toytrain:test_set", shards=2,
+                       output=str(tmp_path / "after"))
+    result = cluster.farm("submit", str(infer), "--wait", "--json", "--workdir", str(work), timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["state"] == "succeeded"
