@@ -28,7 +28,9 @@ def eval_command(
     ] = None,
     device: Annotated[str | None, typer.Option(help="cuda, cuda:N or cpu (default: cuda when there is a GPU).")] = None,
     atol: Annotated[float, typer.Option(help="Absolute tolerance against the eager fp32 reference.")] = 1e-4,
-    rtol: Annotated[float, typer.Option(help="Relative tolerance (also the bound on the relative norm error).")] = 1e-4,
+    rtol: Annotated[
+        float, typer.Option(help="Relative tolerance; the relative norm error must also be within max(atol, rtol).")
+    ] = 1e-4,
     runs: Annotated[int, typer.Option(help="Timed runs per candidate (the median is reported).")] = 20,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate, compile included.")] = 600.0,
     json: Json = False,
