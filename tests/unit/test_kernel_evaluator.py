@@ -27,17 +27,19 @@ def by_name(results: list[Result]) -> dict[str, Result]:
 
 # Every cheat against the ReLU problem, in one evaluation (a child each, four at a time): each must be rejected with
 # the reason given here, and the honest candidate next to them must still pass.
-RELU_CHEATS = {
+RELU_CHEATS: dict[str, str | tuple[str, ...]] = {
     "cheat_cache_first": "incorrect:",  # the first seed's answer is wrong for the next seeds
     "cheat_alias_input": "rejected: output 0 aliases an input",
     "cheat_alias_view": "rejected: output 0 aliases an input",
     "cheat_thread": "rejected: left thread",
     "cheat_patch_perf_counter": "rejected: patched time.perf_counter",
     "cheat_patch_elapsed_time": "rejected: patched torch.cuda.Event.elapsed_time",
-    "cheat_uninitialised": "rejected: output 0 has NaN or Inf",
+    # The allocator hands back the NaN the evaluator poisoned it with (should it pick other memory, that holds no
+    # right answer for these fresh inputs: the comparison fails instead).
+    "cheat_uninitialised": ("rejected: output 0 has NaN or Inf", "incorrect:"),
     "cheat_wrong_shape": "rejected: output 0 is torch.float32 (64, 127), the reference's is torch.float32 (64, 128)",
     "cheat_wrong_dtype": "rejected: output 0 is torch.float16",
-    "cheat_sleep_forever": "timed out after 20 s",
+    "cheat_sleep_forever": "timed out after 10 s",
     "cheat_exit": "worker process died (exit code 0)",
     "cheat_segfault": "worker process died (killed by SIGSEGV)",
 }
@@ -46,7 +48,7 @@ RELU_CHEATS = {
 @pytest.fixture(scope="module")
 def relu_results() -> dict[str, Result]:
     cands = [candidate(name) for name in ["honest_relu", *RELU_CHEATS]]
-    return by_name(evaluate(PROBLEMS / "relu.py", cands, device="cpu", timeout_s=20, parallel=4))
+    return by_name(evaluate(PROBLEMS / "relu.py", cands, device="cpu", timeout_s=10, parallel=4))
 
 
 def test_eager_and_an_honest_candidate_pass_with_times(relu_results: dict[str, Result]) -> None:
@@ -64,7 +66,8 @@ def test_cheat_is_rejected(relu_results: dict[str, Result], cheat: str) -> None:
     r = relu_results[f"file:{cheat}"]
     assert not r.correct
     assert not r.correct_under(1.0, 1.0)  # no tolerance, however loose, lets it through
-    assert r.error.startswith(RELU_CHEATS[cheat]) or RELU_CHEATS[cheat] in r.error, r.error
+    expected = RELU_CHEATS[cheat]
+    assert any(e in r.error for e in ((expected,) if isinstance(expected, str) else expected)), r.error
     assert "\n" not in r.error
 
 
