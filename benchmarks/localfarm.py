@@ -10,11 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Self
 
-import psutil
 from rich.console import Console
 
 from farm.client import Client, HeadInfo, find_head
-from farm.local import free_port, pid_alive, read_json, terminate, wait_for
+from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS = {"digits": "examples/digits/infer.yaml", "embeddings": "examples/embeddings/embed.yaml"}
@@ -23,36 +22,6 @@ JOBS = {"digits": "examples/digits/infer.yaml", "embeddings": "examples/embeddin
 def _farm_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "farm.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, check=False)
-
-
-def _sessions_of(pids: list[int]) -> set[int]:
-    """The sessions of these processes and of all their descendants. The head and each agent run in a session of
-    their own (`--detach`), and so does each Ray node they start; Ray's workers stay in their node's session even
-    when their parent dies. Other users of this machine (other benchmarks, test runs) are in none of them."""
-    sessions = set()
-    for pid in pids:
-        try:
-            family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            continue
-        for proc in family:
-            try:
-                sessions.add(os.getsid(proc.pid))
-            except OSError:
-                continue
-    return sessions
-
-
-def _in_sessions(sessions: set[int]) -> set[int]:
-    """The live processes of these sessions (to find what a benchmark left behind)."""
-    found = set()
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(proc.pid) in sessions and proc.status() != psutil.STATUS_ZOMBIE:
-                found.add(proc.pid)
-        except (OSError, psutil.Error):
-            continue
-    return found - {os.getpid()}
 
 
 class LocalFarm:
@@ -109,12 +78,12 @@ class LocalFarm:
         agents = [int(s["pid"]) for s in self.agent_status() if pid_alive(int(s.get("pid", 0)))]
         info = self.head_json()
         head = [int(info["pid"])] if pid_alive(int(info.get("pid", 0))) else []
-        sessions = _sessions_of(agents + head) - {os.getsid(0)}
+        sessions = sessions_of(agents + head) - {os.getsid(0)}
         terminate(*agents)
         if head:
             terminate(*head)
-        wait_for(lambda: not _in_sessions(sessions), 20, 0.5)
-        self.leftover = _in_sessions(sessions)
+        wait_for(lambda: not processes_in_sessions(sessions), 20, 0.5)
+        self.leftover = processes_in_sessions(sessions)
         if self.leftover:
             terminate(*self.leftover, grace=5)
         shutil.rmtree(self.state, ignore_errors=True)

@@ -232,3 +232,34 @@ class RayProcess:
     def failure(self) -> AgentError:
         tail = self.log.read_text(errors="replace").strip().splitlines()[-5:] if self.log.exists() else []
         return AgentError(f"Ray exited with {self.proc.returncode if self.proc else '?'}: " + " | ".join(tail))
+
+
+def sessions_of(pids: list[int]) -> set[int]:
+    """The sessions of these processes and of all their descendants. A detached head or agent runs in a session of
+    its own, and so does each Ray node they start; Ray's workers stay in their node's session even when their parent
+    dies. Other users of this machine (other farms, test runs) are in none of them: stopping what these sessions
+    hold stops one farm and nothing else."""
+    sessions = set()
+    for pid in pids:
+        try:
+            family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in family:
+            try:
+                sessions.add(os.getsid(proc.pid))
+            except OSError:
+                continue
+    return sessions
+
+
+def processes_in_sessions(sessions: set[int]) -> set[int]:
+    """The live processes of these sessions, this one excepted (to find what a farm left behind)."""
+    found = set()
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(proc.pid) in sessions and proc.status() != psutil.STATUS_ZOMBIE:
+                found.add(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found - {os.getpid()}

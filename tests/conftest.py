@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from farm.client import HeadInfo, find_head
-from farm.local import free_port, pid_alive, read_json, terminate
+from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -57,7 +57,6 @@ def ray_processes() -> set[int]:
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("farm-state")
-    before = ray_processes()
     started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
                    str(free_port()), "--state-dir", str(state), "--detach")
     assert started.returncode == 0, started.stderr
@@ -74,10 +73,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for proc in agents:
         _, err = proc.communicate(timeout=180)
         assert proc.returncode == 0, err
-    yield Cluster(state_dir=state, head=head)
+    cluster = Cluster(state_dir=state, head=head)
+    yield cluster
+    # This farm's processes only: the head's, the agents' and their Ray nodes' sessions (others may share the host).
+    sessions = sessions_of([int((read_json(state / "head.json") or {}).get("pid", 0)), *cluster.agent_pids().values()])
+    sessions.discard(os.getsid(0))
     stopped = farm("agent", "stop", "--state-dir", str(state))
     assert stopped.returncode in (0, 2), stopped.stderr  # 2: a test already stopped them all
     assert farm("head", "stop", "--state-dir", str(state)).returncode == 0
-    leftover = ray_processes() - before
+    wait_for(lambda: not processes_in_sessions(sessions), 20, 0.5)
+    leftover = processes_in_sessions(sessions)
     terminate(*leftover, grace=5)
-    assert not leftover, f"Ray processes left behind: {leftover}"
+    assert not leftover, f"processes left behind: {leftover}"

@@ -90,8 +90,10 @@ def test_an_accepted_job_is_in_the_store_before_submit_returns(head: Head) -> No
 @pytest.mark.parametrize(
     ("spec", "names", "items", "output", "message"),
     [
-        (SPEC.replace("name: toy", "name: toy\nkind: training"), ("toyjob.py", "w.pt"), 10, "/o",
-         "job kind 'training' is not supported"),
+        (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval"), ("toyjob.py", "w.pt"), 10, "/o",
+         "job kind 'kernel-eval' is not supported"),
+        (SPEC.replace("name: toy", "name: toy\nkind: training\ntraining: {steps: 5}"), ("toyjob.py", "w.pt"), 10,
+         "/o", "batch_size 64 is larger than the dataset"),
         (SPEC, ("toyjob.py",), 10, "/o", "weights 'w.pt' is not in the job's code"),
         (SPEC, ("toyjob.py", "w.pt"), 0, "/o", "the dataset is empty"),
         (SPEC, ("toyjob.py", "w.pt"), 10, "relative/out", "output must be an absolute path"),
