@@ -1,4 +1,4 @@
-"""`farm demo`: a local head, two agents and the digits job, end to end; leaves nothing running."""
+"""`farm demo`: a local head, two agents and the digits job, end to end; leaves nothing running (unless --keep)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ ACCURACY_BAR = 0.90
 
 def demo(
     agents: Annotated[int, typer.Option(help="Local agents to start.", min=1, max=8)] = 2,
-    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's state folder (logs, store).")] = False,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the head, its dashboard and the agents running.")] = False,
 ) -> None:
     """Start a local head and agents, run the digits inference job across them, print a summary, stop it all."""
     root = Path(farm.__file__).resolve().parents[1]
@@ -42,6 +42,9 @@ def demo(
             _farm("head", "start", "--host", "127.0.0.1", "--port", str(port), "--ray-port", str(ray_port),
                   "--state-dir", str(state), "--detach")
         head = find_head(state_dir=state)
+        dashboard = (read_json(state / "head.json") or {}).get("dashboard")
+        if dashboard:
+            console.print(f"dashboard: {dashboard}  (watch the fleet and the job live)")
         cpus = max(1, (os.cpu_count() or 1) // agents)
         with console.status(f"starting {agents} agents ({cpus} cores each)..."):
             _farm_all([
@@ -64,12 +67,18 @@ def demo(
             f"(bar: {ACCURACY_BAR:.0%})"
         )
     finally:
-        with console.status("stopping agents and head..."):
-            _stop_all(state)
-        if ok and not keep:
-            shutil.rmtree(state, ignore_errors=True)
+        if keep and ok:
+            console.print(f"the head and agents keep running (state in {state}); stop them with\n"
+                          f"  farm agent stop --state-dir {state} && farm head stop --state-dir {state}")
         else:
-            console.print(f"state, logs and store kept in {state}")
+            with console.status("stopping agents and head..."):
+                _stop_all(state)
+            if ok:
+                shutil.rmtree(state, ignore_errors=True)
+            else:
+                console.print(f"state, logs and store kept in {state}")
+    if keep and ok:
+        return
     console.print(f"done in {time.monotonic() - began:.1f} s; nothing left running")
     if not ok:
         raise typer.Exit(1)
