@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from farm.core.frozen import Frozen
 from farm.core.models import BackendName
 from farm.core.spec import Policy
@@ -15,7 +17,7 @@ class ShardRequest(Frozen):
     policy: Policy = Policy.EFFICIENCY
     # Memory one shard needs: per backend, the most a finished shard of this model took there (measured), and
     # `model_bytes` (its parameters and buffers, from the submitter's preflight) where none has run yet. 0: unknown.
-    peak_bytes: dict[BackendName, int] = {}
+    peak_bytes: dict[BackendName, int] = Field(default_factory=dict)
     model_bytes: int = 0
 
     def memory_need(self, backend: BackendName) -> int:
