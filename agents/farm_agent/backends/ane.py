@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from farm_agent.coreml.compute_plan import PlanSummary
+    from farm_agent.coreml.convert import Conversion
 
 log = logging.getLogger("farm.agent.backends.ane")
 
@@ -94,7 +95,7 @@ class LoadedPackage:
 
 
 _loaded: dict[Path, LoadedPackage] = {}
-_conversions: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+_conversions: weakref.WeakKeyDictionary[torch.nn.Module, Conversion] = weakref.WeakKeyDictionary()
 
 
 def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
