@@ -1,14 +1,16 @@
 """The idle policy: whether the device's owner needs it now, said as a reason (empty while the device is idle).
 
 The agent reports the verdict with every heartbeat and the scheduler gives a busy node no new shards. The rule here
-is the owner's CPU load, the one signal every platform has: the machine's CPU use minus Farm's own (the agent and
-the processes under it: its Ray node and the workers running shards), averaged over a short window so that a burst
-does not flap the node in and out. Other owners' signals (user idle time, AC power, thermal throttling) join
-`IdlePolicy.busy` as further rules.
+everywhere is the owner's CPU load, the one signal every platform has: the machine's CPU use minus Farm's own (the
+agent and the processes under it: its Ray node and the workers running shards), averaged over a short window so
+that a burst does not flap the node in and out. On macOS the owner's own signals join it (farm_agent.idle_mac:
+seconds since the last input, battery, thermal pressure, user-activity assertions), read every few beats since each
+read runs a few system tools.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable
 
@@ -16,6 +18,14 @@ import psutil
 
 # Heartbeats averaged: at the default 2 s interval the owner's load is judged over the last 10 s.
 WINDOW = 5
+# Heartbeats between reads of the platform's owner signals (ioreg, pmset, ...: tens of ms each).
+OWNER_SIGNALS_EVERY = 5
+
+
+def mac_owner_signals() -> str:
+    from farm_agent.idle_mac import mac_busy_reason, read_mac_signals
+
+    return mac_busy_reason(read_mac_signals())
 
 
 def farm_cpu_percent(root: psutil.Process, known: dict[int, psutil.Process]) -> float:
@@ -73,6 +83,7 @@ class IdlePolicy:
         cpu_percent: Callable[[], float] | None = None,
         farm_percent: Callable[[], float] | None = None,
         cores: int | None = None,
+        owner_signals: Callable[[], str] | None = mac_owner_signals if sys.platform == "darwin" else None,
     ) -> None:
         """`max_foreign_cpu`: the owner's share of the whole machine's CPU (percent) above which it is busy;
         100 turns the rule off (several agents sharing one host would otherwise see each other as the owner)."""
@@ -85,8 +96,17 @@ class IdlePolicy:
             farm_percent = lambda: farm_cpu_percent(root, known)  # noqa: E731
         self._farm_percent = farm_percent
         self._foreign: deque[float] = deque(maxlen=WINDOW)
+        self._owner_signals = owner_signals
+        self._owner = ""  # the platform signals' last verdict
+        self._beats = 0
 
     def busy(self) -> str:
+        if self._owner_signals is not None and self._beats % OWNER_SIGNALS_EVERY == 0:
+            self._owner = self._owner_signals()
+        self._beats += 1
+        return "; ".join(reason for reason in (self._cpu_load(), self._owner) if reason)
+
+    def _cpu_load(self) -> str:
         self.machine_percent = machine = self._cpu_percent()  # percent of the whole machine
         if self.max_foreign_cpu >= 100:
             return ""

@@ -45,7 +45,8 @@ def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
     colours = {"ready": "green", "joining": "yellow", "draining": "yellow", "offline": "red"}
     for node in nodes:
         backends = ", ".join(
-            f"{b.name} ({b.device}, {b.threads} threads)" if b.available else f"[dim]{b.name}: {b.reason}[/]"
+            f"{b.name} ({b.device}, {b.detail or f'{b.threads} threads'})" if b.available
+            else f"[dim]{b.name}: {b.reason}[/]"
             for b in node.backends
         )
         state = f"[{colours.get(node.state, 'white')}]{node.state}[/]"

@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from farm_agent.idle import WINDOW, IdlePolicy, MachineCpu, farm_cpu_percent
+from farm_agent.idle import OWNER_SIGNALS_EVERY, WINDOW, IdlePolicy, MachineCpu, farm_cpu_percent
 
 
 def policy(machine: list[float], farm: list[float], limit: float = 90.0) -> IdlePolicy:
@@ -49,6 +49,18 @@ def test_farm_cpu_counts_the_processes_under_the_agent() -> None:
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def test_the_platforms_owner_signals_join_the_verdict_and_are_read_every_few_beats() -> None:
+    reads = []
+
+    def signals() -> str:
+        reads.append(1)
+        return "on battery (41%)"
+
+    idle = IdlePolicy(100.0, cpu_percent=lambda: 10.0, farm_percent=lambda: 0.0, cores=4, owner_signals=signals)
+    assert [idle.busy() for _ in range(OWNER_SIGNALS_EVERY + 1)] == ["on battery (41%)"] * (OWNER_SIGNALS_EVERY + 1)
+    assert len(reads) == 2  # beats 0 and OWNER_SIGNALS_EVERY
 
 
 def test_machine_cpu_is_a_percentage() -> None:
