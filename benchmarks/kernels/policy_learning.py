@@ -25,9 +25,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
+from farm_agent.tuner.candidates import FAMILIES  # noqa: E402
 from farm_agent.tuner.features import ModelFeatures  # noqa: E402
 from farm_agent.tuner.policy import Policy, reward  # noqa: E402
 
+FAMILY_ORDER = [f.name for f in FAMILIES]
 Problem = tuple[list[float], dict[str, float]]  # context, reward per candidate
 
 
@@ -47,7 +49,10 @@ def problems_from(report_json: dict[str, Any], scoring: str) -> list[Problem]:
 
 
 def search_order(policy: Policy, context: list[float], names: list[str]) -> list[str]:
-    return ["eager", *(e.name for e in policy.rank(context, [n for n in names if n != "eager"]))]
+    # The candidates in their canonical order (candidates.FAMILIES), which an untrained policy keeps: the recorded
+    # order is the order of the run that measured them, whose policy was already learning.
+    canonical = sorted(names, key=FAMILY_ORDER.index)
+    return ["eager", *(e.name for e in policy.rank(context, [n for n in canonical if n != "eager"]))]
 
 
 def to_winner(order: list[str], rewards: dict[str, float]) -> int:

@@ -65,7 +65,8 @@ BASELINES = ("eager", "compile-default")  # always measured: every speedup is re
 
 
 def has_convolution(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    """A 2-d convolution: channels_last is a layout of 4-d tensors (a Conv3d's input cannot take it)."""
+    return any(isinstance(m, nn.Conv2d | nn.ConvTranspose2d) for m in model.modules())
 
 
 def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: float,
