@@ -44,3 +44,29 @@ def test_the_key_names_this_machine_and_torch(tmp_path: Path, monkeypatch) -> No
     assert key.input_shapes == ("float32[2, 8]",)
     path = WinnerCache().put(key, Winner("eager", {}, False, 1.0, 1.0, None))
     assert path.parent == tmp_path / "tuner" / "cache"
+
+
+def test_tuned_module_runs_the_cached_winner_and_falls_back_to_the_module(tmp_path: Path) -> None:
+    from farm_agent.tuner.tune import tuned_module
+
+    cache = WinnerCache(tmp_path)
+    model, batch = small_model().eval(), torch.randn(16, 8)
+    assert tuned_module(model, batch, device="cpu", cache=cache) is model  # nothing cached: the model itself
+    key = make_key(model, [batch], 1e-4, 1e-4, "cpu")
+    cache.put(key, Winner("triton-fused", {"precision": "ieee"}, False, 1.0, 2.0, 1.5))
+    tuned = tuned_module(model, batch, device="cpu", cache=cache)
+    assert tuned is not model  # the rewritten model (its Triton modules run PyTorch's code on a CPU)
+    with torch.no_grad():
+        torch.testing.assert_close(tuned(batch), model(batch))
+
+
+def test_tune_module_tunes_a_job_model_and_caches_it_under_that_model(tmp_path: Path) -> None:
+    from farm_agent.tuner.policy import Policy
+    from farm_agent.tuner.tune import tune_module
+
+    cache = WinnerCache(tmp_path)
+    model, batch = small_model().eval(), torch.rand(16, 8) * 4
+    report = tune_module(model, batch, device="cpu", budget_s=0.0, cache=cache, policy=Policy())
+    assert report.winner in {"eager", "compile-default"} and report.trial("eager").correct
+    winner = cache.get(make_key(model, [batch], 1e-4, 1e-4, "cpu"))
+    assert winner is not None and winner.candidate == report.winner

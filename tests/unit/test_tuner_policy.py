@@ -94,3 +94,54 @@ def test_reward_is_log_speedup_when_correct() -> None:
     assert reward(True, 2.0, 4.0) == math.log(2.0)
     assert reward(False, 1.0, 4.0) == FAIL_REWARD
     assert reward(True, None, 4.0) == FAIL_REWARD
+
+
+def measured_times(times: dict[str, float], calls: list[list[str]]):  # type: ignore[no-untyped-def]
+    """An evaluator round over recorded times (the search's logic alone; the real evaluator runs in the e2e test)."""
+    from farm_agent.tuner.evaluator import Result
+
+    def result(name: str) -> Result:
+        return Result(problem="p", candidate=name, compiled=True, correct=True, max_abs_err=0.0, rel_norm_err=0.0,
+                      max_scaled_err=0.0, median_ms=times[name], runs=20, error="", sound=True,
+                      excess=((0.0, 0.0),))
+
+    def measure(cands):  # type: ignore[no-untyped-def]
+        calls.append([c.name for c in cands])
+        return [result("eager"), *(result(c.name) for c in cands)], 2.0 * (len(cands) + 1)
+
+    return measure
+
+
+NAMES = ["eager", "compile-default", "compile-reduce-overhead", "cuda-graph", "tf32", "autocast-fp16",
+         "compile-autocast-fp16"]
+TIMES = {"eager": 10.0, "compile-default": 9.0, "compile-reduce-overhead": 9.0, "cuda-graph": 10.0, "tf32": 3.0,
+         "autocast-fp16": 1.0, "compile-autocast-fp16": 1.2}
+
+
+def test_a_trained_search_stops_after_the_round_that_found_the_winner() -> None:
+    from farm_agent.tuner.tune import search
+
+    x = np.linspace(0.1, 1.0, DIM)
+    trained = Policy()
+    for _ in range(10):
+        for name, ms in TIMES.items():
+            trained.update(x, name, math.log(TIMES["eager"] / ms), seconds=2.0)
+    calls: list[list[str]] = []
+    order, measured, skipped, reason = search(NAMES, x, trained, 600.0, measured_times(TIMES, calls))
+    assert order[:2] == ["eager", "autocast-fp16"]
+    assert len(calls) == 1 and "compile-default" in calls[0]  # one round, the baseline riding along
+    assert reason == "no candidate left is plausibly 5% faster" and skipped
+
+    untrained_calls: list[list[str]] = []
+    search(NAMES, x, Policy(), 600.0, measured_times(TIMES, untrained_calls))
+    assert len(untrained_calls) == 2  # the given order reaches autocast-fp16 only in the second round
+
+
+def test_the_budget_leaves_only_the_baselines() -> None:
+    from farm_agent.tuner.tune import search
+
+    calls: list[list[str]] = []
+    _, measured, skipped, reason = search(NAMES, np.ones(DIM), Policy(), 0.0, measured_times(TIMES, calls))
+    assert calls == [["compile-default"]] and reason == "budget"
+    assert [(m.name, m.searched) for m in measured] == [("eager", True), ("compile-default", False)]
+    assert set(skipped) == set(NAMES) - {"eager", "compile-default"}

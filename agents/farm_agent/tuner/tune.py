@@ -222,15 +222,14 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     if owns_policy:
         policy.save(policy_path)
 
-    device_name = make_key(model, inputs, atol, rtol, device).device_name
-    report = TuneReport(problem=prob.name, device=device, device_name=device_name, atol=atol, rtol=rtol,
+    key = cache_key or make_key(model, inputs, atol, rtol, device)
+    report = TuneReport(problem=prob.name, device=device, device_name=key.device_name, atol=atol, rtol=rtol,
                         budget_s=budget_s, features=features.to_json(), order=order, trials=trials,
                         skipped=skipped, stop_reason=stop_reason, seconds=time.perf_counter() - started)
     best = report.pick("run")
     if best is None:
         return report
     compile_trial = report.trial("compile-default")
-    key = cache_key or make_key(model, inputs, atol, rtol, device)
     winner = Winner(candidate=best.candidate, params=dict(candidate(best.candidate).params),
                     lowers_precision=best.lowers_precision, median_ms=float(best.median_ms or 0.0),
                     eager_ms=eager_ms, compile_ms=compile_trial.median_ms if compile_trial else None)
@@ -270,7 +269,8 @@ def get_init_inputs():
 
 
 def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
-                device: str = "cuda", budget_s: float = 120.0, cache: WinnerCache | None = None) -> TuneReport:
+                device: str = "cuda", budget_s: float = 120.0, cache: WinnerCache | None = None,
+                policy: Policy | None = None) -> TuneReport:
     """Tune a job's model for batches shaped like `example_batch`: the model is saved whole and wrapped in a
     problem file, so that the evaluator measures it in its own process like any problem; the winner is cached
     under the job's model itself."""
@@ -287,7 +287,8 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
         problem.write_text(_JOB_PROBLEM.format(
             sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
             dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
-        return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key)
+        return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key,
+                    policy=policy)
 
 
 def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
