@@ -98,7 +98,9 @@ def speedup(value: float | None) -> str:
 @app.command("tune")
 def tune_command(
     problem: Annotated[Path, typer.Argument(help="A problem file, or a folder of them (each tuned in turn).")],
-    budget_s: Annotated[float, typer.Option("--budget-s", help="Search seconds per problem (compiling counts).")] = 120.0,
+    budget_s: Annotated[
+        float, typer.Option("--budget-s", help="Search seconds per problem (compiling counts).")
+    ] = 120.0,
     device: Annotated[str | None, typer.Option(help="cuda, cuda:N or cpu (default: cuda when there is a GPU).")] = None,
     atol: Annotated[float, typer.Option(help="Absolute tolerance: precision is lowered only when it allows.")] = 1e-4,
     rtol: Annotated[float, typer.Option(help="Relative tolerance (also the bound on the relative norm error).")] = 1e-4,

@@ -7,9 +7,14 @@ import math
 from pathlib import Path
 
 import numpy as np
-
 from farm_agent.tuner.features import FEATURE_NAMES
-from farm_agent.tuner.policy import FAIL_REWARD, Policy, default_path, reward, trials_to_winner
+from farm_agent.tuner.policy import (
+    FAIL_REWARD,
+    Policy,
+    default_path,
+    reward,
+    trials_to_winner,
+)
 
 ARMS = ["eager", "compile-default", "compile-max-autotune", "cuda-graph", "channels-last", "tf32", "autocast-fp16",
         "triton-fused"]
@@ -127,7 +132,7 @@ def test_a_trained_search_stops_after_the_round_that_found_the_winner() -> None:
         for name, ms in TIMES.items():
             trained.update(x, name, math.log(TIMES["eager"] / ms), seconds=2.0)
     calls: list[list[str]] = []
-    order, measured, skipped, reason = search(NAMES, x, trained, 600.0, measured_times(TIMES, calls))
+    order, _, skipped, reason = search(NAMES, x, trained, 600.0, measured_times(TIMES, calls))
     assert order[:2] == ["eager", "autocast-fp16"]
     assert len(calls) == 1 and "compile-default" in calls[0]  # one round, the baseline riding along
     assert reason == "no candidate left is plausibly 5% faster" and skipped

@@ -363,8 +363,9 @@ def format_table(reports: Sequence[TuneReport], scoring: str = "run", p: float =
     def num(value: float | None, fmt: str) -> str:
         return format(value, fmt) if value is not None else "-"
 
-    lines = [f"{'problem':<28} {'winner':<24} {'ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} "
-             f"{'vs compile':>10} {'trials':>6}"]
+    header = (f"{'problem':<28} {'winner':<24} {'ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} "
+              f"{'vs compile':>10} {'trials':>6}")
+    lines = [header]
     for report in reports:
         row = table_row(report, scoring)
         winner = (row["winner"] or "none correct") + (" *" if row["lowers_precision"] else "")
