@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -114,6 +115,7 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     dispatch = asyncio.create_task(dispatcher.run())
+    saving = asyncio.create_task(save_heartbeats(store, settings.heartbeat_save_s))
     write_json(settings.info_path, {
         "pid": os.getpid(), "address": settings.address, "ray_address": settings.ray_address,
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
@@ -128,8 +130,25 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
         for service in services:
             await service.stop()
         dispatch.cancel()
+        saving.cancel()
         await server.stop(grace=2)
+        store.save_heartbeats()
         store.close()
+
+
+async def save_heartbeats(store: Store, every_s: float, chunk: int = 250) -> None:
+    """Heartbeats live in memory (farm.head.liveness); this writes them to the store every period, in transactions
+    of `chunk` nodes with the event loop free in between: thousands of rows at once would hold up every beat
+    arriving meanwhile for tens of milliseconds."""
+    while True:
+        await asyncio.sleep(every_s)
+        unsaved = store.liveness.take_unsaved()
+        for start in range(0, len(unsaved), chunk):
+            try:
+                store.save_heartbeats(unsaved[start:start + chunk])
+            except sqlite3.Error:  # a locked or full disk must not end the saving; the offline check reads memory
+                log.exception("saving heartbeats")
+            await asyncio.sleep(0)
 
 
 def use_ray_token(token_path: Path) -> None:

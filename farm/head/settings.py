@@ -22,6 +22,7 @@ class HeadSettings(BaseModel):
         default_factory=lambda: float(os.environ.get("FARM_HEARTBEAT_INTERVAL_S", "2.0")), gt=0
     )
     offline_after_s: float = Field(default=10.0, gt=0)  # silence after which a node counts as offline
+    heartbeat_save_s: float = Field(default=2.0, gt=0)  # how often the latest heartbeats are written to the store
     max_attempts: int = Field(default=3, ge=1)  # tries per shard when nodes or workers die under it
     object_store_mb: int = Field(default=512, ge=100)
     max_code_mb: int = Field(default=100, ge=1)

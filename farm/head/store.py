@@ -5,10 +5,11 @@ All calls happen on the head's event-loop thread; each is a short transaction.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from farm.core.energy import DevicePower, Energy
 from farm.core.errors import NotFoundError
 from farm.core.models import BackendOffer, Hardware, JobState, Node, NodeState, Shard, ShardState
+from farm.head.liveness import Beat, Liveness, NodeLiveness
 from farm.scheduler.calibration import RECENT, Sample
 
 SCHEMA = """
@@ -137,10 +139,21 @@ class NodeWork:
     energy_j: float
 
 
+@functools.lru_cache(maxsize=65536)
+def _hardware(text: str) -> Hardware:
+    return Hardware.model_validate_json(text)
+
+
+@functools.lru_cache(maxsize=65536)
+def _backends(text: str) -> tuple[BackendOffer, ...]:
+    return tuple(BackendOffer.model_validate(b) for b in json.loads(text))
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.liveness = Liveness()  # the latest heartbeats, between two save_heartbeats
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
@@ -184,13 +197,37 @@ class Store:
         row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
         return None if row is None else str(row["token_hash"])
 
-    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: list[DevicePower],
+    def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: tuple[DevicePower, ...],
                   busy: str = "") -> None:
-        self._db.execute(
-            "UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=?, busy=? WHERE id=?",
-            (time.time(), cpu_percent, memory_percent, json.dumps([p.model_dump(mode="json") for p in power]), busy,
-             node_id),
-        )
+        """Kept in memory (self.liveness) until the next save_heartbeats: no SQL per beat."""
+        self.liveness.record(node_id, Beat(time.time(), cpu_percent, memory_percent, power, busy))
+
+    def save_heartbeats(self, beats: Sequence[tuple[str, Beat]] | None = None) -> int:
+        """Write heartbeats (by default all received since the last save, the latest per node) in one transaction;
+        how many. A beat older than what a node's row already has (a later save, a Register) changes nothing."""
+        beats = self.liveness.take_unsaved() if beats is None else beats
+        if beats:
+            with self._tx() as db:
+                db.executemany(
+                    """UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=?, busy=?
+                       WHERE id=? AND last_heartbeat <= ?""",
+                    [(b.at, b.cpu_percent, b.memory_percent, "[" + ",".join(p.model_dump_json() for p in b.power) + "]",
+                      b.busy, node_id, b.at) for node_id, b in beats],
+                )
+        return len(beats)
+
+    def node_liveness(self) -> list[NodeLiveness]:
+        """Every node not offline: its state and when it was last heard from (in memory or saved, whichever is
+        later). What the offline check needs, without reading (and parsing) the whole node table."""
+        rows = self._db.execute(
+            "SELECT id, name, state, ray_node_id, last_heartbeat FROM nodes WHERE state != ?", (NodeState.OFFLINE.value,)
+        ).fetchall()
+        last_beat = self.liveness.last_beat
+        return [
+            NodeLiveness(id=r[0], name=r[1], state=NodeState(r[2]), ray_node_id=r[3],
+                         last_heartbeat=max(r[4], last_beat(r[0]) or 0.0))
+            for r in rows
+        ]
 
     def node_state(self, node_id: str) -> NodeState:
         row = self._db.execute("SELECT state FROM nodes WHERE id=?", (node_id,)).fetchone()
@@ -205,18 +242,23 @@ class Store:
             )
 
     def nodes(self) -> list[Node]:
+        """Every node, with its latest heartbeat's figures: from memory where they are at least as new as the saved
+        ones. The scheduler and the dashboard read this every few seconds, for thousands of nodes: hardware and
+        backends, which change only at Register, are parsed once per text."""
         rows = self._db.execute("SELECT * FROM nodes ORDER BY name").fetchall()
-        return [
-            Node(
-                id=r["id"], name=r["name"], state=NodeState(r["state"]),
-                hardware=Hardware.model_validate_json(r["hardware"]),
-                backends=tuple(BackendOffer.model_validate(b) for b in json.loads(r["backends"])),
-                ray_node_id=r["ray_node_id"], address=r["address"], last_heartbeat=r["last_heartbeat"],
-                registered_at=r["registered_at"], cpu_percent=r["cpu_percent"], memory_percent=r["memory_percent"],
-                power=tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])), busy=r["busy"],
-            )
-            for r in rows
-        ]
+        nodes = []
+        for r in rows:
+            beat = self.liveness.latest(r["id"])
+            if beat is None or beat.at < r["last_heartbeat"]:  # none since the head started, or registered since
+                beat = Beat(r["last_heartbeat"], r["cpu_percent"], r["memory_percent"],
+                            tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])), r["busy"])
+            nodes.append(Node(
+                id=r["id"], name=r["name"], state=NodeState(r["state"]), hardware=_hardware(r["hardware"]),
+                backends=_backends(r["backends"]), ray_node_id=r["ray_node_id"], address=r["address"],
+                last_heartbeat=beat.at, registered_at=r["registered_at"], cpu_percent=beat.cpu_percent,
+                memory_percent=beat.memory_percent, power=beat.power, busy=beat.busy,
+            ))
+        return nodes
 
     # ---- jobs
 
