@@ -10,6 +10,8 @@ import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
@@ -18,11 +20,10 @@ import grpc
 import psutil
 
 from farm.core.errors import AgentError
+from farm.core.models import BackendOffer, Hardware
 from farm.local import RayProcess, local_ip_towards, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
-from farm_agent import backends
 from farm_agent.client import HeadClient
-from farm_agent.hardware import detect, nvidia_gpus
 from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, meter_for
 from farm_agent.settings import AgentSettings
@@ -50,8 +51,7 @@ class Agent:
 
     async def run(self) -> None:
         settings = self.settings
-        hardware = detect()
-        offers = backends.offers(hardware, settings.cpus)
+        hardware, offers, no_gpus_because = await probe_machine(settings.cpus)
         host = urlsplit(f"//{settings.head}").hostname or "127.0.0.1"
         address = local_ip_towards(host)
         identity = read_json(settings.identity_path) or {}
@@ -63,7 +63,7 @@ class Agent:
         write_private(settings.ray_token_path, reply.ray_token.encode())
         log.info("registered with %s as node %s", settings.head, self.node_id)
         if not hardware.gpus:
-            log.info("no NVIDIA GPUs: %s", nvidia_gpus()[1])
+            log.info("no NVIDIA GPUs: %s", no_gpus_because)
 
         self.meters = {o.device: meter_for(o.device) for o in offers if o.available}
         for meter in self.meters.values():
@@ -152,6 +152,22 @@ class Agent:
                 readings.append(common_pb2.DevicePower(device=device, watts=power.watts, source=power.source.value,
                                                        scope=power.scope.value))
         return readings
+
+
+async def probe_machine(cpus: int) -> tuple[Hardware, list[BackendOffer], str]:
+    """This machine's hardware, its backend offers, and why it has no NVIDIA GPUs if so, found by a child process
+    (`python -m farm_agent --probe`): the backend modules imported to find the offers (numpy, and torch where a
+    backend checks its device) would otherwise stay resident in the daemon for its whole life."""
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "farm_agent", "--probe", "--cpus", str(cpus)], capture_output=True,
+        text=True, timeout=300, check=False,
+    )
+    if done.returncode != 0:
+        last = done.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise AgentError(f"cannot detect this machine's hardware and backends: {last[0]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return (Hardware.model_validate(found["hardware"]), [BackendOffer.model_validate(o) for o in found["offers"]],
+            str(found["no_gpus_because"]))
 
 
 def serve(settings: AgentSettings) -> None:

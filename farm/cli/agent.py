@@ -7,14 +7,18 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 
-from farm.cli.options import StateDir, start_in_background, state_dir
+from farm.cli.options import Json, StateDir, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
-from farm.local import pid_alive, read_json, terminate
+from farm.local import pid_alive, read_json, spawn_detached, terminate, wait_for
+
+if TYPE_CHECKING:
+    from farm_agent.service import Plan
+    from farm_agent.settings import AgentSettings
 
 app = typer.Typer(help="Run a node agent that offers this machine to a head.", no_args_is_help=True)
 
@@ -26,7 +30,10 @@ def agent_dir(state: Path, name: str) -> Path:
 @app.command()
 def start(
     head: Annotated[str, typer.Option(help="HOST:PORT of the head.")],
-    token: Annotated[str, typer.Option(help="The join token `farm head start` printed.")],
+    token: Annotated[str | None, typer.Option(help="The join token `farm head start` printed.")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        help="Read the join token from this file instead (what the installed service does: a token on the command "
+             "line shows in `ps`).")] = None,
     name: Annotated[str | None, typer.Option(help="Node name (default: the host name).")] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer (default: all).", min=1)] = None,
     max_foreign_cpu: Annotated[float, typer.Option(
@@ -40,6 +47,7 @@ def start(
     from farm_agent.settings import AgentSettings
 
     name = name or socket.gethostname()
+    token = _join_token(token, token_file)
     if ":" not in head:
         raise UserError(f"--head {head!r}: expected HOST:PORT")
     settings = AgentSettings(
@@ -50,19 +58,49 @@ def start(
     if status and pid_alive(int(status.get("pid", 0))):
         raise UserError(f"agent {name!r} is already running (pid {status['pid']})")
     if detach:
-        _start_detached(settings.state_dir, settings.status_path, sys.argv[1:], name)
+        _start_detached(settings)
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings)
 
 
-def _start_detached(directory: Path, status_path: Path, argv: list[str], name: str) -> None:
-    status_path.unlink(missing_ok=True)
-    log = directory / "agent.log"
-    proc = start_in_background(argv, log, lambda: (read_json(status_path) or {}).get("state") == "ready",
-                               f"agent {name!r} did not become ready")
-    status = read_json(status_path) or {}
-    console.print(f"agent {name} running (pid {proc.pid}) as node {status.get('node_id')}; log in {log}")
+def _join_token(token: str | None, token_file: Path | None) -> str:
+    if (token is None) == (token_file is None):
+        raise UserError("give the join token with exactly one of --token and --token-file")
+    if token_file is None:
+        return str(token)
+    try:
+        read = token_file.read_text().strip()
+    except OSError as exc:
+        raise UserError(f"--token-file {token_file}: {exc.strerror}") from None
+    if not read:
+        raise UserError(f"--token-file {token_file} is empty")
+    return read
+
+
+def _start_detached(settings: AgentSettings) -> None:
+    """Run the daemon through its lean entry point (`python -m farm_agent`: no typer, rich or CLI resident in a
+    process that lives for days) in its own session; return once its node is ready. If it dies or never gets ready,
+    stop it and say why with the last line of its log."""
+    settings.status_path.unlink(missing_ok=True)
+    log = settings.state_dir / "agent.log"
+    proc = spawn_detached([
+        sys.executable, "-m", "farm_agent", "--head", settings.head, "--token", settings.token, "--name", settings.name,
+        "--state-dir", str(settings.state_dir), "--cpus", str(settings.cpus),
+        "--max-foreign-cpu", str(settings.max_foreign_cpu),
+    ], log)
+
+    def ready() -> bool:
+        return (read_json(settings.status_path) or {}).get("state") == "ready"
+
+    wait_for(lambda: proc.poll() is not None or ready(), timeout=120)
+    if proc.poll() is not None or not ready():
+        if proc.poll() is None:
+            terminate(proc.pid)
+        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        raise UserError(f"agent {settings.name!r} did not become ready: {last[0] if last else 'no output'} (log: {log})")
+    status = read_json(settings.status_path) or {}
+    console.print(f"agent {settings.name} running (pid {proc.pid}) as node {status.get('node_id')}; log in {log}")
 
 
 @app.command()
@@ -79,3 +117,113 @@ def stop(
     terminate(*[int(status["pid"]) for _, status in running])
     for _, status in running:
         console.print(f"agent {status['name']} (pid {status['pid']}) stopped")
+
+
+User = Annotated[bool, typer.Option(
+    "--user", help="A per-user service (systemd --user, a LaunchAgent) rather than a system one (which needs root).")]
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print what would be written and run; change nothing.")]
+
+
+@app.command()
+def install(
+    head: Annotated[str, typer.Option(help="HOST:PORT of the head.")],
+    token: Annotated[str | None, typer.Option(help="The join token `farm head start` printed.")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="Read the join token from this file instead.")] = None,
+    name: Annotated[str | None, typer.Option(help="Node name (default: the host name).")] = None,
+    cpus: Annotated[int | None, typer.Option(help="CPU cores to offer (default: all).", min=1)] = None,
+    user: User = False,
+    state: StateDir = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Install the agent as a service that starts at boot and restarts on failure (systemd on Linux, launchd on
+    macOS). The join token goes to a 0600 file in the agent's state folder, never into the service file."""
+    import getpass
+    import pwd
+
+    from farm_agent import service
+
+    token = _join_token(token, token_file)
+    if ":" not in head:
+        raise UserError(f"--head {head!r}: expected HOST:PORT")
+    if not user and not dry_run and os.geteuid() != 0:
+        raise UserError("a system service needs root: run it with sudo, or install a per-user service with --user")
+    # Run with sudo, a system service runs the agent as the user who asked for it, with that user's state folder.
+    run_as = None if user else os.environ.get("SUDO_USER") or getpass.getuser()
+    root = state_dir(state)
+    if state is None and run_as and run_as != getpass.getuser() and "FARM_STATE_DIR" not in os.environ:
+        root = Path(pwd.getpwnam(run_as).pw_dir) / ".farm"
+    farm = Path(sys.executable).parent / "farm"  # this environment's own farm: the service must not find another
+    if not farm.exists():
+        raise UserError(f"no farm executable next to {sys.executable}: install Farm into a virtual environment")
+    agent = service.AgentService(farm=farm, head=head, name=name or socket.gethostname(), state_dir=root, cpus=cpus,
+                                 user_scope=user, run_as=None if run_as == "root" else run_as)
+    platform = _service_platform()
+    _carry_out(service.install_plan(agent, token, platform, Path.home(), os.getuid()), dry_run)
+    if not dry_run:
+        console.print(f"agent {agent.name} installed as a service ({service.service_path(platform, user, Path.home())})"
+                      f"; log: {'journalctl' + (' --user' if user else '') + ' -u farm-agent' if platform == 'linux' else agent.log_path}",
+                      highlight=False)
+
+
+@app.command()
+def uninstall(user: User = False, dry_run: DryRun = False) -> None:
+    """Stop the agent's service and remove it and its token file (the node's identity stays)."""
+    from farm_agent import service
+
+    platform = _service_platform()
+    path = service.service_path(platform, user, Path.home())
+    if not path.exists():
+        raise UserError(f"no agent service installed at {path}{'' if user else ' (a per-user one? try --user)'}")
+    _carry_out(service.uninstall_plan(platform, user, Path.home(), os.getuid()), dry_run)
+    if not dry_run:
+        console.print(f"agent service removed ({path})", highlight=False)
+
+
+@app.command()
+def status(user: Annotated[bool, typer.Option("--user", help="Only the per-user service.")] = False,
+           as_json: Json = False) -> None:
+    """Whether the agent's service is installed, enabled and running, and what its agent reports."""
+    import json
+
+    from farm_agent import service
+
+    platform = _service_platform()
+    found = [service.query(platform, scope, Path.home(), os.getuid()) for scope in ([True] if user else [False, True])]
+    shown = next((f for f in found if f["installed"]), found[0])
+    if as_json:
+        print(json.dumps(shown, indent=2))
+        return
+    if not shown["installed"]:
+        console.print(f"agent service not installed ({' nor '.join(f['service_file'] for f in found)})",
+                      highlight=False)
+        return
+    agent = shown.get("agent") or {}
+    console.print(
+        f"service {shown['service_file']}: {'enabled' if shown['enabled'] else 'disabled'}, "
+        f"{shown.get('service_state', 'unknown')}\n"
+        f"agent {shown['name']} -> head {shown['head']}, cpus {shown['cpus']}, node {shown.get('node_id') or '-'}: "
+        + (f"{agent.get('state')} (pid {agent.get('pid')}){', owner busy: ' + agent['busy'] if agent.get('busy') else ''}"
+           if agent else "not running"), highlight=False)
+
+
+def _service_platform() -> Literal["linux", "darwin"]:
+    from farm_agent.service import current_platform
+
+    try:
+        return current_platform()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _carry_out(plan: Plan, dry_run: bool) -> None:
+    from farm_agent.service import apply, describe
+
+    if dry_run:
+        print("\n".join(describe(plan)))
+        return
+    try:
+        warnings = apply(plan)
+    except (RuntimeError, OSError) as exc:
+        raise UserError(str(exc)) from None
+    for warning in warnings:
+        console.print(f"warning: {warning}", highlight=False)

@@ -1,0 +1,58 @@
+"""The agent daemon's lean entry point: `python -m farm_agent --head HOST:PORT --token T --name N --state-dir D`.
+
+`farm agent start --detach` runs the daemon through this, not through the `farm` CLI: the daemon lives for days on
+someone's machine, and typer, rich and the CLI's other commands would stay resident in it for nothing.
+
+`python -m farm_agent --probe --cpus N` prints this machine's hardware and backend offers as JSON and exits: the
+daemon asks a child process for them, so that the backend modules (numpy; torch or coremltools where a backend
+checks its device) load only in processes that run shards, never in the daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+
+def probe(cpus: int) -> dict[str, object]:
+    from farm_agent import backends
+    from farm_agent.hardware import detect, nvidia_gpus
+
+    hardware = detect()
+    return {
+        "hardware": hardware.model_dump(mode="json"),
+        "offers": [o.model_dump(mode="json") for o in backends.offers(hardware, cpus)],
+        "no_gpus_because": "" if hardware.gpus else nvidia_gpus()[1],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m farm_agent", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probe", action="store_true", help="print the hardware and backend offers as JSON")
+    parser.add_argument("--head", help="HOST:PORT of the head")
+    parser.add_argument("--token", help="the join token")
+    parser.add_argument("--name", help="the node's name")
+    parser.add_argument("--state-dir", type=Path, help="this agent's own folder (agents/NAME under Farm's state)")
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--max-foreign-cpu", type=float, default=90.0)
+    args = parser.parse_args()
+    if args.probe:
+        print(json.dumps(probe(args.cpus)))
+        return
+    if not (args.head and args.token and args.name and args.state_dir):
+        parser.error("--head, --token, --name and --state-dir are required")
+
+    from farm_agent.main import serve
+    from farm_agent.settings import AgentSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(AgentSettings(head=args.head, token=args.token, name=args.name, state_dir=args.state_dir, cpus=args.cpus,
+                        max_foreign_cpu=args.max_foreign_cpu))
+
+
+if __name__ == "__main__":
+    main()
