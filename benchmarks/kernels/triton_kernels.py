@@ -20,9 +20,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agents"))
 
-from farm_agent.tuner.triton_kernels.linear_act import linear_act
-from farm_agent.tuner.triton_kernels.norm import norm
-from farm_agent.tuner.triton_kernels.softmax import softmax
+from farm_agent.tuner.triton_kernels.linear_act import linear_act  # noqa: E402
+from farm_agent.tuner.triton_kernels.norm import norm  # noqa: E402
+from farm_agent.tuner.triton_kernels.softmax import softmax  # noqa: E402
 
 
 def bench(fn: Callable[[], torch.Tensor]) -> float:

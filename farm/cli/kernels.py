@@ -113,13 +113,13 @@ def tune_command(
     then fast_p and the geometric-mean speedups."""
     from dataclasses import asdict
 
-    from farm_agent.tuner.evaluator import cuda_available
+    if device is not None and not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+        raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
+    from farm_agent.tuner.evaluator import cuda_available  # imports torch
     from farm_agent.tuner.problem import problem_paths
     from farm_agent.tuner.tune import summarize, table_row, tune
 
     device = device or ("cuda" if cuda_available() else "cpu")
-    if not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
-        raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
     reports = [tune(path, budget_s=budget_s, atol=atol, rtol=rtol, device=device, runs=runs)
                for path in problem_paths(problem)]
     summary = summarize(reports, "run", p)

@@ -7,14 +7,9 @@ import math
 from pathlib import Path
 
 import numpy as np
+
 from farm_agent.tuner.features import FEATURE_NAMES
-from farm_agent.tuner.policy import (
-    FAIL_REWARD,
-    Policy,
-    default_path,
-    reward,
-    trials_to_winner,
-)
+from farm_agent.tuner.policy import FAIL_REWARD, Policy, default_path, reward, trials_to_winner
 
 ARMS = ["eager", "compile-default", "compile-max-autotune", "cuda-graph", "channels-last", "tf32", "autocast-fp16",
         "triton-fused"]

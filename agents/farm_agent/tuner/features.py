@@ -24,8 +24,8 @@ MATMUL_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "_scaled_dot_product_ef
               "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward", "_efficient_attention_forward"}
 CONV_OPS = {"convolution", "_convolution", "cudnn_convolution", "convolution_backward"}
 NORM_OPS = {"native_layer_norm", "native_batch_norm", "_native_batch_norm_legit",
-            "_native_batch_norm_legit_no_training", "native_group_norm", "_fused_rms_norm", "rms_norm", "layer_norm", "batch_norm", "group_norm",
-            "instance_norm", "cudnn_batch_norm"}
+            "_native_batch_norm_legit_no_training", "native_group_norm", "_fused_rms_norm", "rms_norm", "layer_norm",
+            "batch_norm", "group_norm", "instance_norm", "cudnn_batch_norm"}
 REDUCTION_OPS = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean", "prod",
                  "_softmax", "_log_softmax", "softmax", "log_softmax", "logsumexp", "norm", "linalg_vector_norm",
                  "cumsum", "cumprod", "topk", "sort", "avg_pool2d", "max_pool2d_with_indices", "adaptive_avg_pool2d",
