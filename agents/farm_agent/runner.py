@@ -36,7 +36,7 @@ def run_shard(task: ShardTask) -> ShardResult:
     _reset_peak_memory(task.device)
     with _meter(task.device).window() as window:
         began = time.perf_counter()
-        outputs = backend.run(module, shard, task.batch_size, task.device, task.threads)
+        outputs = backend.run(module, shard, task.batch_size, task.device, task.threads, task.tuning)
         seconds = time.perf_counter() - began
     correct = None
     if labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
@@ -52,13 +52,13 @@ def _warm_up(backend: Backend, module: torch.nn.Module, shard: np.ndarray, task:
     """One batch outside the measured window, the first time this worker runs the model on the device.
 
     A model's first batch pays one-off costs: the CUDA context and its kernels' lazy loading, cuDNN's algorithm
-    search, the allocator's first blocks. On the H200 the first shard of a job took 4-10x a warm one. Inside the
+    search, the allocator's first blocks, and the kernel tuner's search or its winner's compilation. On the H200 the first shard of a job took 4-10x a warm one. Inside the
     window they would be billed to the device's calibration, which then ranks the device by its start-up.
     """
     warmed = _warm.setdefault(module, set())
     if task.device in warmed or not len(shard):
         return
-    backend.run(module, shard[: task.batch_size], task.batch_size, task.device, task.threads)
+    backend.run(module, shard[: task.batch_size], task.batch_size, task.device, task.threads, task.tuning)
     warmed.add(task.device)
 
 

@@ -105,6 +105,9 @@ class JobSpec(Frozen):
     policy: Policy = Policy.EFFICIENCY
     deadline_s: float | None = Field(default=None, gt=0)
     tolerance: Tolerance = Tolerance()
+    # Tune the model's kernels on each GPU before its first shard there (farm kernels tune), within this budget;
+    # without it a GPU runs the tuner's cached winner when it has one, else eager PyTorch.
+    tune_budget_s: float | None = Field(default=None, gt=0, le=3600)
     output: str | None = None
     training: Training | None = None  # kind: training only; batch_size is then the global batch
 

@@ -10,6 +10,16 @@ from farm.core.energy import Energy
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """How far a faster implementation of the model may drift from it in fp32 (the job's tolerance), and whether to
+    tune before running (the CUDA backend's kernel tuner; other backends run the model as it is)."""
+
+    atol: float = 1e-4
+    rtol: float = 1e-4
+    budget_s: float | None = None  # tune first, once per model, batch shape and GPU, within this many seconds
+
+
+@dataclass(frozen=True)
 class ShardTask:
     job_id: str
     index: int
@@ -22,6 +32,7 @@ class ShardTask:
     backend: str
     device: str
     threads: int
+    tuning: Tuning = Tuning()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from ray._private.runtime_env import packaging
 from farm.core.errors import FarmError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.core.tasks import ShardResult, ShardTask
+from farm.core.tasks import ShardResult, ShardTask, Tuning
 from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -174,6 +174,7 @@ class Dispatcher:
             job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model,
             weights=spec.weights, dataset=spec.dataset, batch_size=spec.batch_size,
             backend=assignment.backend.value, device=assignment.device, threads=assignment.threads,
+            tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=spec.tune_budget_s),
         )
         ref = remote_run_shard.options(
             label_selector={NODE_LABEL: node.id},

@@ -75,3 +75,11 @@ def test_shard_ranges_cover_every_item_once_in_order(items: int, shards: int) ->
 def test_an_empty_dataset_cannot_be_sharded() -> None:
     with pytest.raises(SpecError, match="empty"):
         shard_ranges(0, 4)
+
+
+def test_a_tuning_budget_is_positive_and_bounded() -> None:
+    assert parse_spec(VALID + "tune_budget_s: 90\n").tune_budget_s == 90
+    assert parse_spec(VALID).tune_budget_s is None  # no tuning run: a cached winner or eager
+    for bad in ("0", "-5", "7200"):
+        with pytest.raises(SpecError, match="tune_budget_s"):
+            parse_spec(VALID + f"tune_budget_s: {bad}\n")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
+from farm.core.tasks import Tuning
 from farm_agent.coreml.buckets import batches, pad_to
 
 if TYPE_CHECKING:
@@ -98,7 +99,8 @@ _loaded: dict[Path, LoadedPackage] = {}
 _conversions: weakref.WeakKeyDictionary[torch.nn.Module, Conversion] = weakref.WeakKeyDictionary()
 
 
-def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
+        tuning: Tuning = Tuning()) -> np.ndarray:
     if sys.platform != "darwin":
         raise RuntimeError(f"the ane backend runs Core ML, which is macOS only, and this is {sys.platform}")
     from farm_agent.coreml.compute_plan import compute_plan

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from farm.core.models import BackendOffer, Hardware
+from farm.core.tasks import Tuning
 
 if TYPE_CHECKING:
     import torch
@@ -20,6 +21,8 @@ class Backend(Protocol):
         """What this backend can run on this machine; an unavailable offer says why."""
         ...
 
-    def run(self, module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
-        """Outputs for `inputs`, in input order."""
+    def run(self, module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
+            tuning: Tuning = Tuning()) -> np.ndarray:
+        """Outputs for `inputs`, in input order; `tuning`: the job's tolerance and tuning budget, for a backend
+        that runs models through tuned kernels (the others run the model as it is)."""
         ...

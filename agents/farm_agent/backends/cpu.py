@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
+from farm.core.tasks import Tuning
 
 if TYPE_CHECKING:
     import torch
@@ -22,7 +23,8 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     ]
 
 
-def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
+        tuning: Tuning = Tuning()) -> np.ndarray:
     import torch
 
     torch.set_num_threads(max(threads, 1))

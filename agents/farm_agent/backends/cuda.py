@@ -16,13 +16,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
+from farm.core.tasks import Tuning
 
 if TYPE_CHECKING:
     import torch
 
 GIB = 1024**3
-STRICT = (1e-4, 1e-4)  # the spec's default tolerance
-
 # Tuned forwards per model, built once per worker (a torch.compile or a CUDA graph capture costs seconds): the
 # runner's warm-up batch builds it, outside the energy window.
 _tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Callable[..., Any]]] = weakref.WeakKeyDictionary()
@@ -40,21 +39,23 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     ]
 
 
-def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tolerance: tuple[float, float], device: str
+def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tuning, device: str
                    ) -> Callable[..., Any]:
-    """The tuner's cached winner for this GPU, model, batch shape and tolerance (farm kernels tune), else the
-    module itself."""
+    """The tuner's cached winner for this GPU, model, batch shape and tolerance (farm kernels tune), found by a
+    tuning run now when the job gives a budget and there is none yet; else the module itself."""
     from farm_agent.tuner.tune import tuned_module
 
     built = _tuned.setdefault(module, {})
+    tolerance = (tuning.atol, tuning.rtol)
     key = (device, tuple(example.shape), example.dtype, tolerance)
     if key not in built:
-        built[key] = tuned_module(module, example, tolerance, device)
+        built[key] = tuned_module(module, example, tolerance, device, tune_first=tuning.budget_s is not None,
+                                  budget_s=tuning.budget_s or 0.0)
     return built[key]
 
 
 def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
-        tolerance: tuple[float, float] = STRICT) -> np.ndarray:
+        tuning: Tuning = Tuning()) -> np.ndarray:
     # NVML numbers GPUs in PCI bus order and CUDA, by default, fastest first: make cuda:N the GPU that NVML (and so
     # the offer and its power meter) calls N. Read by the CUDA driver when it initialises, so only before that.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
@@ -70,7 +71,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
         pass
     outputs = []
     with torch.inference_mode():
-        forward = _tuned_forward(module, host[:batch_size].to(target), tolerance, device) if len(host) else module
+        forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if len(host) else module
         for start in range(0, len(host), batch_size):
             batch = host[start : start + batch_size].to(target, non_blocking=True)
             # The winner was chosen (and a compiled one specialised) for full batches; a short last one runs eager.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
+from farm.core.tasks import Tuning
 
 if TYPE_CHECKING:
     import torch
@@ -24,7 +25,8 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
                          threads=1)]
 
 
-def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int) -> np.ndarray:
+def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
+        tuning: Tuning = Tuning()) -> np.ndarray:
     import torch
 
     if not torch.backends.mps.is_available():
