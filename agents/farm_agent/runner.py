@@ -52,8 +52,9 @@ def _warm_up(backend: Backend, module: torch.nn.Module, shard: np.ndarray, task:
     """One batch outside the measured window, the first time this worker runs the model on the device.
 
     A model's first batch pays one-off costs: the CUDA context and its kernels' lazy loading, cuDNN's algorithm
-    search, the allocator's first blocks, and the kernel tuner's search or its winner's compilation. On the H200 the first shard of a job took 4-10x a warm one. Inside the
-    window they would be billed to the device's calibration, which then ranks the device by its start-up.
+    search, the allocator's first blocks, and the kernel tuner's search or its winner's compilation. On the H200
+    the first shard of a job took 4-10x a warm one. Inside the window they would be billed to the device's
+    calibration, which then ranks the device by its start-up.
     """
     warmed = _warm.setdefault(module, set())
     if task.device in warmed or not len(shard):
