@@ -154,6 +154,7 @@ class Store:
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.liveness = Liveness()  # the latest heartbeats, between two save_heartbeats
+        self._node_states: dict[str, NodeState] = {}  # node_state's cache; every write of a state drops its entry
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
@@ -192,6 +193,7 @@ class Store:
                     json.dumps([b.model_dump(mode="json") for b in backends]), address, token_hash, now, now,
                 ),
             )
+        self._node_states.pop(node_id, None)  # back to joining
 
     def node_token_hash(self, node_id: str) -> str | None:
         row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
@@ -230,8 +232,14 @@ class Store:
         ]
 
     def node_state(self, node_id: str) -> NodeState:
-        row = self._db.execute("SELECT state FROM nodes WHERE id=?", (node_id,)).fetchone()
-        return NodeState.OFFLINE if row is None else NodeState(row["state"])
+        """Read once, then from memory until the state changes (every heartbeat asks)."""
+        state = self._node_states.get(node_id)
+        if state is None:
+            row = self._db.execute("SELECT state FROM nodes WHERE id=?", (node_id,)).fetchone()
+            if row is None:
+                return NodeState.OFFLINE
+            state = self._node_states[node_id] = NodeState(row["state"])
+        return state
 
     def set_node_state(self, node_id: str, state: NodeState, ray_node_id: str | None = None) -> None:
         if ray_node_id is None:
@@ -240,6 +248,7 @@ class Store:
             self._db.execute(
                 "UPDATE nodes SET state=?, ray_node_id=? WHERE id=?", (state.value, ray_node_id, node_id)
             )
+        self._node_states.pop(node_id, None)
 
     def nodes(self) -> list[Node]:
         """Every node, with its latest heartbeat's figures: from memory where they are at least as new as the saved

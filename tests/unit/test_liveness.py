@@ -102,3 +102,16 @@ def test_the_agent_probe_reports_hardware_and_offers_as_json() -> None:
     assert hardware.cpu_cores >= 1
     assert [(o.name, o.threads) for o in offers if o.name is BackendName.CPU and o.available] == [(BackendName.CPU, 2)]
     assert isinstance(found["no_gpus_because"], str)
+
+
+def test_node_states_read_after_every_change(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    assert store.node_state("n-1") is NodeState.OFFLINE  # unknown
+    store.upsert_node("n-1", "a", HW, [], "", "hash")
+    assert store.node_state("n-1") is NodeState.JOINING
+    store.set_node_state("n-1", NodeState.READY, "ray-1")
+    assert store.node_state("n-1") is NodeState.READY
+    store.upsert_node("n-1", "a", HW, [], "", "new-hash")  # the agent restarted
+    assert store.node_state("n-1") is NodeState.JOINING
+    store.set_node_state("n-1", NodeState.OFFLINE)
+    assert store.node_state("n-1") is NodeState.OFFLINE
