@@ -1,4 +1,4 @@
-"""`farm agent start|stop`."""
+"""`farm agent start|stop|install|uninstall|status`."""
 
 from __future__ import annotations
 
@@ -160,9 +160,9 @@ def install(
     platform = _service_platform()
     _carry_out(service.install_plan(agent, token, platform, Path.home(), os.getuid()), dry_run)
     if not dry_run:
+        logs = f"journalctl{' --user' if user else ''} -u farm-agent" if platform == "linux" else str(agent.log_path)
         console.print(f"agent {agent.name} installed as a service ({service.service_path(platform, user, Path.home())})"
-                      f"; log: {'journalctl' + (' --user' if user else '') + ' -u farm-agent' if platform == 'linux' else agent.log_path}",
-                      highlight=False)
+                      f"; its log: {logs}", highlight=False)
 
 
 @app.command()
@@ -198,12 +198,15 @@ def status(user: Annotated[bool, typer.Option("--user", help="Only the per-user 
                       highlight=False)
         return
     agent = shown.get("agent") or {}
+    running = "not running"
+    if agent:
+        running = f"{agent.get('state')} (pid {agent.get('pid')})" + (
+            f", owner busy: {agent['busy']}" if agent.get("busy") else "")
     console.print(
         f"service {shown['service_file']}: {'enabled' if shown['enabled'] else 'disabled'}, "
         f"{shown.get('service_state', 'unknown')}\n"
         f"agent {shown['name']} -> head {shown['head']}, cpus {shown['cpus']}, node {shown.get('node_id') or '-'}: "
-        + (f"{agent.get('state')} (pid {agent.get('pid')}){', owner busy: ' + agent['busy'] if agent.get('busy') else ''}"
-           if agent else "not running"), highlight=False)
+        f"{running}", highlight=False)
 
 
 def _service_platform() -> Literal["linux", "darwin"]:

@@ -5,14 +5,17 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from farm.cli.options import StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
-from farm.local import pid_alive, primary_ip, read_json, terminate
+from farm.local import pid_alive, primary_ip, read_json, terminate, write_json
+
+if TYPE_CHECKING:
+    from farm.head.settings import HeadSettings
 
 app = typer.Typer(help="Run the head: the control plane, the scheduler and the Ray head.", no_args_is_help=True)
 
@@ -30,6 +33,9 @@ def start(
     dashboard_port: Annotated[
         int | None, typer.Option(help="The web dashboard's and /metrics' port (default: --port + 2, else a free one).")
     ] = None,
+    secrets_dir: Annotated[Path | None, typer.Option(
+        help="Take the join and API tokens from the files join-token and api-token in this folder (a mounted "
+             "Kubernetes Secret) rather than from the state folder, where they are generated on first start.")] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
     from farm.dashboard import Dashboard, pick_port
@@ -44,12 +50,31 @@ def start(
     if detach:
         _start_detached(settings.state_dir, sys.argv[1:])
         return
+    if secrets_dir is not None:
+        _adopt_secrets(secrets_dir, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The head's process serves the dashboard too, composed here: the head never imports it.
     dashboard = Dashboard(host, pick_port(host, dashboard_port, default=port + 2), settings.advertise)
     serve(settings, on_ready=lambda join: console.print(
         f"head ready; dashboard at {dashboard.url}\njoin other machines with:\n  {join}", highlight=False,
     ), services=[dashboard])
+
+
+def _adopt_secrets(folder: Path, settings: HeadSettings) -> None:
+    """Write the given tokens where the head reads them (secrets.json in its state folder), so that a Secret, not the
+    volume, decides them: rotated in the Secret, they take effect at the next start."""
+    from farm.head.server import check_can_start
+
+    tokens = {}
+    for key in ("join-token", "api-token"):
+        try:
+            tokens[key.replace("-", "_")] = (folder / key).read_text().strip()
+        except OSError as exc:
+            raise UserError(f"--secrets-dir: cannot read {folder / key}: {exc.strerror}") from None
+        if not tokens[key.replace("-", "_")]:
+            raise UserError(f"--secrets-dir: {folder / key} is empty")
+    check_can_start(settings)  # never swap the tokens under a head that runs from this state folder
+    write_json(settings.state_dir / "secrets.json", tokens)
 
 
 def _start_detached(directory: Path, argv: list[str]) -> None:
