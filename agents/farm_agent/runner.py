@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import psutil
 
-from farm.core.tasks import ShardResult, ShardTask
+from farm.core.tasks import ShardResult, ShardTask, Tuning
 from farm_agent import backends
 from farm_agent.backends.base import Backend
 from farm_agent.jobcode import load_dataset, load_model
@@ -20,8 +20,9 @@ from farm_agent.power import PowerMeter, meter_for
 if TYPE_CHECKING:
     import torch
 
-# Devices each loaded model has already run a batch on in this worker process (load_model keeps models cached).
-_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[str]] = weakref.WeakKeyDictionary()
+# What each loaded model has already run a batch with in this worker process: (device, tuning). load_model keeps
+# models cached, and Ray reuses a worker for the next job with the same code, whose tuning may differ.
+_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning]]] = weakref.WeakKeyDictionary()
 
 
 def run_shard(task: ShardTask) -> ShardResult:
@@ -57,10 +58,10 @@ def _warm_up(backend: Backend, module: torch.nn.Module, shard: np.ndarray, task:
     calibration, which then ranks the device by its start-up.
     """
     warmed = _warm.setdefault(module, set())
-    if task.device in warmed or not len(shard):
+    if (task.device, task.tuning) in warmed or not len(shard):
         return
     backend.run(module, shard[: task.batch_size], task.batch_size, task.device, task.threads, task.tuning)
-    warmed.add(task.device)
+    warmed.add((task.device, task.tuning))
 
 
 def _reset_peak_memory(device: str) -> None:

@@ -47,7 +47,9 @@ def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tunin
 
     built = _tuned.setdefault(module, {})
     tolerance = (tuning.atol, tuning.rtol)
-    key = (device, tuple(example.shape), example.dtype, tolerance)
+    # A lookup without a tuning run must not stand in for a job that asks for one (Ray reuses this worker for the
+    # next job with the same code).
+    key = (device, tuple(example.shape), example.dtype, tolerance, tuning.budget_s is not None)
     if key not in built:
         built[key] = tuned_module(module, example, tolerance, device, tune_first=tuning.budget_s is not None,
                                   budget_s=tuning.budget_s or 0.0)
