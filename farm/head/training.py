@@ -191,7 +191,7 @@ class TrainingDriver:
             for future in done:
                 if future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]
-            states = {n.id: n.state for n in self.store.nodes()}
+            states = {n.id: n.state for n in self.store.node_liveness()}  # the light read: offline nodes are absent
             lost = [a for a in chosen if states.get(a.node_id) is not NodeState.READY]
             if lost and pending:
                 raise WorkerLost(f"node {lost[0].node_id} left the farm")
