@@ -20,9 +20,9 @@ from farm_agent.power import PowerMeter, meter_for
 if TYPE_CHECKING:
     import torch
 
-# What each loaded model has already run a batch with in this worker process: (device, tuning). load_model keeps
+# What each loaded model has already run in this worker process: (device, tuning, batch rows). load_model keeps
 # models cached, and Ray reuses a worker for the next job with the same code, whose tuning may differ.
-_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning]]] = weakref.WeakKeyDictionary()
+_warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] = weakref.WeakKeyDictionary()
 
 
 def run_shard(task: ShardTask) -> ShardResult:
@@ -50,18 +50,20 @@ def run_shard(task: ShardTask) -> ShardResult:
 
 
 def _warm_up(backend: Backend, module: torch.nn.Module, shard: np.ndarray, task: ShardTask) -> None:
-    """One batch outside the measured window, the first time this worker runs the model on the device.
+    """The shard's batch shapes (a full batch, and its short last one) run once outside the measured window, the
+    first time this worker runs them on the device.
 
     A model's first batch pays one-off costs: the CUDA context and its kernels' lazy loading, cuDNN's algorithm
-    search, the allocator's first blocks, and the kernel tuner's search or its winner's compilation. On the H200
-    the first shard of a job took 4-10x a warm one. Inside the window they would be billed to the device's
-    calibration, which then ranks the device by its start-up.
+    search, the allocator's first blocks, and the kernel tuner's search or its winner's compilation; a new batch
+    shape loads kernels of its own. On the H200 a cold first shard took 4-10x a warm one, and with the full batch
+    warmed alone, a shard whose last batch had 4 rows still took 25x. Inside the window these costs would be billed
+    to the device's calibration, which would then rank the device by its start-up.
     """
     warmed = _warm.setdefault(module, set())
-    if (task.device, task.tuning) in warmed or not len(shard):
-        return
-    backend.run(module, shard[: task.batch_size], task.batch_size, task.device, task.threads, task.tuning)
-    warmed.add((task.device, task.tuning))
+    for rows in {min(task.batch_size, len(shard)), len(shard) % task.batch_size} - {0}:
+        if (task.device, task.tuning, rows) not in warmed:
+            backend.run(module, shard[:rows], task.batch_size, task.device, task.threads, task.tuning)
+            warmed.add((task.device, task.tuning, rows))
 
 
 def _reset_peak_memory(device: str) -> None:
