@@ -50,6 +50,7 @@ from localfarm import LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is t
 RTT_P99_TARGET_MS = 100.0
 LATE_S = 0.1  # a beat written this long after its slot counts as late (the generator fell behind)
 RECONNECT_S = 2.0  # as a real agent: wait this long before reopening a lost heartbeat stream
+FINISH_S = 10.0  # after the window, how long an agent's last beat may wait for its answer before it is cut off
 
 
 # ---------------------------------------------------------------- the load generator (a separate process)
@@ -120,21 +121,20 @@ async def _beat(stub: Any, node_id: str, node_token: str, interval_s: float, win
                 request.cpu_percent = random.uniform(0.0, 30.0)
                 sent = time.monotonic()
                 measured = window.start <= slot < window.end
+                if measured:
+                    stats.sent += 1
+                    stats.late += sent - slot > LATE_S
                 await call.write(request)
                 reply = await call.read()
                 if reply is grpc.aio.EOF:
                     raise ConnectionError("the head closed the heartbeat stream")
                 if measured:
-                    stats.sent += 1
                     stats.answered += 1
-                    stats.late += sent - slot > LATE_S
                     stats.rtt_s.append(time.monotonic() - sent)
                 slot += interval_s
             await call.done_writing()
         except (grpc.aio.AioRpcError, ConnectionError) as exc:
             stats.errors[exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__] += 1
-            if window.start <= slot < window.end:
-                stats.sent += 1  # written, never answered
             call.cancel()
             await asyncio.sleep(RECONNECT_S)
             slot = max(slot + interval_s, time.monotonic())
@@ -187,7 +187,13 @@ async def _generate(args: argparse.Namespace) -> None:
     window.start = time.monotonic() + (start_wall - time.time())
     window.end = window.start + args.duration_s
     lag = asyncio.create_task(_measure_loop_lag(stats, window))
-    await asyncio.gather(*agents)
+    # Agents still waiting for an answer (or still registering) a while after the window are cut off: an
+    # overloaded head may never answer them.
+    _, unfinished = await asyncio.wait(agents, timeout=args.duration_s + (window.start - time.monotonic()) + FINISH_S)
+    for task in unfinished:
+        task.cancel()
+    await asyncio.gather(*unfinished, return_exceptions=True)
+    stats.errors.update({"cut off after the window": len(unfinished)} if unfinished else {})
     await lag
     for channel in channels:
         await channel.close()
@@ -260,8 +266,8 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm]) -> d
         with console.status(f"registering {args.agents} agents from {args.procs} load generators..."):
             for i, (first, count) in enumerate(zip(firsts, shares, strict=True)):
                 generators.append(subprocess.Popen(
-                    [sys.executable, __file__, "--generator", "--address", head.address, "--join-token",
-                     head.join_token, "--first", str(first), "--count", str(count), "--duration-s",
+                    [sys.executable, __file__, "--generator", f"--address={head.address}",
+                     f"--join-token={head.join_token}", "--first", str(first), "--count", str(count), "--duration-s",
                      str(args.duration_s), "--agents-per-channel", str(args.agents_per_channel),
                      "--register-concurrency", str(args.register_concurrency), "--register-timeout-s",
                      str(args.register_timeout_s), "--out", str(work / f"gen-{i}.json")],
@@ -298,7 +304,7 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm]) -> d
             offline_at_end = _offline_now(farm.state / "state.db")
         with console.status("collecting the load generators' figures..."):
             for gen in generators:
-                if gen.wait(timeout=120) != 0:
+                if gen.wait(timeout=FINISH_S + 120) != 0:
                     raise RuntimeError(f"a load generator failed ({gen.returncode})")
         went_offline = set(re.findall(r"node (\S+) is offline", (farm.state / "head.log").read_text(errors="replace")))
     finally:

@@ -84,10 +84,10 @@ def _start_detached(settings: AgentSettings) -> None:
     stop it and say why with the last line of its log."""
     settings.status_path.unlink(missing_ok=True)
     log = settings.state_dir / "agent.log"
-    proc = spawn_detached([
-        sys.executable, "-m", "farm_agent", "--head", settings.head, "--token", settings.token, "--name", settings.name,
-        "--state-dir", str(settings.state_dir), "--cpus", str(settings.cpus),
-        "--max-foreign-cpu", str(settings.max_foreign_cpu),
+    proc = spawn_detached([  # --option=value: a token may start with "-"
+        sys.executable, "-m", "farm_agent", f"--head={settings.head}", f"--token={settings.token}",
+        f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
+        f"--max-foreign-cpu={settings.max_foreign_cpu}",
     ], log)
 
     def ready() -> bool:
