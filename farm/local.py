@@ -172,6 +172,11 @@ def ray_env(token_path: Path) -> dict[str, str]:
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: Ray 2.60 refuses worker nodes on macOS without it (the default on Linux).
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path), RAY_USAGE_STATS_ENABLED="0",
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+    # NVLink multicast (NVLS) off for the NCCL groups of multi-GPU training: on shared multi-GPU hosts a program
+    # using it can put the host's GPUs out of service for everyone. An environment that sets these keeps its values.
+    for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                        ("NVSHMEM_DISABLE_NVLS", "1")):
+        env.setdefault(name, value)
     return env
 
 
