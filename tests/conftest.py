@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
 from farm.client import HeadInfo, find_head
@@ -47,11 +46,6 @@ class Cluster:
             if pid_alive(int(status.get("pid", 0))):
                 found[str(status["name"])] = int(status["pid"])
         return found
-
-
-def ray_processes() -> set[int]:
-    """Ray's long-lived processes on this machine (GCS servers and raylets)."""
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] in ("gcs_server", "raylet")}
 
 
 @pytest.fixture(scope="session")
