@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -116,6 +117,9 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
         loop.add_signal_handler(sig, stopping.set)
     dispatch = asyncio.create_task(dispatcher.run())
     saving = asyncio.create_task(save_heartbeats(store, settings.heartbeat_save_s))
+    # What start-up made (Ray, gRPC, pydantic's schemas: ~100k objects) lives as long as the head: keep it out of
+    # the collector's full passes, which otherwise stall the event loop (and every heartbeat) for a large fleet.
+    gc.freeze()
     write_json(settings.info_path, {
         "pid": os.getpid(), "address": settings.address, "ray_address": settings.ray_address,
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
