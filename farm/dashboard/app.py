@@ -161,17 +161,28 @@ class Dashboard:
     async def sample(self) -> None:
         """Read the store once: add a tick to the history and, while a page is open, hand it the update."""
         now = time.time()
+        if not self.feed.watchers:  # the history only: the light read and the beats in memory, no node table parse
+            self.history.add(now, self._readings())
+            return
         nodes = self.store.nodes()
         readings = {
             n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power)) for n in nodes if n.state in LIVE_STATES
         }
         self.history.add(now, readings)
-        if not self.feed.watchers:
-            return
         running, work = self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
         jobs = self.store.jobs(limit=JOBS_SHOWN)
         payload = await asyncio.to_thread(_tick, now, nodes, running, work, jobs, readings)
         await self.feed.publish(payload)
+
+    def _readings(self) -> dict[str, Reading]:
+        """Each live node's latest load and power: what the history keeps, read without parsing the node table
+        (77 ms at 5,000 nodes, every tick, on the loop that serves their heartbeats)."""
+        readings = {}
+        for node in self.store.node_liveness():
+            beat = self.store.liveness.latest(node.id)
+            if node.state in LIVE_STATES and beat is not None:
+                readings[node.id] = Reading(node.name, beat.cpu_percent, sum(p.watts for p in beat.power))
+        return readings
 
     # ---- HTTP
 

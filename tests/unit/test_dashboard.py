@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -255,6 +256,17 @@ def test_the_live_stream_sends_each_new_sample_to_the_page(tmp_path: Path) -> No
         assert gpu["cpu"][0] is None and 40.0 in gpu["cpu"] and gpu["power"][-1] == 650.0  # it joined after tick 1
 
     run(tmp_path, scenario, sample_every_s=0.2)
+
+
+def test_with_no_page_open_the_history_still_follows_the_heartbeats(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        served.store.heartbeat("n-gpu", 75.0, 20.0, (power("cuda:0", 650.0, EnergySource.COUNTER),))
+        await served.dashboard.sample()  # no watcher: the light read, no page update
+        gpu = next(n for n in served.dashboard.history.series(time.time(), limit=10)["nodes"] if n["id"] == "n-gpu")
+        assert (gpu["cpu"][-1], gpu["power"][-1]) == (75.0, 650.0)
+
+    run(tmp_path, scenario)
 
 
 def test_a_page_that_opens_gets_a_tick_at_once_not_at_the_next_period(tmp_path: Path) -> None:
