@@ -802,3 +802,12 @@ def test_on_the_h200_nvmls_power_reading_lags_a_load_that_starts_in_the_window()
         clock.run_to(4.0)
     assert w.energy is not None
     assert w.energy.watts < 0.92 * h200_mean_watts(1.0, 4.0)
+
+
+def test_the_estimate_bills_a_few_milliseconds_of_work_at_full_resolution() -> None:
+    meter = CpuEstimateMeter(40.0, cores=4)  # 10 W per busy core
+    with meter.window() as w:
+        began = time.process_time()
+        while time.process_time() - began < 0.003:  # 3 ms of CPU: /proc's 10 ms ticks would bill 0 or 0.1 J
+            pass
+    assert w.energy is not None and 0.025 <= w.energy.joules <= 0.08

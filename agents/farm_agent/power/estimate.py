@@ -5,13 +5,14 @@ A window is billed the CPU time of this process and its children over the window
 
     joules = busy core-seconds x (R / C)
 
-- Busy core-seconds come from psutil's cpu_times() of the current process (user + system, plus children_user and
-  children_system): shards run in this process (the Ray worker), on as many threads as they use. Children count
-  only once they have exited and been waited for (that is what the OS reports); other threads of this process count
-  too, which in a Ray worker is little.
+- Busy core-seconds are the current process's CPU time (user + system, every thread, from the kernel's per-process
+  CPU clock in nanoseconds) plus its children's: shards run in this process (the Ray worker), on as many threads as
+  they use. Children count only once they have exited and been waited for (that is what the OS reports); other
+  threads of this process count too, which in a Ray worker is little.
 - Idle is billed nothing: idle power is spent whether or not the shard runs, and the scheduler compares what a shard
   adds. This makes the figure a lower bound of what the package drew.
-- Resolution: Linux reports CPU time in clock ticks (10 ms), so a window under a second is coarse.
+- Resolution: the process's own CPU clock counts nanoseconds; /proc's figures (psutil, and the children's times)
+  count 10 ms clock ticks, which billed a warm digits shard (3 ms of CPU) nothing at all.
 - R: a constructor argument; else the environment variable FARM_CPU_RATED_W; else 10 W per logical core, at most
   150 W (a laptop's 8 threads: 80 W; a 64-thread server: 150 W, 2.3 W per thread).
 Source model-estimate, scope package, always: it is never ranked against a counter.
@@ -27,6 +28,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import psutil
@@ -66,6 +68,24 @@ def default_rated_watts(cores: int, environ: Mapping[str, str] | None = None) ->
     return min(WATTS_PER_CORE * max(1, cores), MAX_DEFAULT_WATTS)
 
 
+@dataclass(frozen=True)
+class ProcessTimes:
+    user: float
+    system: float
+    children_user: float
+    children_system: float
+
+
+class CurrentProcess:
+    """This process's CPU times at the kernel's full resolution: CLOCK_PROCESS_CPUTIME_ID (time.process_time, all
+    threads, user + system, counted as user here) for itself, and os.times() for its waited-for children."""
+
+    def cpu_times(self) -> ProcessTimes:
+        children = os.times()
+        return ProcessTimes(user=time.process_time(), system=0.0, children_user=children.children_user,
+                            children_system=children.children_system)
+
+
 def busy_seconds(times: CpuTimes) -> float:
     """CPU seconds in a psutil cpu_times(): user + system, and the children's where the platform reports them."""
     return (times.user + times.system + getattr(times, "children_user", 0.0)
@@ -94,7 +114,7 @@ class CpuEstimateMeter:
         self.cores = cores or psutil.cpu_count(logical=True) or 1
         self.rated_watts = rated_watts if rated_watts else default_rated_watts(self.cores, environ)
         self.reason = reason
-        self._process: Process = process if process is not None else psutil.Process()
+        self._process: Process = process if process is not None else CurrentProcess()
         self._clock = clock
         self._cpu_percent = cpu_percent or (lambda: psutil.cpu_percent(interval=None))
         self._cpu_percent()  # the first call only starts psutil's interval
