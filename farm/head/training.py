@@ -25,6 +25,7 @@ import ray
 from ray import exceptions as ray_errors
 
 from farm.core.errors import FarmError
+from farm.core.ids import new_id
 from farm.core.models import BackendName, JobState, NodeState, ShardState
 from farm.core.spec import JobSpec, SyncMode, parse_spec
 from farm.head.output import write_manifest
@@ -76,6 +77,7 @@ class TrainingDriver:
             task.cancel()
 
     async def _drive(self, job_id: str) -> None:
+        fruitless = 0  # starts in a row that trained no stretch: a stretch's attempts count only once it runs
         try:
             while True:
                 job = self.store.job(job_id)
@@ -86,8 +88,11 @@ class TrainingDriver:
                 if not pending:
                     self._finish(job)
                     return
+                if fruitless > self.settings.max_attempts:
+                    self._fail(job_id, f"training could not start after {fruitless} tries: {pending[0].error}")
+                    return
                 try:
-                    await self._run_workers(job, spec)
+                    fruitless = 0 if await self._run_workers(job, spec) else fruitless + 1
                 except NoWorkers as exc:
                     self._explain(job, f"waiting for workers: {exc}")
                     await asyncio.sleep(WATCH_S)
@@ -97,7 +102,9 @@ class TrainingDriver:
             log.exception("training job %s", job_id)
             self._fail(job_id, f"head: {type(exc).__name__}: {exc}")
 
-    async def _run_workers(self, job: Job, spec: JobSpec) -> None:
+    async def _run_workers(self, job: Job, spec: JobSpec) -> bool:
+        """Start workers and train stretches until the job is done or a worker is lost; whether any stretch
+        finished."""
         training = spec.training
         assert training is not None  # parse_spec: kind training has its section
         first = next(s for s in job.shards if s.state is not ShardState.SUCCEEDED)
@@ -110,7 +117,7 @@ class TrainingDriver:
         )
         chosen = choose_workers(request, list(nodes.values()), min(training.workers, spec.batch_size),
                                 calibration.rates(self.store.samples(job.model_key)))
-        group = f"farm-{job.id}-{first.index}-{first.attempts}"
+        group = new_id(f"farm-{job.id}")  # fresh per start: a failed start may leave its rendezvous key behind
         nccl = all(a.backend is BackendName.CUDA for a in chosen)
         actors = [
             RemoteTrainWorker.options(  # type: ignore[attr-defined]
@@ -120,6 +127,7 @@ class TrainingDriver:
             for rank, a in enumerate(chosen)
         ]
         names = [f"{nodes[a.node_id].name}/{a.device}" for a in chosen]
+        trained = False
         try:
             await self._watch(chosen, [a.join.remote() for a in actors])
             speeds = await self._watch(chosen, [a.probe.remote(max(spec.batch_size // len(chosen), 1))
@@ -132,6 +140,7 @@ class TrainingDriver:
             self._explain(job, "\n".join(f"{n}: {a.basis}" for n, a in zip(names, chosen)))
             for stretch in [s for s in job.shards if s.state is not ShardState.SUCCEEDED]:
                 shares = await self._stretch(job, spec, stretch.index, chosen, actors, names, shares)
+                trained = True
         except WORKER_FAILURES + (WorkerLost,) as exc:
             index = next(s.index for s in self.store.job(job.id).shards if s.state is not ShardState.SUCCEEDED)
             self._requeue_or_fail(job.id, index, f"{type(exc).__name__}: {_first_line(exc)}")
@@ -146,6 +155,7 @@ class TrainingDriver:
         finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)
+        return trained
 
     async def _stretch(self, job: Job, spec: JobSpec, index: int, chosen: list[Assignment], actors: list[Any],
                        names: list[str], shares: list[int]) -> list[int]:
