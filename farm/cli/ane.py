@@ -12,8 +12,8 @@ from rich.table import Table
 
 from farm.cli.options import Json
 from farm.cli.render import console, print_json
-from farm.core.errors import SpecError, UserError
-from farm.core.spec import parse_spec
+from farm.client.preflight import read_spec
+from farm.core.errors import UserError
 
 if TYPE_CHECKING:
     from farm_agent.coreml.convert import Conversion
@@ -45,15 +45,7 @@ def convert(
     if out.suffix != ".mlpackage":
         raise UserError(f"--out {out}: the package's name must end in .mlpackage")
     sizes = parse_buckets(buckets)
-    try:
-        text = spec.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"{spec}: no such file") from None
-    except (IsADirectoryError, UnicodeDecodeError, PermissionError) as exc:
-        raise SpecError(f"{spec}: cannot read: {exc}") from None
-    job = parse_spec(text, str(spec))
-    if not workdir.is_dir():
-        raise SpecError(f"working directory {workdir} does not exist")
+    _, job = read_spec(spec, workdir)
     try:
         from farm_agent.coreml.convert import ConversionError
         from farm_agent.coreml.convert import convert as convert_model

@@ -26,8 +26,8 @@ class PreparedJob:
     model_bytes: int  # parameters and buffers: the least memory a node needs to hold the model
 
 
-def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
-    """Parse the spec, load its model and dataset as a node would, and zip the working directory."""
+def read_spec(spec_path: Path, workdir: Path) -> tuple[str, JobSpec]:
+    """A spec file's text and its parsed spec, checked along with the working directory it imports from."""
     try:
         spec_yaml = spec_path.read_text()
     except FileNotFoundError:
@@ -37,6 +37,12 @@ def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     spec = parse_spec(spec_yaml, str(spec_path))
     if not workdir.is_dir():
         raise SpecError(f"working directory {workdir} does not exist")
+    return spec_yaml, spec
+
+
+def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
+    """Parse the spec, load its model and dataset as a node would, and zip the working directory."""
+    spec_yaml, spec = read_spec(spec_path, workdir)
     workdir = workdir.resolve()
     from farm_agent.jobcode import load_dataset, load_model
 
