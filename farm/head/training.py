@@ -26,7 +26,7 @@ from ray import exceptions as ray_errors
 
 from farm.core.errors import FarmError
 from farm.core.ids import new_id
-from farm.core.models import BackendName, JobState, NodeState, ShardState
+from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobSpec, SyncMode, parse_spec
 from farm.head.output import write_manifest
 from farm.head.settings import HeadSettings
@@ -127,6 +127,7 @@ class TrainingDriver:
             for rank, a in enumerate(chosen)
         ]
         names = [f"{nodes[a.node_id].name}/{a.device}" for a in chosen]
+        workers = nodes[chosen[0].node_id].model_copy(update={"name": " + ".join(names)})  # stretches' "node"
         trained = False
         try:
             await self._watch(chosen, [a.join.remote() for a in actors])
@@ -139,7 +140,7 @@ class TrainingDriver:
                                                                   if first.start else ""))
             self._explain(job, "\n".join(f"{n}: {a.basis}" for n, a in zip(names, chosen)))
             for stretch in [s for s in job.shards if s.state is not ShardState.SUCCEEDED]:
-                shares = await self._stretch(job, spec, stretch.index, chosen, actors, names, shares)
+                shares = await self._stretch(job, spec, stretch.index, chosen, actors, names, shares, workers)
                 trained = True
         except WORKER_FAILURES + (WorkerLost,) as exc:
             index = next(s.index for s in self.store.job(job.id).shards if s.state is not ShardState.SUCCEEDED)
@@ -158,14 +159,13 @@ class TrainingDriver:
         return trained
 
     async def _stretch(self, job: Job, spec: JobSpec, index: int, chosen: list[Assignment], actors: list[Any],
-                       names: list[str], shares: list[int]) -> list[int]:
+                       names: list[str], shares: list[int], workers: Node) -> list[int]:
         """Train one stretch on every worker; record it; return the batch split for the next one."""
         training = spec.training
         assert training is not None
         stretch = self.store.job(job.id).shards[index]
-        lead = next(n for n in self.store.nodes() if n.id == chosen[0].node_id)
-        self.store.shard_started(job.id, index, lead.model_copy(update={"name": " + ".join(names)}),
-                                 chosen[0].backend.value, chosen[0].device, f"split {shares}")
+        self.store.shard_started(job.id, index, workers, chosen[0].backend.value, chosen[0].device,
+                                 f"split {shares}")
         if self.store.job(job.id).state is JobState.QUEUED:
             self.store.set_job_state(job.id, JobState.RUNNING)
         self.notify(job.id)
