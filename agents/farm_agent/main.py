@@ -20,7 +20,7 @@ import grpc
 import psutil
 
 from farm.core.errors import AgentError
-from farm.core.models import BackendOffer, Hardware
+from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import RayProcess, local_ip_towards, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.client import HeadClient
@@ -52,6 +52,7 @@ class Agent:
     async def run(self) -> None:
         settings = self.settings
         hardware, offers, no_gpus_because = await probe_machine(settings.cpus)
+        offers = lent_offers(offers, settings.backends)
         host = urlsplit(f"//{settings.head}").hostname or "127.0.0.1"
         address = local_ip_towards(host)
         identity = read_json(settings.identity_path) or {}
@@ -152,6 +153,14 @@ class Agent:
                 readings.append(common_pb2.DevicePower(device=device, watts=power.watts, source=power.source.value,
                                                        scope=power.scope.value))
         return readings
+
+
+def lent_offers(offers: list[BackendOffer], lent: frozenset[BackendName] | None) -> list[BackendOffer]:
+    """The offers the owner lends: the others stay listed, unavailable, so `farm nodes` says why they take no work."""
+    if lent is None:
+        return offers
+    return [o if o.name in lent or not o.available else
+            o.model_copy(update={"available": False, "reason": "not lent by the owner (--backends)"}) for o in offers]
 
 
 async def probe_machine(cpus: int) -> tuple[Hardware, list[BackendOffer], str]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm.core.models import BackendName
+
 
 class AgentSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -19,6 +21,8 @@ class AgentSettings(BaseModel):
     object_store_mb: int = Field(default=1024, ge=100)
     # The idle policy (farm_agent.idle): the owner's share of the machine's CPU above which the node takes no work.
     max_foreign_cpu: float = Field(default=90.0, gt=0, le=100)
+    # The backends the owner lends (None: every one this machine can run), e.g. only the GPU of a workstation.
+    backends: frozenset[BackendName] | None = None
 
     @property
     def ray_token_path(self) -> Path:

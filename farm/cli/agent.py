@@ -14,6 +14,7 @@ import typer
 from farm.cli.options import Json, StateDir, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
+from farm.core.models import BackendName
 from farm.local import pid_alive, read_json, spawn_detached, terminate, wait_for
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ def start(
     max_foreign_cpu: Annotated[float, typer.Option(
         help="Take no new shards while the owner's processes use more than this share of the CPU (percent; "
              "100 turns the rule off, as for several agents on one host).", min=1, max=100)] = 90.0,
+    backends: Annotated[str | None, typer.Option(
+        help="Comma-separated backends to lend, e.g. `cuda` (default: every one this machine runs).")] = None,
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
 ) -> None:
@@ -52,7 +55,7 @@ def start(
         raise UserError(f"--head {head!r}: expected HOST:PORT")
     settings = AgentSettings(
         head=head, token=token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
-        max_foreign_cpu=max_foreign_cpu,
+        max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends),
     )
     status = read_json(settings.status_path)
     if status and pid_alive(int(status.get("pid", 0))):
@@ -62,6 +65,16 @@ def start(
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings)
+
+
+def _lent_backends(backends: str | None) -> frozenset[BackendName] | None:
+    if backends is None:
+        return None
+    names = [b.strip() for b in backends.split(",") if b.strip()]
+    unknown = [b for b in names if b not in set(BackendName)]
+    if unknown or not names:
+        raise UserError(f"--backends {backends!r}: expected a comma-separated list of {', '.join(BackendName)}")
+    return frozenset(BackendName(b) for b in names)
 
 
 def _join_token(token: str | None, token_file: Path | None) -> str:
@@ -88,6 +101,7 @@ def _start_detached(settings: AgentSettings) -> None:
         sys.executable, "-m", "farm_agent", f"--head={settings.head}", f"--token={settings.token}",
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
+        *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
     ], log)
 
     def ready() -> bool:
