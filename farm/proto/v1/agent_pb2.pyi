@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id")
+    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id", "csr_pem")
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class RegisterRequest(_message.Message):
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CSR_PEM_FIELD_NUMBER: _ClassVar[int]
     join_token: str
     name: str
     hardware: _common_pb2.Hardware
@@ -23,21 +24,26 @@ class RegisterRequest(_message.Message):
     agent_version: str
     address: str
     node_id: str
-    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
+    csr_pem: bytes
+    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., csr_pem: _Optional[bytes] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("node_id", "node_token", "ray_address", "ray_token", "heartbeat_interval_s")
+    __slots__ = ("node_id", "node_token", "ray_address", "ray_token", "heartbeat_interval_s", "client_cert_pem", "mtls_port")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     RAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RAY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_CERT_PEM_FIELD_NUMBER: _ClassVar[int]
+    MTLS_PORT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     ray_address: str
     ray_token: str
     heartbeat_interval_s: float
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., ray_address: _Optional[str] = ..., ray_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+    client_cert_pem: bytes
+    mtls_port: int
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., ray_address: _Optional[str] = ..., ray_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., client_cert_pem: _Optional[bytes] = ..., mtls_port: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "node_token", "cpu_percent", "memory_percent", "ray_running", "power", "busy")
