@@ -1,4 +1,6 @@
-"""The agent's gRPC client for the head's AgentService."""
+"""The agent's gRPC client for the head's AgentService, over TLS: the head's CA is pinned at the first join (its hash
+is in the join line) and kept; once registered, Heartbeat and Deregister go over mutual TLS with the client
+certificate the head signed for this node (its key never leaves this process)."""
 
 from __future__ import annotations
 
@@ -8,44 +10,85 @@ from collections.abc import AsyncIterator
 import grpc
 
 from farm import __version__
-from farm.core.errors import AgentError, AuthError
+from farm.core.errors import AgentError, AuthError, UserError
 from farm.core.models import BackendOffer, Hardware
+from farm.local import write_private
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
+from farm.tls import ca_hash, fetch_ca, new_node_key, parse_ca_hash
+from farm_agent.settings import AgentSettings
+
+
+def pin_head_ca(settings: AgentSettings) -> bytes | None:
+    """The head's CA certificate (PEM) this agent trusts; None for a head without TLS (--insecure). Fetched from the
+    head and checked against --ca-hash at the first join, then kept in the state folder; a stored one that does not
+    match a given --ca-hash is fetched again (a head with a new CA)."""
+    if settings.insecure:
+        return None
+    wanted = parse_ca_hash(settings.ca_hash) if settings.ca_hash else ""
+    if settings.ca_path.exists():
+        stored = settings.ca_path.read_bytes()
+        if not wanted or ca_hash(stored) == wanted:
+            return stored
+    if not wanted:
+        raise UserError("the head's CA is not known yet: give --ca-hash (from the join line `farm head start` "
+                        "printed), or --insecure for a head started with --insecure")
+    pem = fetch_ca(settings.head, wanted)
+    write_private(settings.ca_path, pem)
+    return pem
 
 
 class HeadClient:
-    def __init__(self, head: str) -> None:
+    def __init__(self, head: str, ca_pem: bytes | None = None) -> None:
         self.head = head
-        self.channel = grpc.aio.insecure_channel(head)
+        self.ca_pem = ca_pem
+        self.channel = self._channel(head)
         self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
+        # Heartbeat and Deregister: on the head's mutual-TLS port once a TLS head has signed this node's certificate.
+        self.node_channel: grpc.aio.Channel | None = None
+        self.node_stub = self.stub
+
+    def _channel(self, target: str, key_pem: bytes | None = None, cert_pem: bytes | None = None) -> grpc.aio.Channel:
+        if self.ca_pem is None:
+            return grpc.aio.insecure_channel(target)
+        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(self.ca_pem, key_pem, cert_pem))
 
     async def close(self) -> None:
         await self.channel.close()
+        if self.node_channel is not None:
+            await self.node_channel.close()
 
     async def register(
         self, join_token: str, name: str, hardware: Hardware, offers: list[BackendOffer], address: str, node_id: str
     ) -> agent_pb2.RegisterReply:
+        key_pem, csr_pem = new_node_key() if self.ca_pem is not None else (b"", b"")
         request = agent_pb2.RegisterRequest(
             join_token=join_token, name=name, hardware=convert.hardware_to_pb(hardware),
             backends=[convert.offer_to_pb(o) for o in offers], agent_version=__version__, address=address,
-            node_id=node_id,
+            node_id=node_id, csr_pem=csr_pem,
         )
         try:
             reply: agent_pb2.RegisterReply = await self.stub.Register(request, timeout=30, wait_for_ready=True)
-            return reply
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
                 raise AuthError(f"the head at {self.head} refused the join token: {exc.details()}") from None
             raise AgentError(f"cannot register with the head at {self.head}: {exc.details()}") from None
+        if reply.client_cert_pem and reply.mtls_port:
+            if self.node_channel is not None:
+                await self.node_channel.close()
+            host = self.head.rpartition(":")[0]
+            self.node_channel = self._channel(f"{host}:{reply.mtls_port}", key_pem, reply.client_cert_pem)
+            self.node_stub = agent_pb2_grpc.AgentServiceStub(self.node_channel)
+        return reply
 
     def heartbeats(
         self, beats: AsyncIterator[agent_pb2.HeartbeatRequest]
     ) -> grpc.aio.StreamStreamCall[agent_pb2.HeartbeatRequest, agent_pb2.HeartbeatReply]:
-        return self.stub.Heartbeat(beats)
+        return self.node_stub.Heartbeat(beats)
 
     async def deregister(self, node_id: str, node_token: str) -> None:
         try:
-            await self.stub.Deregister(agent_pb2.DeregisterRequest(node_id=node_id, node_token=node_token), timeout=5)
+            await self.node_stub.Deregister(agent_pb2.DeregisterRequest(node_id=node_id, node_token=node_token),
+                                            timeout=5)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError):
             pass  # the head is gone or forgot us: it will mark the node offline on its own

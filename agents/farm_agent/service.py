@@ -46,6 +46,8 @@ class AgentService:
     cpus: int | None = None
     user_scope: bool = False  # a per-user service (systemd --user, a LaunchAgent) rather than a system one
     run_as: str | None = None  # system scope only: the account the agent runs as
+    ca_hash: str = ""  # the head's CA hash (no secret): the agent pins the CA at its first start
+    insecure: bool = False  # a head without TLS
 
     @property
     def agent_dir(self) -> Path:
@@ -62,6 +64,7 @@ class AgentService:
     def command(self) -> list[str]:
         argv = [str(self.farm), "agent", "start", "--head", self.head, "--token-file", str(self.token_file),
                 "--name", self.name, "--state-dir", str(self.state_dir)]
+        argv += ["--ca-hash", self.ca_hash] if self.ca_hash else ["--insecure"] if self.insecure else []
         return [*argv, "--cpus", str(self.cpus)] if self.cpus else argv
 
 

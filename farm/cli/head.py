@@ -1,4 +1,4 @@
-"""`farm head start|stop`."""
+"""`farm head start|stop` and `farm head token create|list|revoke`."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from farm.cli.options import StateDir, start_in_background, state_dir
+from farm.cli.options import Json, StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.local import pid_alive, primary_ip, read_json, terminate, write_json
+from farm.tls import join_command
 
 if TYPE_CHECKING:
     from farm.head.settings import HeadSettings
+    from farm.head.store import Store
 
 app = typer.Typer(help="Run the head: the control plane, the scheduler and the Ray head.", no_args_is_help=True)
 
@@ -36,6 +38,23 @@ def start(
     secrets_dir: Annotated[Path | None, typer.Option(
         help="Take the join and API tokens from the files join-token and api-token in this folder (a mounted "
              "Kubernetes Secret) rather than from the state folder, where they are generated on first start.")] = None,
+    insecure: Annotated[bool, typer.Option(
+        "--insecure", help="Serve gRPC without TLS (and agents without mutual TLS): only behind something that "
+                           "terminates TLS for the head, or on a network you trust. Tokens then cross in the clear.")
+    ] = False,
+    mtls_port: Annotated[int | None, typer.Option(
+        help="Where joined agents beat over mutual TLS (default: --port + 3).", min=1, max=65535)] = None,
+    tls_name: Annotated[list[str] | None, typer.Option(
+        "--tls-name", help="Another host name or IP for the head's TLS certificate (a DNS name agents use); "
+                           "repeatable. The advertise address, 127.0.0.1, localhost and the host name are in it.")
+    ] = None,
+    open_read: Annotated[bool, typer.Option(
+        "--open-read", help="Let anyone who reaches the head list nodes and jobs and read a job and its logs "
+                            "without the API token (submitting and cancelling still need it).")] = False,
+    ray_node_manager_port: Annotated[int | None, typer.Option(help="Pin Ray's node manager port.")] = None,
+    ray_object_manager_port: Annotated[int | None, typer.Option(help="Pin Ray's object manager port.")] = None,
+    ray_min_worker_port: Annotated[int | None, typer.Option(help="Lowest port of Ray's workers.")] = None,
+    ray_max_worker_port: Annotated[int | None, typer.Option(help="Highest port of Ray's workers.")] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
     from farm.dashboard import Dashboard, pick_port
@@ -45,7 +64,10 @@ def start(
     loopback = host.startswith("127.") or host == "localhost"
     settings = HeadSettings(
         state_dir=state_dir(state), host=host, port=port, ray_port=ray_port or port + 1,
-        advertise=advertise or ("127.0.0.1" if loopback else primary_ip()),
+        advertise=advertise or ("127.0.0.1" if loopback else primary_ip()), insecure=insecure, mtls_port=mtls_port,
+        tls_names=tuple(tls_name or ()), open_read=open_read, ray_node_manager_port=ray_node_manager_port,
+        ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
+        ray_max_worker_port=ray_max_worker_port,
     )
     if detach:
         _start_detached(settings.state_dir, sys.argv[1:])
@@ -55,8 +77,11 @@ def start(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The head's process serves the dashboard too, composed here: the head never imports it.
     dashboard = Dashboard(host, pick_port(host, dashboard_port, default=port + 2), settings.advertise)
+    # The join line holds a join token: on a terminal only, never into a log (a detached head's output is its log).
     serve(settings, on_ready=lambda join: console.print(
-        f"head ready; dashboard at {dashboard.url}\njoin other machines with:\n  {join}", highlight=False,
+        f"head ready; dashboard at {dashboard.url}\n" + (
+            f"join other machines with:\n  {join}" if sys.stdout.isatty()
+            else "join other machines with the line `farm head token create` prints"), highlight=False,
     ), services=[dashboard])
 
 
@@ -89,7 +114,7 @@ def _start_detached(directory: Path, argv: list[str]) -> None:
     console.print(f"head running (pid {proc.pid}), state in {directory}, log in {log}")
     console.print(f"dashboard at {info.get('dashboard', '-')}", highlight=False)
     console.print("join other machines with:")
-    console.print(f"  farm agent start --head {info['address']} --token {info['join_token']}", highlight=False)
+    console.print(f"  {join_command(info['address'], info['join_token'], info.get('ca_hash', ''))}", highlight=False)
 
 
 @app.command()
@@ -101,3 +126,96 @@ def stop(state: StateDir = None) -> None:
         raise UserError(f"no head running from {directory}")
     terminate(int(info["pid"]))
     console.print(f"head {info['pid']} stopped")
+
+
+token_app = typer.Typer(help="Join tokens: each lets agents join this head until it expires or is revoked.",
+                        no_args_is_help=True)
+app.add_typer(token_app, name="token")
+
+
+def _token_store(state: Path | None) -> Store:
+    from farm.head.store import Store
+
+    db = state_dir(state) / "state.db"
+    if not db.exists():
+        raise UserError(f"no head state in {db.parent}: start the head there first")
+    return Store(db)
+
+
+@token_app.command("create")
+def token_create(
+    ttl: Annotated[str | None, typer.Option(help="How long it is valid: 30m, 1h, 2d (default: until revoked).")] = None,
+    description: Annotated[str, typer.Option(help="What it is for (shown by `token list`).")] = "",
+    state: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Make a join token and print the line that joins a machine with it (the token is shown this once)."""
+    import json
+    import time
+
+    from farm.head.auth import new_join_token
+
+    seconds = _duration(ttl) if ttl else 0.0
+    store = _token_store(state)
+    info = read_json(state_dir(state) / "head.json") or {}
+    token_id, token, token_hash = new_join_token()
+    expires_at = time.time() + seconds if seconds else 0.0
+    try:
+        store.add_join_token(token_id, token_hash, expires_at, description)
+    finally:
+        store.close()
+    join = join_command(info.get("address", "HOST:PORT"), token, info.get("ca_hash", ""))
+    if as_json:
+        print(json.dumps({"id": token_id, "token": token, "expires_at": expires_at, "join_command": join}))
+        return
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires_at)) if expires_at else "until revoked"
+    console.print(f"join token {token_id} ({'valid to ' + until if expires_at else until}); join with:\n  {join}",
+                  highlight=False)
+
+
+@token_app.command("list")
+def token_list(state: StateDir = None, as_json: Json = False) -> None:
+    """The join tokens: id, created, expiry, whether revoked (never the tokens themselves)."""
+    import json
+    import time
+
+    store = _token_store(state)
+    try:
+        records = store.join_tokens()
+    finally:
+        store.close()
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    now = time.time()
+    for r in records:
+        state_word = ("revoked" if r["revoked"] else "expired" if r["expires_at"] and r["expires_at"] < now
+                      else "valid")
+        expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["expires_at"])) if r["expires_at"] else "never"
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
+        console.print(f"{r['id']:<12} {state_word:<8} created {created}  expires {expires}  {r['description']}",
+                      highlight=False)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: Annotated[str, typer.Argument(help="The token's id (`farm head token list`).")],
+                 state: StateDir = None) -> None:
+    """Revoke a join token: agents can no longer join with it (nodes that joined stay)."""
+    store = _token_store(state)
+    try:
+        store.revoke_join_token(token_id)
+    finally:
+        store.close()
+    console.print(f"join token {token_id} revoked")
+
+
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        seconds = float(number) * units[unit]
+    except (KeyError, ValueError):
+        raise UserError(f"--ttl {text!r}: expected a number and a unit (s, m, h, d), as 30m or 2h") from None
+    if seconds <= 0:
+        raise UserError(f"--ttl {text!r}: must be positive")
+    return seconds

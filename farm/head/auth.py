@@ -1,22 +1,93 @@
-"""Tokens: the join token agents present, the API token users present, the per-node token heartbeats carry."""
+"""Tokens: the join tokens agents present, the API token users present, the per-node token heartbeats carry; and
+the refusals: logged without the secret, and limited per peer address.
+
+Join tokens are records in the store (a hash, an expiry, a revoked flag): `farm head token create|list|revoke`. The
+one made at the head's first start (secrets.json) is the record `default`, valid until revoked.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
 from farm.core.errors import AuthError
 from farm.local import read_json, write_json, write_private
 
+if TYPE_CHECKING:
+    from farm.head.settings import HeadSettings
+    from farm.head.store import Store
+
+log = logging.getLogger("farm.head.auth")
+
+DEFAULT_JOIN_TOKEN_ID = "default"
+
+
+class FailureLimiter:
+    """After `allowed` failed authentications from one peer address within `window_s`, that address is refused for
+    `window_s` without its credentials being checked: guessing tokens gets `allowed` tries a window, no more."""
+
+    MAX_PEERS = 10_000  # addresses remembered at most (an attacker with many addresses must not fill the memory)
+
+    def __init__(self, allowed: int, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.allowed = allowed
+        self.window_s = window_s
+        self.clock = clock
+        self._failures: dict[str, deque[float]] = {}
+        self._blocked_until: dict[str, float] = {}
+
+    def blocked_for(self, peer: str) -> float:
+        """Seconds this peer stays refused (0: not refused)."""
+        until = self._blocked_until.get(peer)
+        if until is None:
+            return 0.0
+        left = until - self.clock()
+        if left <= 0:
+            del self._blocked_until[peer]
+            return 0.0
+        return left
+
+    def failed(self, peer: str) -> None:
+        now = self.clock()
+        if len(self._failures) >= self.MAX_PEERS and peer not in self._failures:
+            self._failures.clear()
+        failures = self._failures.setdefault(peer, deque())
+        failures.append(now)
+        while failures and failures[0] <= now - self.window_s:
+            failures.popleft()
+        if len(failures) >= self.allowed:
+            self._blocked_until[peer] = now + self.window_s
+            del self._failures[peer]
+
+
+def peer_address(context: grpc.aio.ServicerContext) -> str:
+    """The peer's address without its port ("ipv4:10.0.0.5:51234" → "10.0.0.5")."""
+    peer = str(context.peer() or "unknown")
+    kind, _, rest = peer.partition(":")
+    return rest.rpartition(":")[0] if kind in ("ipv4", "ipv6") else peer
+
+
+def fingerprint(secret: str) -> str:
+    """What a log may say of a presented secret: a short prefix of its hash, enough to tell two apart."""
+    return hash_token(secret)[:8] if secret else "none"
+
 
 class Tokens:
-    def __init__(self, join: str, api: str) -> None:
+    def __init__(self, join: str, api: str, *, open_read: bool = False, node_certs: bool = False,
+                 limiter: FailureLimiter | None = None) -> None:
         self.join = join
         self.api = api
+        self.open_read = open_read  # listing calls need no API token
+        self.node_certs = node_certs  # Heartbeat and Deregister need the node's own client certificate
+        self.limiter = limiter or FailureLimiter(allowed=20, window_s=60.0)
 
     @classmethod
     def load_or_create(cls, state_dir: Path, ray_token_path: Path) -> Tokens:
@@ -30,15 +101,71 @@ class Tokens:
             write_private(ray_token_path, secrets.token_hex(32).encode())
         return cls(join=saved["join_token"], api=saved["api_token"])
 
-    def check_join(self, token: str) -> None:
-        if not hmac.compare_digest(token.encode(), self.join.encode()):
-            raise AuthError("invalid join token")
+    def for_server(self, settings: HeadSettings) -> Tokens:
+        """The same secrets under the head's policy (open reads, client certificates, the failure limit)."""
+        return Tokens(self.join, self.api, open_read=settings.open_read, node_certs=not settings.insecure,
+                      limiter=FailureLimiter(settings.auth_failures_allowed, settings.auth_block_s))
+
+    # ---- checks: each raises AuthError (UNAUTHENTICATED) and counts the failure against the peer
+
+    def _gate(self, context: grpc.aio.ServicerContext | None) -> str:
+        peer = peer_address(context) if context is not None else "local"
+        left = self.limiter.blocked_for(peer)
+        if left:
+            raise AuthError(f"too many failed authentications from {peer}: refused for another {left:.0f} s")
+        return peer
+
+    def _refuse(self, peer: str, reason: str, secret: str) -> AuthError:
+        self.limiter.failed(peer)
+        log.warning("refused a call from %s: %s (credential hash %s)", peer, reason, fingerprint(secret))
+        return AuthError(reason)
+
+    def check_join(self, token: str, store: Store | None = None,
+                   context: grpc.aio.ServicerContext | None = None) -> str:
+        """The id of the valid join token `token`; without a store, only the default token counts."""
+        peer = self._gate(context)
+        if store is None:
+            if hmac.compare_digest(token.encode(), self.join.encode()):
+                return DEFAULT_JOIN_TOKEN_ID
+            raise self._refuse(peer, "invalid join token", token)
+        record = store.join_token(hash_token(token))
+        if record is None:
+            raise self._refuse(peer, "invalid join token", token)
+        if record["revoked"]:
+            raise self._refuse(peer, f"join token {record['id']} was revoked", token)
+        if record["expires_at"] and record["expires_at"] < time.time():
+            raise self._refuse(peer, f"join token {record['id']} has expired", token)
+        return str(record["id"])
 
     def check_api(self, context: grpc.aio.ServicerContext) -> None:
+        peer = self._gate(context)
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
         if not hmac.compare_digest(presented.encode(), self.api.encode()):
-            raise AuthError("invalid or missing API token")
+            raise self._refuse(peer, "invalid or missing API token", presented)
+
+    def check_read(self, context: grpc.aio.ServicerContext) -> None:
+        """Listing nodes and jobs: open to anyone who reaches the head when the head says so (--open-read)."""
+        if not self.open_read:
+            self.check_api(context)
+
+    def check_node(self, context: grpc.aio.ServicerContext, node_id: str, token: str, stored_hash: str | None
+                   ) -> None:
+        """A joined node's call: its node token, and (with TLS) the client certificate the head issued to it."""
+        peer = self._gate(context)
+        if stored_hash is None or not hmac.compare_digest(hash_token(token), stored_hash):
+            raise self._refuse(peer, "unknown node or invalid node token", token)
+        if self.node_certs:
+            names = (context.auth_context() or {}).get("x509_common_name") or []
+            if [n.decode(errors="replace") for n in names] != [node_id]:
+                raise self._refuse(peer, f"node {node_id}'s calls need its client certificate "
+                                   "(mutual TLS on the head's mTLS port)", token)
+
+
+def new_join_token() -> tuple[str, str, str]:
+    """A join token's id, the token, and the hash the store keeps of it."""
+    token = secrets.token_urlsafe(24)
+    return "jt-" + secrets.token_hex(4), token, hash_token(token)
 
 
 def new_node_token() -> tuple[str, str]:

@@ -19,7 +19,7 @@ import ray
 
 from farm import __version__
 from farm.core.errors import UserError
-from farm.head.auth import Tokens
+from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.jobs import Jobs
@@ -28,6 +28,7 @@ from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm.local import RayProcess, free_port, pid_alive, ray_env, read_json, write_json
 from farm.proto.v1 import agent_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
+from farm.tls import HeadTLS, join_command
 
 log = logging.getLogger("farm.head")
 
@@ -45,19 +46,24 @@ class HeadService(Protocol):
     async def stop(self) -> None: ...
 
 
-def join_command(settings: HeadSettings, tokens: Tokens) -> str:
-    return f"farm agent start --head {settings.address} --token {tokens.join}"
+def head_tls(settings: HeadSettings) -> HeadTLS:
+    """The head's CA (made at first start) and a server certificate naming every address clients may use."""
+    names = [settings.advertise, settings.host, "127.0.0.1", "localhost", socket.gethostname(), *settings.tls_names]
+    return HeadTLS.load_or_create(settings.tls_dir, names)
 
 
 def check_can_start(settings: HeadSettings) -> None:
     info = read_json(settings.info_path)
     if info and pid_alive(int(info.get("pid", 0))):
         raise UserError(f"a head is already running from {settings.state_dir} (pid {info['pid']})")
-    for port, what in ((settings.port, "--port"), (settings.ray_port, "--ray-port")):
+    ports = [(settings.port, "--port"), (settings.ray_port, "--ray-port")]
+    if not settings.insecure:
+        ports.append((settings.mtls_listen_port, "--mtls-port"))
+    for port, what in ports:
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((settings.host if what == "--port" else settings.advertise, port))
+                sock.bind((settings.advertise if what == "--ray-port" else settings.host, port))
             except OSError as exc:
                 raise UserError(f"cannot listen on port {port} ({what}): {exc.strerror}") from None
 
@@ -73,7 +79,7 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
         [
             "--head", "--port", str(settings.ray_port), "--node-ip-address", settings.advertise, "--num-cpus", "0",
             "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
-            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
+            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), *ray_port_args(settings),
         ],
         settings.ray_token_path, settings.state_dir / "ray-head.log",
     )
@@ -90,14 +96,38 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
         settings.info_path.unlink(missing_ok=True)
 
 
-def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatcher: Dispatcher, events: JobEvents
-                 ) -> grpc.aio.Server:
-    """The control plane: the three services on one gRPC server (call within the event loop that will run it)."""
+def ray_port_args(settings: HeadSettings) -> list[str]:
+    """`ray start` options for the Ray ports the user pinned."""
+    pinned = [("--node-manager-port", settings.ray_node_manager_port),
+              ("--object-manager-port", settings.ray_object_manager_port),
+              ("--min-worker-port", settings.ray_min_worker_port), ("--max-worker-port", settings.ray_max_worker_port)]
+    return [arg for option, port in pinned if port is not None for arg in (option, str(port))]
+
+
+def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatcher: Dispatcher, events: JobEvents,
+                 tls: HeadTLS | None = None) -> grpc.aio.Server:
+    """The control plane: the three services on one gRPC server (call within the event loop that will run it).
+
+    With TLS (unless settings.insecure; `tls` is loaded from the state folder when not given) it listens twice: on
+    --port with server authentication only (joining agents and the CLI have no certificate), and on the mTLS port,
+    where every client must present a certificate of the head's CA: joined agents beat there. (gRPC's server
+    credentials either require client certificates or never ask for them, hence two ports.)"""
+    if tls is None and not settings.insecure:
+        tls = head_tls(settings)
+    tokens = tokens.for_server(settings)
+    store.keep_join_token(DEFAULT_JOIN_TOKEN_ID, hash_token(tokens.join))
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(store, tokens, settings, dispatcher.wake), server)
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentServicer(store, tokens, settings, dispatcher.wake, tls), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
-    server.add_insecure_port(f"{settings.host}:{settings.port}")
+    if tls is None:
+        server.add_insecure_port(f"{settings.host}:{settings.port}")
+        return server
+    identity = [(tls.server_key_pem, tls.server_chain_pem)]
+    server.add_secure_port(f"{settings.host}:{settings.port}", grpc.ssl_server_credentials(identity))
+    server.add_secure_port(f"{settings.host}:{settings.mtls_listen_port}", grpc.ssl_server_credentials(
+        identity, root_certificates=tls.ca_pem, require_client_auth=True))
     return server
 
 
@@ -106,7 +136,8 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     store = Store(settings.state_dir / "state.db")
     events = JobEvents()
     dispatcher = Dispatcher(store, settings, events.publish)
-    server = build_server(settings, tokens, store, dispatcher, events)
+    tls = None if settings.insecure else head_tls(settings)
+    server = build_server(settings, tokens, store, dispatcher, events, tls)
     await server.start()
     served: dict[str, str] = {}
     for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from
@@ -123,10 +154,13 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     write_json(settings.info_path, {
         "pid": os.getpid(), "address": settings.address, "ray_address": settings.ray_address,
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
+        "tls": tls is not None, "ca_hash": tls.ca_hash if tls else "",
+        "ca": str(settings.tls_dir / "ca.pem") if tls else "", "mtls_port": settings.mtls_listen_port if tls else 0,
         **served,
-    })
-    log.info("head listening on %s:%d", settings.host, settings.port)
-    on_ready(join_command(settings, tokens))
+    })  # 0600, as every state file: it holds the tokens
+    log.info("head listening on %s:%d (%s)", settings.host, settings.port,
+             f"TLS; mutual TLS for agents on {settings.mtls_listen_port}" if tls else "without TLS: --insecure")
+    on_ready(join_command(settings.address, tokens.join, tls.ca_hash if tls else ""))
     try:
         await stopping.wait()
     finally:

@@ -26,6 +26,19 @@ class HeadSettings(BaseModel):
     max_attempts: int = Field(default=3, ge=1)  # tries per shard when nodes or workers die under it
     object_store_mb: int = Field(default=512, ge=100)
     max_code_mb: int = Field(default=100, ge=1)
+    # Security. TLS is on unless `insecure` (for a head behind something that terminates TLS for it); joined agents
+    # beat over mutual TLS on `mtls_port` (default: port + 3), where the head asks every client for a certificate.
+    insecure: bool = False
+    mtls_port: int | None = Field(default=None, ge=1, le=65535)
+    tls_names: tuple[str, ...] = ()  # more names for the server certificate (a Service's DNS name, a public IP)
+    open_read: bool = False  # listing nodes and jobs, a job, its logs: without the API token
+    auth_failures_allowed: int = Field(default=20, ge=1)  # per peer address within auth_block_s, then refused ...
+    auth_block_s: float = Field(default=60.0, gt=0)  # ... unchecked for this long
+    # Ray's own ports on the head, pinned when given (a firewall lets through only these); else Ray picks.
+    ray_node_manager_port: int | None = Field(default=None, ge=1, le=65535)
+    ray_object_manager_port: int | None = Field(default=None, ge=1, le=65535)
+    ray_min_worker_port: int | None = Field(default=None, ge=1, le=65535)
+    ray_max_worker_port: int | None = Field(default=None, ge=1, le=65535)
 
     @property
     def address(self) -> str:
@@ -34,6 +47,14 @@ class HeadSettings(BaseModel):
     @property
     def ray_address(self) -> str:
         return f"{self.advertise}:{self.ray_port}"
+
+    @property
+    def mtls_listen_port(self) -> int:
+        return self.mtls_port or self.port + 3
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.state_dir / "tls"
 
     @property
     def info_path(self) -> Path:

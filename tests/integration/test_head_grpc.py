@@ -25,6 +25,7 @@ from farm.head.store import Store
 from farm.local import free_port
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
+from farm.tls import new_node_key
 
 SPEC = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
@@ -43,6 +44,13 @@ class Head:
         self.settings = settings
         self.tokens = tokens
         self.db = settings.state_dir / "state.db"
+        self.ca_pem = (settings.tls_dir / "ca.pem").read_bytes()
+
+    def channel(self, key_pem: bytes | None = None, cert_pem: bytes | None = None, port: int | None = None
+                ) -> grpc.Channel:
+        """A TLS channel that trusts the head's CA; with a client certificate, to the mutual-TLS port."""
+        return grpc.secure_channel(f"127.0.0.1:{port or self.settings.port}",
+                                   grpc.ssl_channel_credentials(self.ca_pem, key_pem, cert_pem))
 
 
 @pytest.fixture()
@@ -74,7 +82,8 @@ def head(tmp_path: Path) -> Iterator[Head]:
 
 
 def client(head: Head, token: str | None = None) -> Client:
-    return Client(HeadInfo(address=head.settings.address, api_token=token or head.tokens.api), timeout=5)
+    return Client(HeadInfo(address=head.settings.address, api_token=token or head.tokens.api, ca_pem=head.ca_pem),
+                  timeout=5)
 
 
 def test_an_accepted_job_is_in_the_store_before_submit_returns(head: Head) -> None:
@@ -114,7 +123,7 @@ def test_api_calls_need_the_api_token(head: Head) -> None:
         with pytest.raises(AuthError):
             c.submit(SPEC, code_zip("toyjob.py", "w.pt"), 10, "/o")
     with pytest.raises(grpc.RpcError) as caught:  # the join token is not an API token
-        grpc.insecure_channel(head.settings.address).unary_unary(
+        head.channel().unary_unary(
             "/farm.v1.FleetService/ListNodes", request_serializer=lambda m: b"", response_deserializer=bytes
         )(b"", metadata=(("authorization", f"Bearer {head.tokens.join}"),), timeout=5)
     assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
@@ -133,11 +142,12 @@ def test_watch_streams_until_the_job_ends_and_cancel_ends_it(head: Head) -> None
 
 
 def test_agents_register_heartbeat_and_leave(head: Head) -> None:
-    channel = grpc.insecure_channel(head.settings.address)
-    agents = agent_pb2_grpc.AgentServiceStub(channel)
+    agents = agent_pb2_grpc.AgentServiceStub(head.channel())
     offer = BackendOffer(name=BackendName.CPU, device="cpu", threads=4)
+    key_pem, csr_pem = new_node_key()
     request = agent_pb2.RegisterRequest(
-        join_token="forged", name="box", hardware=convert.hardware_to_pb(HW), backends=[convert.offer_to_pb(offer)]
+        join_token="forged", name="box", hardware=convert.hardware_to_pb(HW), backends=[convert.offer_to_pb(offer)],
+        csr_pem=csr_pem,
     )
     with pytest.raises(grpc.RpcError) as refused:
         agents.Register(request, timeout=5)
@@ -147,6 +157,8 @@ def test_agents_register_heartbeat_and_leave(head: Head) -> None:
     reply = agents.Register(request, timeout=5)
     assert reply.node_id.startswith("n-") and reply.ray_address == head.settings.ray_address
     assert reply.ray_token == head.settings.ray_token_path.read_text()
+    assert reply.mtls_port == head.settings.mtls_listen_port
+    agents = agent_pb2_grpc.AgentServiceStub(head.channel(key_pem, reply.client_cert_pem, reply.mtls_port))
 
     beats = agents.Heartbeat(iter([agent_pb2.HeartbeatRequest(
         node_id=reply.node_id, node_token=reply.node_token, cpu_percent=42.0, memory_percent=7.0)]), timeout=5)
@@ -162,6 +174,7 @@ def test_agents_register_heartbeat_and_leave(head: Head) -> None:
 
     request.node_id = reply.node_id  # an agent restarted: same node id, new node token
     again = agents.Register(request, timeout=5)
+    agents = agent_pb2_grpc.AgentServiceStub(head.channel(key_pem, again.client_cert_pem, again.mtls_port))
     assert again.node_id == reply.node_id and again.node_token != reply.node_token
 
     agents.Deregister(agent_pb2.DeregisterRequest(node_id=again.node_id, node_token=again.node_token), timeout=5)

@@ -1,0 +1,201 @@
+"""TLS for the control plane: the head's own CA, its server certificate, the nodes' client certificates, and how a
+client fetches the head's CA and pins it against the hash the join line carries (as kubeadm's
+discovery-token-ca-cert-hash does).
+
+Shared by the head, the agent and the CLI (the agent never imports farm.head). Keys are ECDSA P-256: quick to make,
+so a test head costs milliseconds, not the seconds an RSA key would.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import socket
+import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from farm.core.errors import AuthError, HeadUnavailableError, UserError
+from farm.local import write_private
+
+CA_DAYS = 3650  # the CA is what agents pin: it lives for years
+SERVER_DAYS = 365  # the server certificate is renewed at start once it nears its end (or its names change)
+RENEW_WITHIN_DAYS = 30
+NODE_DAYS = 365  # a node's client certificate; a new one at each Register
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def join_command(address: str, token: str, ca_hash: str) -> str:
+    """What joins a machine: the head, a join token, and the hash of the head's CA for the agent to pin."""
+    trust = f"--ca-hash {ca_hash}" if ca_hash else "--insecure"
+    return f"farm agent start --head {address} --token {token} {trust}"
+
+
+def ca_hash(ca_pem: bytes) -> str:
+    """`sha256:<hex>` of the CA certificate's DER: what `--ca-hash` pins."""
+    der = x509.load_pem_x509_certificate(ca_pem).public_bytes(serialization.Encoding.DER)
+    return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def _san(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
+
+
+@dataclass(frozen=True)
+class HeadTLS:
+    """The head's CA and server identity, as PEM."""
+
+    ca_pem: bytes
+    ca_key_pem: bytes
+    server_chain_pem: bytes  # the server certificate, then the CA's: a joining agent reads the CA off the handshake
+    server_key_pem: bytes
+
+    @property
+    def ca_hash(self) -> str:
+        return ca_hash(self.ca_pem)
+
+    @classmethod
+    def load_or_create(cls, folder: Path, names: Iterable[str]) -> HeadTLS:
+        """The CA is made once and kept (agents pin it); the server certificate is made again when missing, near its
+        end, or not naming every one of `names` (a new advertise address)."""
+        wanted = sorted({n for n in names if n and n not in ("0.0.0.0", "::")})
+        ca_path, ca_key_path = folder / "ca.pem", folder / "ca.key"
+        if not (ca_path.exists() and ca_key_path.exists()):
+            key = ec.generate_private_key(ec.SECP256R1())
+            name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Farm head CA")])
+            ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+                  .serial_number(x509.random_serial_number()).not_valid_before(_now() - datetime.timedelta(hours=1))
+                  .not_valid_after(_now() + datetime.timedelta(days=CA_DAYS))
+                  .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                  .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                               content_commitment=False, key_encipherment=False,
+                                               data_encipherment=False, key_agreement=False, encipher_only=False,
+                                               decipher_only=False), critical=True)
+                  .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+                  .sign(key, hashes.SHA256()))
+            write_private(ca_key_path, _key_pem(key))
+            write_private(ca_path, _cert_pem(ca))
+        ca_pem, ca_key_pem = ca_path.read_bytes(), ca_key_path.read_bytes()
+        server_path, server_key_path = folder / "head.pem", folder / "head.key"
+        if not (server_key_path.exists() and server_path.exists()
+                and _still_good(server_path.read_bytes(), wanted)):
+            key = ec.generate_private_key(ec.SECP256R1())
+            cert = _issue(ca_pem, ca_key_pem, "Farm head", key.public_key(), ExtendedKeyUsageOID.SERVER_AUTH,
+                          SERVER_DAYS, wanted)
+            write_private(server_key_path, _key_pem(key))
+            write_private(server_path, _cert_pem(cert) + ca_pem)
+        return cls(ca_pem=ca_pem, ca_key_pem=ca_key_pem, server_chain_pem=server_path.read_bytes(),
+                   server_key_pem=server_key_path.read_bytes())
+
+    def sign_node(self, csr_pem: bytes, node_id: str) -> bytes:
+        """A client certificate for `node_id` over the CSR's key: the subject is the head's choice, not the CSR's."""
+        try:
+            csr = x509.load_pem_x509_csr(csr_pem)
+        except ValueError:
+            raise UserError("the certificate signing request is not valid PEM") from None
+        if not csr.is_signature_valid:
+            raise UserError("the certificate signing request's signature does not verify")
+        public_key = csr.public_key()
+        if not isinstance(public_key, ec.EllipticCurvePublicKey):
+            raise UserError("the certificate signing request must be for an EC key")
+        return _cert_pem(_issue(self.ca_pem, self.ca_key_pem, node_id, public_key, ExtendedKeyUsageOID.CLIENT_AUTH,
+                                NODE_DAYS, []))
+
+
+def _still_good(chain_pem: bytes, names: list[str]) -> bool:
+    cert = x509.load_pem_x509_certificate(chain_pem)
+    if cert.not_valid_after_utc - _now() < datetime.timedelta(days=RENEW_WITHIN_DAYS):
+        return False
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return all(_san(n) in sans for n in names)
+
+
+def _issue(ca_pem: bytes, ca_key_pem: bytes, common_name: str, public_key: ec.EllipticCurvePublicKey,
+           usage: x509.ObjectIdentifier, days: int, names: list[str]) -> x509.Certificate:
+    ca = x509.load_pem_x509_certificate(ca_pem)
+    ca_key = cast(ec.EllipticCurvePrivateKey, serialization.load_pem_private_key(ca_key_pem, password=None))
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+               .issuer_name(ca.subject).public_key(public_key).serial_number(x509.random_serial_number())
+               .not_valid_before(_now() - datetime.timedelta(hours=1))
+               .not_valid_after(_now() + datetime.timedelta(days=days))
+               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+               .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+               .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()),  # type: ignore[arg-type]
+                              critical=False))
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName([_san(n) for n in names]), critical=False)
+    return builder.sign(ca_key, hashes.SHA256())
+
+
+# ---- the client's side
+
+
+def new_node_key() -> tuple[bytes, bytes]:
+    """A node's private key and a CSR for it (the head fills in the subject), as PEM."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
+    return _key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
+
+
+def parse_ca_hash(value: str) -> str:
+    """Check a `--ca-hash` value's form; return it in lower case."""
+    algorithm, _, digest = value.strip().lower().partition(":")
+    if algorithm != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise UserError(f"--ca-hash {value!r}: expected sha256:<64 hex digits>, as `farm head start` prints it")
+    return f"{algorithm}:{digest}"
+
+
+def fetch_ca(address: str, expected_hash: str, timeout: float = 10.0) -> bytes:
+    """The head's CA certificate, read off a TLS handshake that verifies nothing, then pinned: it is returned only
+    when its hash is `expected_hash`. Everything after this verifies the head against it."""
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # nothing to verify against yet: the pin below is the check
+    context.set_alpn_protocols(["h2"])
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw, \
+                context.wrap_socket(raw, server_hostname=host.strip("[]")) as tls:
+            chain = _unverified_chain(tls)
+    except (OSError, ValueError) as exc:
+        raise HeadUnavailableError(f"cannot fetch the head's CA from {address}: {exc}") from None
+    for der in chain:
+        pem = ssl.DER_cert_to_PEM_cert(der).encode()
+        if ca_hash(pem) == expected_hash:
+            return pem
+    raise AuthError(f"the head at {address} did not present the CA of --ca-hash {expected_hash} "
+                    f"(it presented {', '.join(ca_hash(ssl.DER_cert_to_PEM_cert(d).encode()) for d in chain)})")
+
+
+def _unverified_chain(tls: ssl.SSLSocket) -> list[bytes]:
+    """The certificates the peer sent, as DER: public from Python 3.13, a private method of the same name before."""
+    public = getattr(tls, "get_unverified_chain", None)
+    chain = public() if public is not None else tls._sslobj.get_unverified_chain()  # type: ignore[union-attr]
+    return [c if isinstance(c, bytes) else c.public_bytes(ssl._ssl.ENCODING_DER) for c in chain or []]  # type: ignore[attr-defined]
