@@ -1,4 +1,4 @@
-"""The agent daemon's lean entry point: `python -m farm_agent --head HOST:PORT --token T --name N --state-dir D`.
+"""The agent daemon's lean entry point: `python -m farm_agent --head HOST:PORT --token-file F --name N --state-dir D`.
 
 `farm agent start --detach` runs the daemon through this, not through the `farm` CLI: the daemon lives for days on
 someone's machine, and typer, rich and the CLI's other commands would stay resident in it for nothing.
@@ -34,7 +34,10 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probe", action="store_true", help="print the hardware and backend offers as JSON")
     parser.add_argument("--head", help="HOST:PORT of the head")
-    parser.add_argument("--token", help="the join token")
+    parser.add_argument("--token", help="the join token (shows in `ps`: prefer --token-file)")
+    parser.add_argument("--token-file", type=Path, help="a file holding the join token")
+    parser.add_argument("--ca-hash", default="", help="sha256:<hex> of the head's CA certificate, to pin it")
+    parser.add_argument("--insecure", action="store_true", help="a head started with --insecure: no TLS")
     parser.add_argument("--name", help="the node's name")
     parser.add_argument("--state-dir", type=Path, help="this agent's own folder (agents/NAME under Farm's state)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
@@ -44,14 +47,17 @@ def main() -> None:
     if args.probe:
         print(json.dumps(probe(args.cpus)))
         return
+    if args.token_file and not args.token:
+        args.token = args.token_file.read_text().strip()
     if not (args.head and args.token and args.name and args.state_dir):
-        parser.error("--head, --token, --name and --state-dir are required")
+        parser.error("--head, --token (or --token-file), --name and --state-dir are required")
 
     from farm_agent.main import serve
     from farm_agent.settings import AgentSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(AgentSettings(head=args.head, token=args.token, name=args.name, state_dir=args.state_dir, cpus=args.cpus,
+                        ca_hash=args.ca_hash, insecure=args.insecure,
                         max_foreign_cpu=args.max_foreign_cpu,
                         backends=frozenset(args.backends.split(",")) if args.backends else None))
 

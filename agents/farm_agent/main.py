@@ -23,7 +23,7 @@ from farm.core.errors import AgentError
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import RayProcess, local_ip_towards, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
-from farm_agent.client import HeadClient
+from farm_agent.client import HeadClient, pin_head_ca
 from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, meter_for
 from farm_agent.settings import AgentSettings
@@ -38,7 +38,7 @@ RECONNECT_S = 2.0
 class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
-        self.client = HeadClient(settings.head)
+        self.client = HeadClient(settings.head, pin_head_ca(settings))  # TLS, with the head's CA pinned
         self.stopping = asyncio.Event()
         self.node_id = ""
         self.node_token = ""

@@ -15,6 +15,10 @@ class AgentSettings(BaseModel):
 
     head: str  # HOST:PORT of the head's gRPC endpoint
     token: str = Field(repr=False)  # the join token
+    # How the agent trusts the head: the hash of the head's CA (pinned at the first join, then kept as ca.pem in
+    # the state folder), or nothing at all for a head started with --insecure.
+    ca_hash: str = ""
+    insecure: bool = False
     name: str
     state_dir: Path  # this agent's own folder: agents/<name>/ under the Farm state directory
     cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
@@ -31,6 +35,10 @@ class AgentSettings(BaseModel):
     @property
     def status_path(self) -> Path:
         return self.state_dir / "agent.json"
+
+    @property
+    def ca_path(self) -> Path:
+        return self.state_dir / "ca.pem"
 
     @property
     def identity_path(self) -> Path:

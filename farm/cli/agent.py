@@ -15,13 +15,20 @@ from farm.cli.options import Json, StateDir, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.core.models import BackendName
-from farm.local import pid_alive, read_json, spawn_detached, terminate, wait_for
+from farm.local import pid_alive, read_json, spawn_detached, terminate, wait_for, write_private
 
 if TYPE_CHECKING:
     from farm_agent.service import Plan
     from farm_agent.settings import AgentSettings
 
 app = typer.Typer(help="Run a node agent that offers this machine to a head.", no_args_is_help=True)
+
+
+CaHash = Annotated[str | None, typer.Option(
+    help="sha256:<hex> of the head's CA certificate, from the join line: the agent fetches the CA from the head, "
+         "checks it against this, and trusts only it from then on.")]
+CaFile = Annotated[Path | None, typer.Option("--ca", help="The head's CA certificate (PEM), instead of fetching it.")]
+Insecure = Annotated[bool, typer.Option("--insecure", help="No TLS: for a head started with --insecure.")]
 
 
 def agent_dir(state: Path, name: str) -> Path:
@@ -42,6 +49,9 @@ def start(
              "100 turns the rule off, as for several agents on one host).", min=1, max=100)] = 90.0,
     backends: Annotated[str | None, typer.Option(
         help="Comma-separated backends to lend, e.g. `cuda` (default: every one this machine runs).")] = None,
+    ca_hash: CaHash = None,
+    ca: CaFile = None,
+    insecure: Insecure = False,
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
 ) -> None:
@@ -56,10 +66,12 @@ def start(
     settings = AgentSettings(
         head=head, token=token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends),
+        ca_hash=ca_hash or "", insecure=insecure,
     )
     status = read_json(settings.status_path)
     if status and pid_alive(int(status.get("pid", 0))):
         raise UserError(f"agent {name!r} is already running (pid {status['pid']})")
+    _trust_head(settings, ca)  # before detaching: a CA that does not match --ca-hash is one line here, exit 2
     if detach:
         _start_detached(settings)
         return
@@ -75,6 +87,25 @@ def _lent_backends(backends: str | None) -> frozenset[BackendName] | None:
     if unknown or not names:
         raise UserError(f"--backends {backends!r}: expected a comma-separated list of {', '.join(BackendName)}")
     return frozenset(BackendName(b) for b in names)
+
+
+def _trust_head(settings: AgentSettings, ca: Path | None) -> None:
+    """Pin the head's CA (kept in the agent's folder) now, in the foreground."""
+    from farm.tls import ca_hash, parse_ca_hash
+    from farm_agent.client import pin_head_ca
+
+    if settings.insecure and (settings.ca_hash or ca):
+        raise UserError("--insecure trusts no CA: give it without --ca-hash and --ca")
+    if ca is not None:
+        try:
+            pem = ca.read_bytes()
+            found = ca_hash(pem)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"--ca {ca}: not a readable PEM certificate ({exc})") from None
+        if settings.ca_hash and found != parse_ca_hash(settings.ca_hash):
+            raise UserError(f"--ca {ca} is {found}, not --ca-hash {settings.ca_hash}")
+        write_private(settings.ca_path, pem)
+    pin_head_ca(settings)
 
 
 def _join_token(token: str | None, token_file: Path | None) -> str:
@@ -97,8 +128,11 @@ def _start_detached(settings: AgentSettings) -> None:
     stop it and say why with the last line of its log."""
     settings.status_path.unlink(missing_ok=True)
     log = settings.state_dir / "agent.log"
-    proc = spawn_detached([  # --option=value: a token may start with "-"
-        sys.executable, "-m", "farm_agent", f"--head={settings.head}", f"--token={settings.token}",
+    token_file = settings.state_dir / "join.token"  # 0600; on the command line the token would show in `ps`
+    write_private(token_file, settings.token.encode())
+    proc = spawn_detached([  # --option=value: a value may start with "-"
+        sys.executable, "-m", "farm_agent", f"--head={settings.head}", f"--token-file={token_file}",
+        *([f"--ca-hash={settings.ca_hash}"] if settings.ca_hash else []), *(["--insecure"] if settings.insecure else []),
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
@@ -145,6 +179,8 @@ def install(
     token_file: Annotated[Path | None, typer.Option(help="Read the join token from this file instead.")] = None,
     name: Annotated[str | None, typer.Option(help="Node name (default: the host name).")] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer (default: all).", min=1)] = None,
+    ca_hash: CaHash = None,
+    insecure: Insecure = False,
     user: User = False,
     state: StateDir = None,
     dry_run: DryRun = False,
@@ -159,6 +195,12 @@ def install(
     token = _join_token(token, token_file)
     if ":" not in head:
         raise UserError(f"--head {head!r}: expected HOST:PORT")
+    if bool(ca_hash) == insecure:
+        raise UserError("give exactly one of --ca-hash (from the join line) and --insecure (a head without TLS)")
+    if ca_hash:
+        from farm.tls import parse_ca_hash
+
+        ca_hash = parse_ca_hash(ca_hash)
     if not user and not dry_run and os.geteuid() != 0:
         raise UserError("a system service needs root: run it with sudo, or install a per-user service with --user")
     # Run with sudo, a system service runs the agent as the user who asked for it, with that user's state folder.
@@ -170,7 +212,8 @@ def install(
     if not farm.exists():
         raise UserError(f"no farm executable next to {sys.executable}: install Farm into a virtual environment")
     agent = service.AgentService(farm=farm, head=head, name=name or socket.gethostname(), state_dir=root, cpus=cpus,
-                                 user_scope=user, run_as=None if run_as == "root" else run_as)
+                                 user_scope=user, run_as=None if run_as == "root" else run_as, ca_hash=ca_hash or "",
+                                 insecure=insecure)
     platform = _service_platform()
     _carry_out(service.install_plan(agent, token, platform, Path.home(), os.getuid()), dry_run)
     if not dry_run:

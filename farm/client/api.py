@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -23,32 +24,56 @@ class HeadInfo:
     api_token: str
     join_token: str = ""
     pid: int = 0
+    tls: bool = True  # False: a head started with --insecure
+    ca_pem: bytes | None = field(default=None, repr=False)  # the head's CA; None with TLS: the system's roots
+    ca_hash: str = ""
 
 
-def find_head(head: str | None = None, token: str | None = None, state_dir: Path | None = None) -> HeadInfo:
-    """`--head` and `--token` (or FARM_TOKEN) when given; otherwise the local head in the state directory."""
+def find_head(head: str | None = None, token: str | None = None, state_dir: Path | None = None,
+              ca: Path | None = None) -> HeadInfo:
+    """`--head` and `--token` (or FARM_TOKEN) when given, trusting the CA file `ca` (or FARM_CA; FARM_INSECURE=1
+    for a head without TLS); otherwise the local head in the state directory, with the CA it keeps there."""
     token = token or os.environ.get("FARM_TOKEN")
     if head:
         if not token:
             raise UserError("--head needs an API token: pass --token or set FARM_TOKEN")
-        return HeadInfo(address=head, api_token=token)
+        if os.environ.get("FARM_INSECURE") == "1":
+            return HeadInfo(address=head, api_token=token, tls=False)
+        ca = ca or (Path(os.environ["FARM_CA"]) if os.environ.get("FARM_CA") else None)
+        return HeadInfo(address=head, api_token=token, ca_pem=_read_ca(ca) if ca else None)
     state_dir = state_dir or default_state_dir()
     info = read_json(state_dir / "head.json")
     if info is None or not pid_alive(int(info.get("pid", 0))):
         raise HeadUnavailableError(
             f"no head running from {state_dir}: start one with `farm head start`, or pass --head HOST:PORT"
         )
+    tls = bool(info.get("tls"))
     return HeadInfo(address=info["address"], api_token=token or info["api_token"], join_token=info["join_token"],
-                    pid=int(info["pid"]))
+                    pid=int(info["pid"]), tls=tls, ca_pem=_read_ca(Path(info["ca"])) if tls else None,
+                    ca_hash=str(info.get("ca_hash", "")))
+
+
+def _read_ca(path: Path) -> bytes:
+    try:
+        return path.expanduser().read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the head's CA certificate {path}: {exc.strerror}") from None
+
+
+def open_channel(head: HeadInfo, options: list[tuple[str, int]] | None = None) -> grpc.Channel:
+    """A channel to the head: TLS against its CA unless it runs without TLS."""
+    if not head.tls:
+        return grpc.insecure_channel(head.address, options=options)
+    return grpc.secure_channel(head.address, grpc.ssl_channel_credentials(head.ca_pem), options=options)
 
 
 class Client:
-    def __init__(self, head: HeadInfo, timeout: float = 30.0) -> None:
+    def __init__(self, head: HeadInfo | None = None, timeout: float = 30.0) -> None:
+        head = head or find_head()  # none given: the local head (FARM_STATE_DIR), as the CLI finds it
         self.head = head
         self.timeout = timeout
-        self.channel = grpc.insecure_channel(
-            head.address,
-            options=[("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)],
+        self.channel = open_channel(
+            head, [("grpc.max_send_message_length", MAX_MESSAGE), ("grpc.max_receive_message_length", MAX_MESSAGE)],
         )
         self.jobs = job_pb2_grpc.JobServiceStub(self.channel)
         self.fleet = fleet_pb2_grpc.FleetServiceStub(self.channel)
@@ -76,7 +101,9 @@ class Client:
     def _error(self, exc: grpc.RpcError) -> FarmError:
         code = exc.code()  # type: ignore[attr-defined]
         if code is grpc.StatusCode.UNAVAILABLE:
-            return HeadUnavailableError(f"the head at {self.head.address} does not answer")
+            return HeadUnavailableError(f"the head at {self.head.address} does not answer" + (
+                " (or its TLS certificate is not trusted: FARM_CA names the head's tls/ca.pem)" if self.head.tls
+                and self.head.ca_pem is None else ""))
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             return HeadUnavailableError(f"the head at {self.head.address} did not answer in time")
         error_class = ERRORS_BY_STATUS.get(code.name, FarmError)

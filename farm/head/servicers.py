@@ -13,13 +13,14 @@ from farm.core.energy import DevicePower
 from farm.core.errors import FarmError
 from farm.core.ids import new_id
 from farm.core.models import NodeState
-from farm.head.auth import Tokens, check_node_token, new_node_token
+from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import status_of, streaming, unary
 from farm.head.jobs import Jobs
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc, common_pb2, fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
+from farm.tls import HeadTLS
 
 log = logging.getLogger("farm.head")
 
@@ -44,19 +45,22 @@ def _power_from_pb(msg: common_pb2.DevicePower) -> DevicePower:
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    def __init__(self, store: Store, tokens: Tokens, settings: HeadSettings, wake: asyncio.Event) -> None:
+    def __init__(self, store: Store, tokens: Tokens, settings: HeadSettings, wake: asyncio.Event,
+                 tls: HeadTLS | None = None) -> None:
         self.store = store
         self.tokens = tokens
+        self.tls = tls  # signs each joining node's client certificate; None: a head without TLS
         self.settings = settings
         self.wake = wake
 
     @unary
     async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
                        ) -> agent_pb2.RegisterReply:
-        self.tokens.check_join(request.join_token)
+        self.tokens.check_join(request.join_token, self.store, context)
         known = request.node_id and self.store.node_token_hash(request.node_id) is not None
         node_id = request.node_id if known else new_id("n")
         token, token_hash = new_node_token()
+        client_cert = self.tls.sign_node(request.csr_pem, node_id) if self.tls and request.csr_pem else b""
         self.store.upsert_node(
             node_id, request.name, convert.hardware_from_pb(request.hardware),
             [convert.offer_from_pb(b) for b in request.backends], request.address, token_hash,
@@ -66,7 +70,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return agent_pb2.RegisterReply(
             node_id=node_id, node_token=token, ray_address=self.settings.ray_address,
             ray_token=self.settings.ray_token_path.read_text().strip(),
-            heartbeat_interval_s=self.settings.heartbeat_interval_s,
+            heartbeat_interval_s=self.settings.heartbeat_interval_s, client_cert_pem=client_cert,
+            mtls_port=self.settings.mtls_listen_port if self.tls else 0,
         )
 
     async def Heartbeat(self, request_iterator: AsyncIterator[agent_pb2.HeartbeatRequest],
@@ -78,7 +83,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             while (beat := await context.read()) is not grpc.aio.EOF:
                 if beat.node_id != verified:
-                    check_node_token(beat.node_token, self.store.node_token_hash(beat.node_id))
+                    self.tokens.check_node(context, beat.node_id, beat.node_token,
+                                           self.store.node_token_hash(beat.node_id))
                     verified = beat.node_id
                 self.store.heartbeat(
                     beat.node_id, beat.cpu_percent, beat.memory_percent,
@@ -97,7 +103,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     @unary
     async def Deregister(self, request: agent_pb2.DeregisterRequest, context: grpc.aio.ServicerContext
                          ) -> agent_pb2.DeregisterReply:
-        check_node_token(request.node_token, self.store.node_token_hash(request.node_id))
+        self.tokens.check_node(context, request.node_id, request.node_token,
+                               self.store.node_token_hash(request.node_id))
         self.store.set_node_state(request.node_id, NodeState.OFFLINE, "")
         log.info("node %s deregistered", request.node_id)
         self.wake.set()
@@ -112,7 +119,7 @@ class FleetServicer(fleet_pb2_grpc.FleetServiceServicer):
     @unary
     async def ListNodes(self, request: fleet_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
                         ) -> fleet_pb2.ListNodesReply:
-        self.tokens.check_api(context)
+        self.tokens.check_read(context)
         return fleet_pb2.ListNodesReply(nodes=[convert.node_to_pb(n) for n in self.store.nodes()])
 
 
@@ -130,13 +137,13 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
 
     @unary
     async def Get(self, request: job_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> job_pb2.Job:
-        self.tokens.check_api(context)
+        self.tokens.check_read(context)
         return job_to_pb(self.jobs.get(request.job_id))
 
     @unary
     async def List(self, request: job_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
                    ) -> job_pb2.ListJobsReply:
-        self.tokens.check_api(context)
+        self.tokens.check_read(context)
         return job_pb2.ListJobsReply(jobs=[job_to_pb(j) for j in self.jobs.list(request.limit)])
 
     @unary
@@ -147,12 +154,12 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     @streaming
     async def Watch(self, request: job_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[job_pb2.Job]:
-        self.tokens.check_api(context)
+        self.tokens.check_read(context)
         async for job in self.jobs.watch(request.job_id):
             yield job_to_pb(job)
 
     @unary
     async def Logs(self, request: job_pb2.LogsRequest, context: grpc.aio.ServicerContext) -> job_pb2.LogsReply:
-        self.tokens.check_api(context)
+        self.tokens.check_read(context)
         lines = self.jobs.store.logs(request.job_id)
         return job_pb2.LogsReply(lines=[job_pb2.LogLine(**line) for line in lines])
