@@ -5,7 +5,8 @@ everywhere is the owner's CPU load, the one signal every platform has: the machi
 agent and the processes under it: its Ray node and the workers running shards), averaged over a short window so
 that a burst does not flap the node in and out. On macOS the owner's own signals join it (farm_agent.idle_mac:
 seconds since the last input, battery, thermal pressure, user-activity assertions), read every few beats since each
-read runs a few system tools.
+read runs a few system tools. A busy file (AgentSettings.busy_file), while it exists, makes the node busy outright:
+an operator's switch, and the tests' honest way to make an owner busy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
@@ -84,6 +86,7 @@ class IdlePolicy:
         farm_percent: Callable[[], float] | None = None,
         cores: int | None = None,
         owner_signals: Callable[[], str] | None = mac_owner_signals if sys.platform == "darwin" else None,
+        busy_file: Path | None = None,
     ) -> None:
         """`max_foreign_cpu`: the owner's share of the whole machine's CPU (percent) above which it is busy;
         100 turns the rule off (several agents sharing one host would otherwise see each other as the owner)."""
@@ -99,12 +102,25 @@ class IdlePolicy:
         self._owner_signals = owner_signals
         self._owner = ""  # the platform signals' last verdict
         self._beats = 0
+        self.busy_file = busy_file
 
     def busy(self) -> str:
         if self._owner_signals is not None and self._beats % OWNER_SIGNALS_EVERY == 0:
             self._owner = self._owner_signals()
         self._beats += 1
-        return "; ".join(reason for reason in (self._cpu_load(), self._owner) if reason)
+        return "; ".join(reason for reason in (self._cpu_load(), self._owner, self._busy_file()) if reason)
+
+    def _busy_file(self) -> str:
+        """The busy file's reason while it exists: its first line, else that it exists."""
+        if self.busy_file is None:
+            return ""
+        try:
+            text = self.busy_file.read_text(errors="replace").strip()
+        except FileNotFoundError:
+            return ""
+        except OSError as exc:  # there but unreadable: still the operator's "busy"
+            return f"busy file {self.busy_file} ({exc.strerror})"
+        return text.splitlines()[0][:200] if text else f"busy file {self.busy_file}"
 
     def _cpu_load(self) -> str:
         self.machine_percent = machine = self._cpu_percent()  # percent of the whole machine

@@ -38,18 +38,29 @@ def node_json(node: fleet_pb2.Node) -> dict[str, Any]:
     return convert.to_dict(node)
 
 
+def node_state(node: fleet_pb2.Node) -> str:
+    """The node's state as `farm nodes` shows it: a drain the head has not applied yet already shows, and a
+    draining node that runs nothing more is drained."""
+    if node.state == "draining" or (node.state == "ready" and node.drain):
+        return "draining" if node.shards_running else "drained"
+    return node.state
+
+
 def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
     table = Table(title="Nodes", title_justify="left")
     for column in ("ID", "NAME", "STATE", "BACKENDS", "CPU", "MEMORY", "POWER", "HEARTBEAT"):
         table.add_column(column)
-    colours = {"ready": "green", "joining": "yellow", "draining": "yellow", "offline": "red"}
+    colours = {"ready": "green", "joining": "yellow", "draining": "yellow", "drained": "yellow", "offline": "red"}
     for node in nodes:
         backends = ", ".join(
             f"{b.name} ({b.device}, {b.detail or f'{b.threads} threads'})" if b.available
             else f"[dim]{b.name}: {b.reason}[/]"
             for b in node.backends
         )
-        state = f"[{colours.get(node.state, 'white')}]{node.state}[/]"
+        shown = node_state(node)
+        state = f"[{colours.get(shown, 'white')}]{shown}[/]"
+        if node.drain:
+            state += "\n[yellow]drained by an operator[/]"
         if node.busy:  # its owner needs it: the scheduler gives it nothing now
             state += f"\n[yellow]busy: {node.busy}[/]"
         table.add_row(

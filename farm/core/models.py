@@ -89,6 +89,7 @@ class Node(Frozen):
     memory_percent: float = 0.0
     power: tuple[DevicePower, ...] = ()
     busy: str = ""  # why the owner needs the node now (its agent's idle policy); empty while it offers work
+    drain: bool = False  # an operator drained it (`farm drain`): it takes no new shards until undrained
 
 
 class Shard(Frozen):

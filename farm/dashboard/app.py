@@ -8,6 +8,8 @@
     GET  /api/events              server-sent events: a `tick` (fleet, jobs, the new sample) every few seconds
     GET  /api/auth                204 with a valid API token (bearer), 401 without: what the sign-in form checks
     POST /api/jobs/{id}/cancel    cancel a job, through the same code as the gRPC Cancel; needs the API token
+    POST /api/nodes/{node}/drain  drain a node (id or name): no new shards, what runs finishes; needs the API token
+    POST /api/nodes/{node}/undrain   let it take shards again; needs the API token
     GET  /metrics                 Prometheus
 
 Reading needs no token; acting does (`Authorization: Bearer <API token>`, the token in the head's head.json).
@@ -32,7 +34,7 @@ from farm.core.errors import AuthError, ConflictError, FarmError, NotFoundError,
 from farm.core.models import JobState, Node
 from farm.dashboard import metrics
 from farm.dashboard.history import History, Reading
-from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view
+from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view, node_view
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
 from farm.head.store import Job, NodeWork, Store
@@ -195,6 +197,8 @@ class Dashboard:
             web.get("/api/jobs", self.job_list),
             web.get("/api/jobs/{job_id}", self.job),
             web.post("/api/jobs/{job_id}/cancel", self.cancel),
+            web.post("/api/nodes/{node}/drain", self.drain),
+            web.post("/api/nodes/{node}/undrain", self.undrain),
             web.get("/api/history", self.history_view),
             web.get("/api/events", self.events),
             web.get("/api/auth", self.auth),
@@ -220,6 +224,20 @@ class Dashboard:
     async def cancel(self, request: web.Request) -> web.Response:
         self._check_token(request)
         return web.json_response(job_view(self.jobs.cancel(request.match_info["job_id"])))
+
+    async def drain(self, request: web.Request) -> web.Response:
+        return self._set_drain(request, True)
+
+    async def undrain(self, request: web.Request) -> web.Response:
+        return self._set_drain(request, False)
+
+    def _set_drain(self, request: web.Request, drain: bool) -> web.Response:
+        """Through the same store call as the gRPC DrainNode."""
+        self._check_token(request)
+        node = self.store.set_node_drain(request.match_info["node"], drain)
+        log.info("node %s %s from the dashboard", node.name, "drained" if drain else "undrained")
+        running = self.store.running_shards_by_node().get(node.id, 0)
+        return web.json_response(node_view(node, running, []))
 
     async def history_view(self, request: web.Request) -> web.Response:
         return web.json_response(self.history.series(time.time(), limit=_int_query(request, "limit", 24)))

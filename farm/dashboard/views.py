@@ -59,7 +59,7 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
     measured_items, measured_j = sum(w.items for w in measured), sum(w.energy_j for w in measured)
     return {
         "id": node.id, "name": node.name, "state": node.state.value, "activity": activity(node, shards_running),
-        "busy": node.busy,
+        "busy": node.busy, "drain": node.drain,
         "backends": [
             {"name": b.name.value, "device": b.device, "available": b.available, "reason": b.reason,
              "detail": b.detail}

@@ -56,10 +56,28 @@ class Liveness:
 
 @dataclass(frozen=True, slots=True)
 class NodeLiveness:
-    """What the offline check reads of a node: its state and when it was last heard from."""
+    """What the offline check reads of a node: its state, when it was last heard from, and whether it takes work
+    (its owner's busy reason, an operator's drain)."""
 
     id: str
     name: str
     state: NodeState
     ray_node_id: str
     last_heartbeat: float
+    busy: str = ""
+    drain: bool = False
+
+    @property
+    def draining(self) -> bool:
+        """Its owner or an operator wants it to take no new shards: it keeps what it runs."""
+        return self.drain or bool(self.busy)
+
+
+def derive_state(node: NodeLiveness, ray_alive: bool, silent_s: float, offline_after_s: float) -> NodeState:
+    """A live node's state now: offline once silent too long; else by its Ray worker (none yet: joining) and whether
+    it takes work (draining: no new shards, but it keeps running what it has)."""
+    if silent_s > offline_after_s:
+        return NodeState.OFFLINE
+    if not ray_alive:
+        return NodeState.JOINING
+    return NodeState.DRAINING if node.draining else NodeState.READY

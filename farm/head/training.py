@@ -202,7 +202,8 @@ class TrainingDriver:
                 if future.exception() is not None:
                     raise future.exception()  # type: ignore[misc]
             states = {n.id: n.state for n in self.store.node_liveness()}  # the light read: offline nodes are absent
-            lost = [a for a in chosen if states.get(a.node_id) is not NodeState.READY]
+            # A draining node keeps its workers while its Ray worker runs: only a node that is neither has left.
+            lost = [a for a in chosen if states.get(a.node_id) not in (NodeState.READY, NodeState.DRAINING)]
             if lost and pending:
                 raise WorkerLost(f"node {lost[0].node_id} left the farm")
         return [f.result() for f in futures]

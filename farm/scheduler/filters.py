@@ -17,6 +17,12 @@ GIB = 1024**3
 
 
 def node_ready(node: Node, offer: BackendOffer, shard: ShardRequest) -> str | None:
+    """Only a ready node takes new shards. A drained one (`farm drain`) is turned away on its flag, before the
+    head's next refresh has made it draining: it keeps what it runs and is given nothing more."""
+    if node.drain:
+        return "node is draining: an operator drained it (`farm undrain` gives it work again)"
+    if node.state is NodeState.DRAINING:
+        return f"node is draining: owner busy: {node.busy}" if node.busy else "node is draining"
     return None if node.state is NodeState.READY else f"node is {node.state.value}"
 
 

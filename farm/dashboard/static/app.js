@@ -155,12 +155,13 @@ function renderFleet() {
         b.devices === 1 ? "" : "s"}`)) : [h("span", {class: "dim"}, "no backends yet")]));
 
   const head = h("tr", {}, ["Node", "State", "Activity", "Backends", "CPU", "Memory", "Power", "Shards running",
-    "Items done", "Energy", "Perf/W (items/J)", "Heartbeat"].map((c, i) => h("th", {class: i >= 4 && i < 11 ?
+    "Items done", "Energy", "Perf/W (items/J)", "Heartbeat", ""].map((c, i) => h("th", {class: i >= 4 && i < 11 ?
       "num" : null}, c)));
   const rows = nodes.map(n => { const live = n.state !== "offline"; return h("tr", {"data-node": n.name,
       "data-node-id": n.id, class: live ? null : "dim"},
     h("td", {}, h("b", {}, n.name), h("div", {class: "dim"}, n.id)),
-    h("td", {class: "node-state"}, stateCell(n.state)),
+    h("td", {class: "node-state", title: n.drain ? "drained by an operator" : null}, stateCell(n.state),
+      n.drain ? h("div", {class: "dim"}, "by an operator") : null),
     h("td", {class: "node-activity", title: n.busy ? `owner busy: ${n.busy}` : null},
       stateCell(n.activity, "act"), n.busy ? h("div", {class: "dim"}, n.busy) : null),
     h("td", {}, n.backends.map(b => h("div", {class: b.available ? null : "dim",
@@ -175,11 +176,35 @@ function renderFleet() {
     h("td", {class: "num"}, n.energy_source ? figure(joules(n.energy_j), n.energy_estimate, n.energy_source) : "-"),
     h("td", {class: "num"}, n.items_per_j == null ? "-" :
       figure(num(n.items_per_j, 1), n.energy_estimate, n.energy_source)),
-    h("td", {}, ago(n.last_heartbeat))); });
+    h("td", {}, ago(n.last_heartbeat)),
+    h("td", {}, live ? drainButton(n) : null)); });
   document.getElementById("nodes").replaceChildren(h("thead", {}, head),
-    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 12, class: "empty"},
+    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 13, class: "empty"},
       "No nodes yet: join one with the command `farm head start` printed."))));
   renderJobs();
+}
+
+// An operator's drain: no new shards for the node, what runs there finishes. Like cancel, it needs the API token.
+function drainButton(node) {
+  const verb = node.drain ? "undrain" : "drain";
+  return h("button", {class: "node-drain", "data-action": verb, disabled: !state.token,
+    title: state.token ? (node.drain ? "Let this node take shards again" : "Give this node no new shards")
+      : `Sign in with the API token to ${verb}`, onclick: () => setDrain(node, verb)},
+    node.drain ? "Undrain" : "Drain");
+}
+
+async function setDrain(node, verb) {
+  if (verb === "drain" && !confirm(`Drain node ${node.name} (${node.id})? It takes no new shards until undrained.`)) {
+    return;
+  }
+  try {
+    const updated = await api(`api/nodes/${encodeURIComponent(node.id)}/${verb}`, {method: "POST"});
+    const shown = state.fleet.nodes.find(n => n.id === updated.id);
+    if (shown) Object.assign(shown, {drain: updated.drain, state: updated.state});
+    renderFleet();
+  } catch (error) {
+    alert(`${verb} ${node.name}: ${error.message}`);
+  }
 }
 
 function renderJobs() {
@@ -364,6 +389,7 @@ function signOut() {
   sessionStorage.removeItem("farm.token");
   renderAuth();
   renderJob();
+  renderFleet();  // the drain buttons follow the sign-in
 }
 
 document.getElementById("signin-cancel").addEventListener("click", () => document.getElementById("signin").close());
@@ -381,6 +407,7 @@ document.getElementById("signin-form").addEventListener("submit", async (event) 
   document.getElementById("signin").close();
   renderAuth();
   renderJob();
+  renderFleet();
 });
 
 // ---- live updates

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "state", "hardware", "backends", "ray_node_id", "last_heartbeat", "cpu_percent", "memory_percent", "address", "registered_at", "power", "busy")
+    __slots__ = ("id", "name", "state", "hardware", "backends", "ray_node_id", "last_heartbeat", "cpu_percent", "memory_percent", "address", "registered_at", "power", "busy", "drain", "shards_running")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,8 @@ class Node(_message.Message):
     REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
     POWER_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -35,7 +37,9 @@ class Node(_message.Message):
     registered_at: float
     power: _containers.RepeatedCompositeFieldContainer[_common_pb2.DevicePower]
     busy: str
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., ray_node_id: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., address: _Optional[str] = ..., registered_at: _Optional[float] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ...) -> None: ...
+    drain: bool
+    shards_running: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., ray_node_id: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., address: _Optional[str] = ..., registered_at: _Optional[float] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ..., drain: _Optional[bool] = ..., shards_running: _Optional[int] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()
@@ -46,3 +50,11 @@ class ListNodesReply(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     nodes: _containers.RepeatedCompositeFieldContainer[Node]
     def __init__(self, nodes: _Optional[_Iterable[_Union[Node, _Mapping]]] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node", "drain")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    drain: bool
+    def __init__(self, node: _Optional[str] = ..., drain: _Optional[bool] = ...) -> None: ...

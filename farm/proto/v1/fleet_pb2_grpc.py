@@ -39,6 +39,11 @@ class FleetServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_fleet__pb2.ListNodesRequest.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_fleet__pb2.ListNodesReply.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/farm.v1.FleetService/DrainNode',
+                request_serializer=farm_dot_proto_dot_v1_dot_fleet__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_fleet__pb2.Node.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -50,6 +55,14 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """Drain (drain: true) or undrain a node: a drained node takes no new shards and keeps running what it has.
+        Kept across head restarts and the agent's re-registration. Needs the API token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +70,11 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.ListNodes,
                     request_deserializer=farm_dot_proto_dot_v1_dot_fleet__pb2.ListNodesRequest.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_fleet__pb2.ListNodesReply.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_fleet__pb2.DrainNodeRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_fleet__pb2.Node.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +104,33 @@ class FleetService:
             '/farm.v1.FleetService/ListNodes',
             farm_dot_proto_dot_v1_dot_fleet__pb2.ListNodesRequest.SerializeToString,
             farm_dot_proto_dot_v1_dot_fleet__pb2.ListNodesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.FleetService/DrainNode',
+            farm_dot_proto_dot_v1_dot_fleet__pb2.DrainNodeRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_fleet__pb2.Node.FromString,
             options,
             channel_credentials,
             insecure,
