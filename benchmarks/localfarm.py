@@ -52,7 +52,7 @@ class LocalFarm:
         self.head = find_head(state_dir=self.state)
         procs = [
             subprocess.Popen([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", self.head.address,
-                              "--token", self.head.join_token, "--name", f"bench-{i}", "--cpus", str(self.cpus),
+                              "--token", self.head.join_token, "--ca-hash", self.head.ca_hash, "--name", f"bench-{i}", "--cpus", str(self.cpus),
                               "--state-dir", str(self.state), "--detach",
                               "--max-foreign-cpu", "100"],  # agents sharing one host are not each other's owner
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

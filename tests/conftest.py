@@ -58,7 +58,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     agents = [
         subprocess.Popen(
             [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.address, "--token",
-             head.join_token, "--name", name, "--cpus", "1", "--state-dir", str(state), "--detach",
+             head.join_token, "--ca-hash", head.ca_hash, "--name", name, "--cpus", "1", "--state-dir", str(state), "--detach",
              "--max-foreign-cpu", "100"],  # both agents share this host: neither is the other's owner
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )

@@ -48,7 +48,8 @@ def demo(
         cpus = max(1, (os.cpu_count() or 1) // agents)
         with console.status(f"starting {agents} agents ({cpus} cores each)..."):
             _farm_all([
-                ["agent", "start", "--head", head.address, "--token", head.join_token, "--name", f"demo-{index}",
+                ["agent", "start", "--head", head.address, "--token", head.join_token, "--ca-hash", head.ca_hash,
+                 "--name", f"demo-{index}",
                  "--cpus", str(cpus), "--state-dir", str(state), "--detach",
                  "--max-foreign-cpu", "100"]  # the agents share this host: each would see the other as its owner
                 for index in range(1, agents + 1)

@@ -13,7 +13,7 @@ from farm.cli.options import Json, StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.local import pid_alive, primary_ip, read_json, terminate, write_json
-from farm.tls import join_command
+from farm.tls import ca_hash, join_command
 
 if TYPE_CHECKING:
     from farm.head.settings import HeadSettings
@@ -164,7 +164,9 @@ def token_create(
         store.add_join_token(token_id, token_hash, expires_at, description)
     finally:
         store.close()
-    join = join_command(info.get("address", "HOST:PORT"), token, info.get("ca_hash", ""))
+    ca_file = state_dir(state) / "tls" / "ca.pem"  # the CA outlives head restarts; head.json only a running head
+    trust = ca_hash(ca_file.read_bytes()) if info.get("tls", True) and ca_file.exists() else ""
+    join = join_command(info.get("address", "HOST:PORT"), token, trust)
     if as_json:
         print(json.dumps({"id": token_id, "token": token, "expires_at": expires_at, "join_command": join}))
         return

@@ -68,13 +68,14 @@ def test_an_unknown_job(cluster: Cluster) -> None:
 
 
 def test_a_wrong_api_token(cluster: Cluster) -> None:
-    result = farm("nodes", "--head", cluster.head.address, "--token", "wrong")
+    result = farm("nodes", "--head", cluster.head.address, "--token", "wrong",
+                  env={"FARM_CA": str(cluster.state_dir / "tls" / "ca.pem")})
     assert_one_line_error(result, 2, "invalid or missing API token")
 
 
 def test_a_wrong_join_token(cluster: Cluster, tmp_path: Path) -> None:
     result = farm("agent", "start", "--head", cluster.head.address, "--token", "wrong", "--name", "intruder",
-                  "--state-dir", str(tmp_path))
+                  "--state-dir", str(tmp_path), "--ca-hash", cluster.head.ca_hash)
     assert_one_line_error(result, 2, "refused the join token")
 
 

@@ -1,0 +1,297 @@
+"""Authentication and TLS on a real head's gRPC server (127.0.0.1, free ports, no Ray): every RPC refuses a missing
+or wrong credential, join tokens expire and are revoked, clients that do not trust the head's CA cannot connect, node
+calls need the node's client certificate, failures are limited per peer and logged without the secret; and on the
+real cluster, no token shows in `ps`, the logs or the store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+import pytest
+from google.protobuf import message_factory
+
+from farm.client import Client, HeadInfo
+from farm.core.errors import AuthError, HeadUnavailableError
+from farm.head.auth import Tokens, hash_token
+from farm.head.dispatch import Dispatcher
+from farm.head.events import JobEvents
+from farm.head.server import build_server
+from farm.head.settings import HeadSettings
+from farm.head.store import Store
+from farm.local import free_port, read_json
+from farm.proto import convert
+from farm.proto.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, job_pb2
+from farm.tls import HeadTLS, ca_hash, new_node_key
+from tests.conftest import ROOT, Cluster
+from tests.integration.test_head_grpc import HW
+
+SERVICES = [agent_pb2.DESCRIPTOR.services_by_name["AgentService"], fleet_pb2.DESCRIPTOR.services_by_name["FleetService"],
+            job_pb2.DESCRIPTOR.services_by_name["JobService"]]
+READS = {"ListNodes", "Get", "List", "Watch", "Logs"}
+
+
+class Head:
+    def __init__(self, settings: HeadSettings, tokens: Tokens) -> None:
+        self.settings = settings
+        self.tokens = tokens
+        self.ca_pem = (settings.tls_dir / "ca.pem").read_bytes()
+
+    def channel(self, key_pem: bytes | None = None, cert_pem: bytes | None = None, port: int | None = None,
+                ca_pem: bytes | None = None) -> grpc.Channel:
+        return grpc.secure_channel(f"127.0.0.1:{port or self.settings.port}",
+                                   grpc.ssl_channel_credentials(ca_pem or self.ca_pem, key_pem, cert_pem))
+
+    def client(self, token: str | None = None, ca_pem: bytes | None = None) -> Client:
+        info = HeadInfo(address=self.settings.address, api_token=token or self.tokens.api,
+                        ca_pem=ca_pem or self.ca_pem)
+        return Client(info, timeout=5)
+
+    def register(self, join_token: str, name: str = "box") -> tuple[agent_pb2.RegisterReply, bytes]:
+        key_pem, csr_pem = new_node_key()
+        request = agent_pb2.RegisterRequest(join_token=join_token, name=name, hardware=convert.hardware_to_pb(HW),
+                                            csr_pem=csr_pem)
+        with self.channel() as channel:
+            return agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=5), key_pem
+
+
+@contextmanager
+def running_head(state: Path, **options: Any) -> Iterator[Head]:
+    """A head's control plane in a thread of this process, with its own CA in `state`."""
+    settings = HeadSettings(state_dir=state, host="127.0.0.1", port=free_port(), mtls_port=free_port(), **options)
+    tokens = Tokens.load_or_create(state, settings.ray_token_path)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stopping: asyncio.Event | None = None
+
+    async def serve() -> None:
+        nonlocal stopping
+        stopping = asyncio.Event()
+        store = Store(state / "state.db")
+        events = JobEvents()
+        server = build_server(settings, tokens, store, Dispatcher(store, settings, events.publish), events)
+        await server.start()
+        started.set()
+        await stopping.wait()
+        await server.stop(grace=1)
+        store.close()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield Head(settings, tokens)
+    finally:
+        loop.call_soon_threadsafe(stopping.set)  # type: ignore[union-attr]
+        thread.join(10)
+
+
+@pytest.fixture()
+def head(tmp_path: Path) -> Iterator[Head]:
+    with running_head(tmp_path, auth_failures_allowed=1000) as running:
+        yield running
+
+
+def call_every_rpc(channel: grpc.Channel, metadata: tuple[tuple[str, str], ...], credential: str
+                   ) -> dict[str, grpc.StatusCode]:
+    """Call each method of each service once, with an empty request but for `credential` in any token field."""
+    codes = {}
+    for service in SERVICES:
+        for method in service.methods:
+            request_class = message_factory.GetMessageClass(method.input_type)
+            fields = {f.name for f in method.input_type.fields}
+            request = request_class(**{name: credential for name in ("join_token", "node_token") if name in fields},
+                                    **({"node_id": "n-00000000"} if "node_id" in fields else {}))
+            path = f"/{service.full_name}/{method.name}"
+            kind = ("stream" if method.client_streaming else "unary") + "_" + (
+                "stream" if method.server_streaming else "unary")
+            call: Callable[..., Any] = getattr(channel, kind)(
+                path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=bytes)
+            argument = iter([request]) if method.client_streaming else request
+            try:
+                result = call(argument, metadata=metadata, timeout=5)
+                if method.server_streaming:
+                    list(result)
+                codes[method.name] = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                codes[method.name] = exc.code()  # type: ignore[attr-defined]
+    return codes
+
+
+@pytest.mark.parametrize("credential", ["", "forged"])
+def test_every_rpc_refuses_a_missing_or_wrong_credential(head: Head, credential: str) -> None:
+    metadata = (("authorization", f"Bearer {credential}"),) if credential else ()
+    with head.channel() as channel:
+        codes = call_every_rpc(channel, metadata, credential)
+    assert len(codes) >= 10  # the descriptors, not a list kept by hand: a new RPC is called here too
+    assert {name: code for name, code in codes.items() if code is not grpc.StatusCode.UNAUTHENTICATED} == {}
+
+
+def test_the_join_token_is_not_an_api_token_nor_a_node_token(head: Head) -> None:
+    with head.channel() as channel:
+        codes = call_every_rpc(channel, (("authorization", f"Bearer {head.tokens.join}"),), head.tokens.api)
+    assert {name for name, code in codes.items() if code is not grpc.StatusCode.UNAUTHENTICATED} == set()
+
+
+def test_open_read_lets_listing_through_but_not_submitting(tmp_path: Path) -> None:
+    with running_head(tmp_path, open_read=True) as head, head.channel() as channel:
+        codes = call_every_rpc(channel, (), "")
+    refused = {name for name, code in codes.items() if code is grpc.StatusCode.UNAUTHENTICATED}
+    assert READS.isdisjoint(refused)
+    assert {"Submit", "Cancel", "Register", "Heartbeat", "Deregister"} <= refused
+
+
+def test_created_tokens_join_until_revoked_and_expired_ones_never(head: Head) -> None:
+    env = {**os.environ, "FARM_STATE_DIR": str(head.settings.state_dir)}
+
+    def farm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "farm.cli.main", "head", "token", *args], capture_output=True,
+                              text=True, env=env, cwd=ROOT, timeout=60)
+
+    created = farm("create", "--ttl", "1h", "--json")
+    assert created.returncode == 0, created.stderr
+    token = read_json_line(created.stdout)
+    assert f"--ca-hash {ca_hash(head.ca_pem)} " in token["join_command"] + " "
+    reply, _ = head.register(token["token"])
+    assert reply.node_id.startswith("n-")
+
+    listed = farm("list", "--json")
+    assert token["token"] not in listed.stdout and hash_token(token["token"]) not in listed.stdout
+    assert {r["id"] for r in read_json_list(listed.stdout)} == {"default", token["id"]}
+
+    assert farm("revoke", token["id"]).returncode == 0
+    with pytest.raises(grpc.RpcError) as revoked:
+        head.register(token["token"])
+    assert revoked.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert f"join token {token['id']} was revoked" in str(revoked.value.details())
+
+    store = Store(head.settings.state_dir / "state.db")
+    store.add_join_token("jt-expired", hash_token("expired-token"), expires_at=time.time() - 1)
+    store.close()
+    with pytest.raises(grpc.RpcError) as expired:
+        head.register("expired-token")
+    assert expired.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "join token jt-expired has expired" in str(expired.value.details())
+
+    head.register(head.tokens.join)  # the default token joins until it, too, is revoked
+    assert farm("revoke", "default").returncode == 0
+    with pytest.raises(grpc.RpcError):
+        head.register(head.tokens.join)
+    bad = farm("create", "--ttl", "soon")
+    assert (bad.returncode, bad.stderr.strip().count("\n")) == (2, 0), bad.stderr
+
+
+def read_json_line(text: str) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads(text.strip().splitlines()[-1]))
+
+
+def read_json_list(text: str) -> list[dict[str, Any]]:
+    import json
+
+    return list(json.loads(text))
+
+
+def test_a_client_that_does_not_trust_the_head_s_ca_cannot_connect(head: Head, tmp_path: Path) -> None:
+    other_ca = HeadTLS.load_or_create(tmp_path / "other", ["127.0.0.1"]).ca_pem
+    with head.client(ca_pem=other_ca) as client, pytest.raises(HeadUnavailableError):
+        client.nodes()
+    info = HeadInfo(address=head.settings.address, api_token=head.tokens.api)  # the system's roots
+    with Client(info, timeout=5) as client, pytest.raises(HeadUnavailableError, match="FARM_CA"):
+        client.nodes()
+    with grpc.insecure_channel(head.settings.address) as plain, pytest.raises(grpc.RpcError) as refused:
+        plain.unary_unary("/farm.v1.FleetService/ListNodes")(b"", timeout=5)
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    with head.client() as client:  # and one that trusts it can
+        assert client.nodes() == []
+
+
+def test_node_calls_need_the_node_s_own_client_certificate(head: Head) -> None:
+    reply, key_pem = head.register(head.tokens.join, "box")
+    other, other_key = head.register(head.tokens.join, "other")
+    beat = agent_pb2.HeartbeatRequest(node_id=reply.node_id, node_token=reply.node_token)
+
+    def heartbeat(channel: grpc.Channel) -> list[str]:
+        return [r.state for r in agent_pb2_grpc.AgentServiceStub(channel).Heartbeat(iter([beat]), timeout=5)]
+
+    with head.channel() as no_cert, pytest.raises(grpc.RpcError) as refused:  # the node token alone
+        heartbeat(no_cert)
+    assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "client certificate" in str(refused.value.details())
+    with head.channel(port=reply.mtls_port) as handshake, pytest.raises(grpc.RpcError) as failed:
+        heartbeat(handshake)  # the mTLS port: no certificate, no handshake
+    assert failed.value.code() is grpc.StatusCode.UNAVAILABLE
+    with head.channel(other_key, other.client_cert_pem, reply.mtls_port) as someone_else, \
+            pytest.raises(grpc.RpcError) as impostor:
+        heartbeat(someone_else)  # another node's certificate with this node's token
+    assert impostor.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    with head.channel(key_pem, reply.client_cert_pem, reply.mtls_port) as own:
+        assert heartbeat(own) == ["joining"]
+
+
+def test_failures_are_limited_per_peer_and_logged_without_the_secret(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    with running_head(tmp_path, auth_failures_allowed=3, auth_block_s=600) as head:
+        for attempt in range(3):
+            with head.client(token=f"guess-{attempt}-secret") as client, \
+                    pytest.raises(AuthError, match="invalid or missing API token"):
+                client.nodes()
+        with head.client() as client, pytest.raises(AuthError, match="too many failed authentications"):
+            client.nodes()  # the right token, refused unchecked for a while
+        with pytest.raises(grpc.RpcError) as joining:
+            head.register(head.tokens.join)  # the whole address is refused, whatever it presents
+        assert joining.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "guess-0-secret" not in caplog.text and head.tokens.api not in caplog.text
+    assert head.tokens.join not in caplog.text
+    assert f"credential hash {hash_token('guess-0-secret')[:8]}" in caplog.text
+
+
+def test_a_wrong_ca_hash_refuses_to_join(head: Head, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.settings.address, "--token",
+         head.tokens.join, "--ca-hash", "sha256:" + "0" * 64, "--name", "n", "--state-dir", str(tmp_path / "a")],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "did not present the CA" in result.stderr
+    assert not (tmp_path / "a" / "agents" / "n" / "ca.pem").exists()
+
+
+def test_no_token_in_ps_logs_or_the_store_and_secrets_are_private(cluster: Cluster) -> None:
+    info = read_json(cluster.state_dir / "head.json") or {}
+    secrets = [info["join_token"], info["api_token"]]
+    pids = [int(info["pid"]), *cluster.agent_pids().values()]
+    for pid in pids:
+        family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        for proc in family:
+            try:
+                line = " ".join(proc.cmdline())
+            except psutil.Error:
+                continue
+            assert not any(s in line for s in secrets), f"a token on the command line of {proc.pid}"
+    logs = [*cluster.state_dir.glob("*.log"), *cluster.state_dir.glob("agents/*/*.log")]
+    assert logs
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert not any(s in text for s in secrets), f"a token in {log}"
+    db = cluster.state_dir / "state.db"
+    stored = b"".join(p.read_bytes() for p in (db, db.with_name("state.db-wal")) if p.exists())
+    assert not any(s.encode() in stored for s in secrets)
+    private = [cluster.state_dir / "head.json", cluster.state_dir / "secrets.json",
+               cluster.state_dir / "tls" / "ca.key", cluster.state_dir / "tls" / "head.key"]
+    for path in private:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
