@@ -105,7 +105,21 @@ def _trust_head(settings: AgentSettings, ca: Path | None) -> None:
         if settings.ca_hash and found != parse_ca_hash(settings.ca_hash):
             raise UserError(f"--ca {ca} is {found}, not --ca-hash {settings.ca_hash}")
         write_private(settings.ca_path, pem)
+    elif not (settings.insecure or settings.ca_hash or settings.ca_path.exists()):
+        _trust_local_head(settings)
     pin_head_ca(settings)
+
+
+def _trust_local_head(settings: AgentSettings) -> None:
+    """An agent started on the head's own machine, from the head's state folder, for that head (`farm demo`, the
+    tests): the head's CA file there is as trustworthy as a pin, so it is taken without --ca-hash."""
+    root = settings.state_dir.parent.parent  # <state>/agents/<name>
+    info = read_json(root / "head.json") or {}
+    if info.get("address") == settings.head and info.get("tls") and info.get("ca"):
+        try:
+            write_private(settings.ca_path, Path(info["ca"]).read_bytes())
+        except OSError:
+            pass  # then --ca-hash is needed, as for any other head
 
 
 def _join_token(token: str | None, token_file: Path | None) -> str:
