@@ -50,6 +50,10 @@ def submit(
         print_json(job_json(final))
     else:
         show_summary(final)
+        if final.kind == "kernel-eval" and final.state == "succeeded":  # its results table
+            from farm.cli.kernels import results_command
+
+            results_command(job_id, json=False, head=head, token=token)
     if final.state != "succeeded":
         raise typer.Exit(1)
 

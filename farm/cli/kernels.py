@@ -1,4 +1,4 @@
-"""`farm kernels eval`: one problem's candidates measured by the hardened evaluator."""
+"""`farm kernels eval|tune|results|propose`: candidates measured by the hardened evaluator, here or on the fleet."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from farm.cli.options import Json
+from farm.cli.options import Head, Json, Token, connect
 from farm.cli.render import console, print_json
 from farm.core.errors import NotFoundError, UserError
 
 if TYPE_CHECKING:
+    from farm.core.kernels import KernelResult
     from farm_agent.tuner.evaluator import Result
 
 app = typer.Typer(help="Measure and tune implementations of models on this machine's devices.",
@@ -140,3 +141,42 @@ def tune_command(
     console.print(f"fast_{p:g}: {summary.fast_p:.0%} of {summary.problems} (correct and more than {p:.0%} faster than "
                   f"compile-default); geomean {speedup(summary.geomean_vs_eager)} vs eager, "
                   f"{speedup(summary.geomean_vs_compile)} vs compile")
+
+
+@app.command("results")
+def results_command(
+    job_id: Annotated[str, typer.Argument(help="A finished kernel-eval job's id (j-...).")],
+    json: Json = False,
+    head: Head = None,
+    token: Token = None,
+) -> None:
+    """A kernel-eval job's results table: per (problem, candidate) compiled, correct, errors, time, speedups, reward.
+    Read from the job's output folder on the head's machine (results.jsonl; results.csv beside it)."""
+    from farm.client.kernels import read_results
+
+    with connect(head, token) as client:
+        job = client.job(job_id)
+    if job.kind != "kernel-eval":
+        raise UserError(f"job {job_id} is a {job.kind} job, not kernel-eval")
+    if job.state != "succeeded":
+        raise UserError(f"job {job_id} is {job.state}: no results table" + (f" ({job.error})" if job.error else ""))
+    rows = read_results(job.output)
+    if json:
+        print_json({"job_id": job_id, "output": job.output, "results": [r.to_dict() for r in rows]})
+    else:
+        console.print(kernel_results_table(f"{job.name} ({job_id}): {job.output}/results.csv", rows))
+
+
+def kernel_results_table(title: str, rows: list[KernelResult]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("PROBLEM", "CANDIDATE", "NODE", "COMPILED", "CORRECT", "MAX ERR", "MEDIAN MS", "VS EAGER",
+                   "VS COMPILE", "REWARD", "NOTE"):
+        table.add_column(column, justify="left" if column in ("PROBLEM", "CANDIDATE", "NODE", "NOTE") else "right")
+    for r in rows:
+        table.add_row(
+            r.problem, r.candidate + (" (lower precision)" if r.lowers_precision else ""),
+            f"{r.node} {r.device}".strip(), yes_no(r.compiled), yes_no(r.correct), number(r.max_abs_err),
+            f"{r.median_ms:.4f}" if r.median_ms is not None else "-", speedup(r.speedup_vs_eager),
+            speedup(r.speedup_vs_compile), f"{r.reward:g}", r.error,
+        )
+    return table

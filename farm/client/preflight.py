@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.core.errors import SpecError
-from farm.core.spec import JobSpec, parse_spec
+from farm.core.spec import JobKind, JobSpec, parse_spec
 
 # Never shipped with a job: environments, caches, and hidden folders (VCS data, tool state).
 EXCLUDED_DIRS = {"venv", "__pycache__", "node_modules"}
@@ -43,6 +43,10 @@ def read_spec(spec_path: Path, workdir: Path) -> tuple[str, JobSpec]:
 def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     """Parse the spec, load its model and dataset as a node would, and zip the working directory."""
     spec_yaml, spec = read_spec(spec_path, workdir)
+    if spec.kind is JobKind.KERNEL_EVAL:  # no model nor dataset: folders of problems and candidates
+        from farm.client.kernels import prepare_kernel_eval
+
+        return prepare_kernel_eval(spec, spec_yaml, workdir)
     workdir = workdir.resolve()
     from farm_agent.jobcode import load_dataset, load_model
 

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from farm.core.errors import SpecError
 from farm.core.frozen import Frozen
+from farm.core.kernels import RewardMode
 from farm.core.models import BackendName
 
 CALLABLE_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
@@ -93,12 +94,29 @@ class Training(Frozen):
 LOSSES = ("cross_entropy", "mse")
 
 
+class KernelEval(Frozen):
+    """What a `kind: kernel-eval` job adds: folders of problems and candidates (candidates/<problem stem>/*.py),
+    judged by the hardened evaluator on the job's backends (cuda or cpu)."""
+
+    problems: str  # folder of problem files, relative to the working directory
+    candidates: str  # folder of <problem stem>/<name>.py candidate files
+    reward: RewardMode = RewardMode.SPEEDUP
+    margin: float = Field(default=0.05, ge=0, le=10)  # milestones: "faster" means faster by more than this
+    timeout_s: float = Field(default=60.0, gt=0, le=3600)  # per candidate, its compile included
+    memory_mb: int | None = Field(default=4096, ge=64)  # per candidate: its GPU memory share, or its RSS on a CPU
+    runs: int = Field(default=20, ge=1, le=10_000)  # timed runs per candidate; the median is reported
+    candidates_per_shard: int = Field(default=16, ge=1, le=10_000)  # a shard holds one problem's candidates
+
+
+KERNEL_EVAL_BACKENDS = ("cuda", "cpu")  # where the evaluator runs
+
+
 class JobSpec(Frozen):
     name: str
     kind: JobKind = JobKind.INFERENCE
-    model: str
+    model: str | None = None  # required by every kind but kernel-eval
     weights: str | None = None
-    dataset: str
+    dataset: str | None = None  # required by every kind but kernel-eval
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
     batch_size: int = Field(default=64, ge=1, le=1_000_000)
     backends: tuple[BackendName, ...] = tuple(BackendName)
@@ -110,6 +128,16 @@ class JobSpec(Frozen):
     tune_budget_s: float | None = Field(default=None, gt=0, le=3600)
     output: str | None = None
     training: Training | None = None  # kind: training only; batch_size is then the global batch
+    kernel_eval: KernelEval | None = None  # kind: kernel-eval only
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_and_dataset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") != JobKind.KERNEL_EVAL.value:
+            for name in ("model", "dataset"):
+                if data.get(name) is None:
+                    raise ValueError(f"missing required field '{name}'")
+        return data
 
     @field_validator("name")
     @classmethod
@@ -120,15 +148,15 @@ class JobSpec(Frozen):
 
     @field_validator("model")
     @classmethod
-    def _model(cls, value: str) -> str:
-        if not CALLABLE_PATH.match(value):
+    def _model(cls, value: str | None) -> str | None:
+        if value is not None and not CALLABLE_PATH.match(value):
             raise ValueError(f"{value!r} is not of the form package.module:callable")
         return value
 
     @field_validator("dataset")
     @classmethod
-    def _dataset(cls, value: str) -> str:
-        if not (CALLABLE_PATH.match(value) or value.endswith(DATA_FILE_SUFFIXES)):
+    def _dataset(cls, value: str | None) -> str | None:
+        if value is not None and not (CALLABLE_PATH.match(value) or value.endswith(DATA_FILE_SUFFIXES)):
             raise ValueError(f"{value!r} is neither package.module:callable nor a .npy, .npz or .pt file")
         return value
 
@@ -153,9 +181,26 @@ class JobSpec(Frozen):
             raise ValueError(f"a 'training' section does not go with kind '{self.kind.value}'")
         return self
 
+    @model_validator(mode="after")
+    def _kernel_eval(self) -> JobSpec:
+        if self.kind is JobKind.KERNEL_EVAL:
+            if self.kernel_eval is None:
+                raise ValueError("kind 'kernel-eval' needs a 'kernel_eval' section (problems, candidates, ...)")
+            if not self.kernel_eval_backends:
+                raise ValueError(f"kind 'kernel-eval' runs on {' or '.join(KERNEL_EVAL_BACKENDS)}: "
+                                 "allow one of them in backends")
+        elif self.kernel_eval is not None:
+            raise ValueError(f"a 'kernel_eval' section does not go with kind '{self.kind.value}'")
+        return self
+
+    @property
+    def kernel_eval_backends(self) -> tuple[BackendName, ...]:
+        """The allowed backends the kernel evaluator can run on."""
+        return tuple(b for b in self.backends if b.value in KERNEL_EVAL_BACKENDS)
+
     @property
     def dataset_is_file(self) -> bool:
-        return not CALLABLE_PATH.match(self.dataset)
+        return self.dataset is not None and not CALLABLE_PATH.match(self.dataset)
 
     @property
     def output_dir(self) -> str:
@@ -171,6 +216,8 @@ def parse_spec(text: str, source: str = "spec") -> JobSpec:
         where = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
         raise SpecError(f"{source}: not valid YAML{where}: {problem}") from None
+    except RecursionError:  # PyYAML parses nesting recursively: "[[[[..." a few hundred deep exhausts the stack
+        raise SpecError(f"{source}: not valid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
     try:

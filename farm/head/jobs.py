@@ -12,6 +12,7 @@ from pathlib import Path
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
 from farm.core.spec import JobKind, JobSpec, parse_spec, shard_ranges
+from farm.head import kernel_jobs
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.settings import HeadSettings
@@ -29,11 +30,13 @@ class Jobs:
     def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
         """Validate, then persist the job, its code and its shards before anyone is told it exists."""
         spec = parse_spec(spec_yaml, "spec")
-        if spec.kind is JobKind.KERNEL_EVAL:
-            raise SpecError(f"job kind '{spec.kind.value}' is not supported by this head yet")
+        if spec.kind is JobKind.KERNEL_EVAL:  # items are (problem, candidate) pairs, found in the code itself
+            pairs, ranges = kernel_jobs.plan(spec, _zip_names(code_zip))
+            items = len(pairs)
         if items < 1:
             raise SpecError("the dataset is empty")
-        ranges = shard_ranges(items, spec.shards)
+        if spec.kind is not JobKind.KERNEL_EVAL:
+            ranges = shard_ranges(items, spec.shards)
         if spec.training is not None:  # shards are stretches of steps between checkpoints; items are samples
             if spec.batch_size > items:
                 raise SpecError(f"batch_size {spec.batch_size} is larger than the dataset ({items} items)")
@@ -91,6 +94,8 @@ class Jobs:
 def model_key(spec: JobSpec, code_zip: bytes) -> str:
     """What calibration is keyed by: the model, its weights, its inputs and batch size. Jobs that share a key share
     their measurements, so a model's second job starts from the first one's figures."""
+    if spec.kind is JobKind.KERNEL_EVAL:  # items are (problem, candidate) pairs: only the same ones time alike
+        return hashlib.sha256(b"kernel-eval\0" + code_zip).hexdigest()[:16]
     digest = hashlib.sha256(f"{spec.model}\0{spec.dataset}\0{spec.batch_size}\0".encode())
     if spec.weights:
         with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:

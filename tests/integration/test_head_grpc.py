@@ -100,7 +100,11 @@ def test_an_accepted_job_is_in_the_store_before_submit_returns(head: Head) -> No
     ("spec", "names", "items", "output", "message"),
     [
         (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval"), ("toyjob.py", "w.pt"), 10, "/o",
-         "job kind 'kernel-eval' is not supported"),
+         "kind 'kernel-eval' needs a 'kernel_eval' section"),
+        (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c}"),
+         ("toyjob.py", "w.pt"), 10, "/o", "kernel_eval.problems: no problem files"),
+        (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c}"),
+         ("p/a.py", "c/b/x.py"), 10, "/o", "folder 'b' matches no problem file"),
         (SPEC.replace("name: toy", "name: toy\nkind: training\ntraining: {steps: 5}"), ("toyjob.py", "w.pt"), 10,
          "/o", "batch_size 64 is larger than the dataset"),
         (SPEC, ("toyjob.py",), 10, "/o", "weights 'w.pt' is not in the job's code"),
