@@ -27,8 +27,9 @@ def _farm_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
 class LocalFarm:
     """A real head and `agents` real agents (each `--detach`, `--cpus cpus`) in a temporary state directory."""
 
-    def __init__(self, agents: int, cpus: int) -> None:
+    def __init__(self, agents: int, cpus: int, insecure: bool = False) -> None:
         self.agents, self.cpus = agents, cpus
+        self.insecure = insecure  # a head without TLS (the control-plane benchmark measures gRPC itself)
         self.state = Path(tempfile.mkdtemp(prefix="farm-bench-"))
         self.head: HeadInfo | None = None
         self.leftover: set[int] = set()
@@ -46,13 +47,15 @@ class LocalFarm:
 
     def _start(self) -> None:
         done = _farm_cli("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
-                         str(free_port()), "--state-dir", str(self.state), "--detach")
+                         str(free_port()), "--state-dir", str(self.state), "--detach",
+                         *(["--insecure"] if self.insecure else []))
         if done.returncode != 0:
             raise RuntimeError(f"farm head start: {done.stderr.strip()}")
         self.head = find_head(state_dir=self.state)
         procs = [
             subprocess.Popen([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", self.head.address,
-                              "--token", self.head.join_token, "--ca-hash", self.head.ca_hash, "--name", f"bench-{i}", "--cpus", str(self.cpus),
+                              "--token", self.head.join_token, "--name", f"bench-{i}", "--cpus", str(self.cpus),
+                              *(["--insecure"] if self.insecure else ["--ca-hash", self.head.ca_hash]),
                               "--state-dir", str(self.state), "--detach",
                               "--max-foreign-cpu", "100"],  # agents sharing one host are not each other's owner
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)

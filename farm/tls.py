@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import cast
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from farm.core.errors import AuthError, HeadUnavailableError, UserError
@@ -101,7 +103,7 @@ class HeadTLS:
         ca_pem, ca_key_pem = ca_path.read_bytes(), ca_key_path.read_bytes()
         server_path, server_key_path = folder / "head.pem", folder / "head.key"
         if not (server_key_path.exists() and server_path.exists()
-                and _still_good(server_path.read_bytes(), wanted)):
+                and _still_good(server_path.read_bytes(), ca_pem, wanted)):
             key = ec.generate_private_key(ec.SECP256R1())
             cert = _issue(ca_pem, ca_key_pem, "Farm head", key.public_key(), ExtendedKeyUsageOID.SERVER_AUTH,
                           SERVER_DAYS, wanted)
@@ -125,9 +127,15 @@ class HeadTLS:
                                 NODE_DAYS, []))
 
 
-def _still_good(chain_pem: bytes, names: list[str]) -> bool:
+def _still_good(chain_pem: bytes, ca_pem: bytes, names: list[str]) -> bool:
+    """The server certificate is of this CA (a CA adopted from a Secret replaces the first one), far from its end,
+    and names every name."""
     cert = x509.load_pem_x509_certificate(chain_pem)
     if cert.not_valid_after_utc - _now() < datetime.timedelta(days=RENEW_WITHIN_DAYS):
+        return False
+    try:
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca_pem))
+    except (ValueError, TypeError, InvalidSignature):
         return False
     try:
         sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -139,7 +147,8 @@ def _still_good(chain_pem: bytes, names: list[str]) -> bool:
 def _issue(ca_pem: bytes, ca_key_pem: bytes, common_name: str, public_key: ec.EllipticCurvePublicKey,
            usage: x509.ObjectIdentifier, days: int, names: list[str]) -> x509.Certificate:
     ca = x509.load_pem_x509_certificate(ca_pem)
-    ca_key = cast(ec.EllipticCurvePrivateKey, serialization.load_pem_private_key(ca_key_pem, password=None))
+    # EC when the head made the CA; RSA from Helm's genCA.
+    ca_key = cast(CertificateIssuerPrivateKeyTypes, serialization.load_pem_private_key(ca_key_pem, password=None))
     builder = (x509.CertificateBuilder()
                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                .issuer_name(ca.subject).public_key(public_key).serial_number(x509.random_serial_number())

@@ -12,7 +12,7 @@ import typer
 from farm.cli.options import Json, StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
-from farm.local import pid_alive, primary_ip, read_json, terminate, write_json
+from farm.local import pid_alive, primary_ip, read_json, terminate, write_json, write_private
 from farm.tls import ca_hash, join_command
 
 if TYPE_CHECKING:
@@ -100,6 +100,10 @@ def _adopt_secrets(folder: Path, settings: HeadSettings) -> None:
             raise UserError(f"--secrets-dir: {folder / key} is empty")
     check_can_start(settings)  # never swap the tokens under a head that runs from this state folder
     write_json(settings.state_dir / "secrets.json", tokens)
+    # The CA too, when the Secret has one (the chart makes it, so that agents can trust it before the head runs).
+    if (folder / "ca.crt").exists() and (folder / "ca.key").exists():
+        write_private(settings.tls_dir / "ca.pem", (folder / "ca.crt").read_bytes())
+        write_private(settings.tls_dir / "ca.key", (folder / "ca.key").read_bytes())
 
 
 def _start_detached(directory: Path, argv: list[str]) -> None:

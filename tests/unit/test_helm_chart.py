@@ -60,22 +60,23 @@ def test_default_render() -> None:
                             ("Service", "rel-farm-head-headless"), ("StatefulSet", "rel-farm-head")}
 
 
-@pytest.mark.parametrize("ports", [{"grpc": 7700, "ray": 7701, "dashboard": 7702},
-                                   {"grpc": 9000, "ray": 9100, "dashboard": 8080}])
+@pytest.mark.parametrize("ports", [{"grpc": 7700, "ray": 7701, "dashboard": 7702, "mtls": 7703},
+                                   {"grpc": 9000, "ray": 9100, "dashboard": 8080, "mtls": 9001}])
 def test_head_ports_flags_and_service_agree(ports: dict[str, int]) -> None:
     objects = render({"head": {"ports": ports}})
     head = container(objects[("StatefulSet", "rel-farm-head")])
     assert head["command"][:3] == ["farm", "head", "start"]
     flags = options(head["command"])
     assert set(flags) <= cli_options(head_cli.app, "start"), "every flag must exist on the real `farm head start`"
-    assert (int(flags["port"]), int(flags["ray-port"]), int(flags["dashboard-port"])) == (
-        ports["grpc"], ports["ray"], ports["dashboard"])
+    assert (int(flags["port"]), int(flags["ray-port"]), int(flags["dashboard-port"]), int(flags["mtls-port"])) == (
+        ports["grpc"], ports["ray"], ports["dashboard"], ports["mtls"])
     container_ports = {p["name"]: p["containerPort"] for p in head["ports"]}
-    assert container_ports == {"grpc": ports["grpc"], "ray-gcs": ports["ray"], "dashboard": ports["dashboard"]}
+    assert container_ports == {"grpc": ports["grpc"], "ray-gcs": ports["ray"], "dashboard": ports["dashboard"],
+                               "mtls": ports["mtls"]}
     service = objects[("Service", "rel-farm-head")]["spec"]
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["ports"]} == {
         "grpc": (ports["grpc"], "grpc"), "ray-gcs": (ports["ray"], "ray-gcs"),
-        "dashboard": (ports["dashboard"], "dashboard")}
+        "dashboard": (ports["dashboard"], "dashboard"), "mtls": (ports["mtls"], "mtls")}
     assert service["selector"] == objects[("StatefulSet", "rel-farm-head")]["spec"]["template"]["metadata"]["labels"]
     # The head advertises its pod's IP: Ray's own ports on it are reached directly, not through the Service.
     (advertise,) = [e for e in head["env"] if e["name"] == "FARM_ADVERTISE"]
@@ -96,12 +97,14 @@ def test_secret_is_mounted_where_the_head_is_told() -> None:
     assert volume["secret"]["defaultMode"] == 0o440 and security["fsGroup"] == security["runAsGroup"]
     # The files the head reads (join-token, api-token) come from keys the Secret has.
     secret = objects[("Secret", "rel-farm-tokens")]
-    assert {i["key"]: i["path"] for i in volume["secret"]["items"]} == {"join-token": "join-token",
-                                                                       "api-token": "api-token"}
+    assert {i["key"]: i["path"] for i in volume["secret"]["items"]} == {
+        "join-token": "join-token", "api-token": "api-token", "ca.crt": "ca.crt", "ca.key": "ca.key"}
     import base64
 
-    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {"join-token": "jt",
-                                                                                   "api-token": "at"}
+    data = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert (data.pop("join-token"), data.pop("api-token")) == ("jt", "at")
+    # The CA the chart made: the head adopts it (--secrets-dir), the agents trust it (--ca).
+    assert data["ca.crt"].startswith("-----BEGIN CERTIFICATE-----") and "PRIVATE KEY" in data["ca.key"]
     # The state folder is the claim's mount.
     assert options(head["command"])["state-dir"] == mounts["state"]["mountPath"] == "/var/lib/farm"
     (claim,) = statefulset["spec"]["volumeClaimTemplates"]
@@ -122,7 +125,12 @@ def test_generated_tokens_and_an_existing_secret() -> None:
 
 def test_secrets_dir_feeds_the_tokens_the_head_loads(tmp_path: Path) -> None:
     """`farm head start --secrets-dir` (what the chart passes) puts the mounted tokens where the head loads them."""
+    import base64
+
+    from cryptography import x509
+
     from farm.head.auth import Tokens
+    from farm.head.server import head_tls
     from farm.head.settings import HeadSettings
     from farm.local import free_port
 
@@ -132,9 +140,16 @@ def test_secrets_dir_feeds_the_tokens_the_head_loads(tmp_path: Path) -> None:
     (mounted / "api-token").write_text("the-api\n")
     settings = HeadSettings(state_dir=tmp_path / "state", host="127.0.0.1", advertise="127.0.0.1", port=free_port(),
                             ray_port=free_port())
+    ca = render()[("Secret", "rel-farm-tokens")]["data"]  # a CA as Helm's genCA makes it (RSA)
+    (mounted / "ca.crt").write_bytes(base64.b64decode(ca["ca.crt"]))
+    (mounted / "ca.key").write_bytes(base64.b64decode(ca["ca.key"]))
     head_cli._adopt_secrets(mounted, settings)
     tokens = Tokens.load_or_create(settings.state_dir, settings.ray_token_path)
     assert (tokens.join, tokens.api) == ("the-join", "the-api")
+    tls = head_tls(settings)  # the head's certificate, signed by the chart's CA
+    assert tls.ca_pem == (mounted / "ca.crt").read_bytes()
+    server = x509.load_pem_x509_certificate(tls.server_chain_pem)
+    server.verify_directly_issued_by(x509.load_pem_x509_certificate(tls.ca_pem))
     (mounted / "api-token").unlink()
     with pytest.raises(UserError, match="cannot read .*api-token"):
         head_cli._adopt_secrets(mounted, settings)
@@ -176,6 +191,11 @@ def test_gpu_agents_only_when_enabled() -> None:
     (join,) = [v for v in spec["volumes"] if v["name"] == "join"]
     assert flags["token-file"] == f"{mounts['join']}/{join['secret']['items'][0]['path']}"
     assert join["secret"]["secretName"] == "rel-farm-tokens" and join["secret"]["items"][0]["key"] == "join-token"
+    # The head's CA, from the same Secret: the agent trusts the head through it, and the head's certificate names
+    # the Service the agent dials.
+    assert {"key": "ca.crt", "path": "ca.crt"} in join["secret"]["items"] and flags["ca"] == f"{mounts['join']}/ca.crt"
+    head = options(container(objects[("StatefulSet", "rel-farm-head")])["command"])
+    assert flags["head"].rpartition(":")[0] == head["tls-name"]
     assert spec["terminationGracePeriodSeconds"] >= 60  # time for the agent to drain its Ray node
 
 
