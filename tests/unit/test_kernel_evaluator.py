@@ -172,3 +172,46 @@ def test_results_round_trip_through_json_with_infinities() -> None:
     data = r.to_dict()
     assert data["max_abs_err"] is None and data["excess"] == [[0.0, None]]
     assert Result.from_dict(data) == r
+
+
+PRECISION = KERNELS / "precision"
+
+
+def test_the_eager_baseline_and_fp32_candidates_run_without_tf32_convolutions() -> None:
+    # PyTorch lets cuDNN use TF32 by default; the probe doubles its answer when it may, and so is judged correct only
+    # where the flag is off. A candidate that declares it lowers precision starts from PyTorch's default.
+    probe = PRECISION / "tf32_probe_new.py"
+    results = by_name(evaluate(PRECISION / "tf32_probe.py", [
+        Candidate(name="fp32", file=probe), Candidate(name="lower", file=probe, lowers_precision=True),
+    ], device="cpu", runs=2, timeout_s=60))
+    assert results["eager"].correct, results["eager"].error
+    assert results["fp32"].correct, results["fp32"].error
+    assert not results["lower"].correct and results["lower"].lowers_precision
+
+
+def test_inductor_compile_pool_threads_are_allowed_and_lookalikes_are_not() -> None:
+    import threading
+    import time
+
+    from torch._inductor.compile_worker.subproc_pool import SubprocPool
+    from torch._inductor.compile_worker.timer import Timer
+
+    from farm_agent.tuner.worker import is_inductor_thread, new_threads, threads_now
+
+    before = threads_now()
+    pool = SubprocPool.__new__(SubprocPool)  # no worker process: only its bound quiesce is needed
+    inductors = Timer(600, pool.quiesce)  # what SubprocPool builds: its thread is "subproc_worker_timer"
+    inductors.record_call()
+    user_work = Timer(600, lambda: None)  # Inductor's Timer running someone else's callback
+    user_work.record_call()
+    impostor = threading.Thread(target=time.sleep, args=(600,), name="subproc_worker_timer", daemon=True)
+    impostor.start()
+    try:
+        assert inductors.background_thread is not None and inductors.background_thread.name == "subproc_worker_timer"
+        assert is_inductor_thread(inductors.background_thread)
+        assert user_work.background_thread is not None and not is_inductor_thread(user_work.background_thread)
+        assert not is_inductor_thread(impostor)
+        assert new_threads(before) == ["subproc_worker_timer", "subproc_worker_timer"]  # the two lookalikes
+    finally:
+        inductors.quit()
+        user_work.quit()

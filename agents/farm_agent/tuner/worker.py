@@ -38,6 +38,8 @@ import torch
 # needs inductor; importing them in every child would cost each child those seconds.
 import torch._dynamo  # noqa: F401
 import torch._inductor  # noqa: F401
+from torch._inductor.compile_worker.subproc_pool import SubprocPool
+from torch._inductor.compile_worker.timer import Timer as InductorTimer
 from torch.utils.flop_counter import FlopCounterMode
 
 from farm_agent.tuner.problem import MODEL_SEED, Problem, import_candidate, load_problem, one_line
@@ -76,10 +78,37 @@ def _allowed_thread_classes() -> tuple[type, ...]:
 
 _ALLOWED_THREADS = _allowed_thread_classes()
 
+# Inductor's compile-worker pool starts threads of its own (torch.compile inside a candidate, or the compile-default
+# baseline): the pool's reader and its quiesce timer ("subproc_worker_timer"), which outlive the call that started
+# them. A thread's name proves nothing (anyone can name a thread so), so a thread is Inductor's only when it is a
+# plain Thread whose target is one of these functions, as taken here before any candidate ran, bound to an object of
+# exactly Inductor's class; and the timer's callback must itself be the pool's quiesce. Such a thread can only run
+# Inductor's own code, never a candidate's work.
+_TIMER_CHECK = InductorTimer.check
+_POOL_READ = SubprocPool._read_thread
+_POOL_QUIESCE = SubprocPool.quiesce
+
+
+def _bound(method: object, function: object, owner: type) -> bool:
+    return getattr(method, "__func__", None) is function and type(getattr(method, "__self__", None)) is owner
+
+
+def is_inductor_thread(thread: threading.Thread) -> bool:
+    if type(thread) is not threading.Thread:
+        return False
+    target = getattr(thread, "_target", None)  # CPython keeps it while the thread runs
+    if _bound(target, _POOL_READ, SubprocPool):
+        return True
+    timer = getattr(target, "__self__", None)
+    return _bound(target, _TIMER_CHECK, InductorTimer) and _bound(getattr(timer, "call", None), _POOL_QUIESCE,
+                                                                   SubprocPool)
+
 
 def new_threads(before: set[threading.Thread]) -> list[str]:
-    """Threads alive now that were not before (a compiler's progress-bar monitor apart)."""
-    return sorted(t.name for t in _enumerate_threads() if t not in before and type(t) not in _ALLOWED_THREADS)
+    """Threads alive now that were not before (a compiler's progress-bar monitor and Inductor's compile-pool threads
+    apart)."""
+    return sorted(t.name for t in _enumerate_threads()
+                  if t not in before and type(t) not in _ALLOWED_THREADS and not is_inductor_thread(t))
 
 
 class Rejected(Exception):
@@ -102,6 +131,7 @@ def guarded_callables(problem: Problem) -> dict[str, object]:
         ("torch.cuda.Stream", torch.cuda.Stream), ("torch.linalg", torch.linalg), ("torch.nn.Module", torch.nn.Module),
         ("worker", sys.modules[__name__]), ("farm_agent.tuner.problem", sys.modules[Problem.__module__]),
         ("Problem", Problem), ("problem", problem.module), ("Model", problem.module.Model),
+        ("InductorTimer", InductorTimer), ("SubprocPool", SubprocPool),
     ]
     found: dict[str, object] = {}
     for label, owner in owners:
@@ -194,6 +224,16 @@ def strict_precision() -> Iterator[None]:
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
         torch.set_float32_matmul_precision(saved[2])
+
+
+def precision_flags(lowers_precision: bool) -> None:
+    """The global precision flags a candidate starts from. PyTorch's own defaults let cuDNN convolutions use TF32
+    (torch.backends.cudnn.allow_tf32 is True): the eager baseline, and any candidate that does not declare that it
+    lowers precision, runs in full fp32 instead, so that a fp32 candidate is not timed against a TF32 baseline. One
+    that lowers precision starts from PyTorch's defaults (and sets what it needs itself)."""
+    torch.backends.cudnn.allow_tf32 = lowers_precision
+    torch.backends.cuda.matmul.allow_tf32 = False  # PyTorch's default as well
+    torch.set_float32_matmul_precision("highest")
 
 
 class Errors:
@@ -393,6 +433,7 @@ class Session:
             "max_abs_err": math.inf, "rel_norm_err": math.inf, "max_scaled_err": math.inf, "excess": [],
             "median_ms": None, "min_ms": None, "runs": 0, "error": "",
         }
+        precision_flags(lowers_precision=bool(candidate.get("lowers_precision")))
         guard = guarded_callables(self.problem)
         errors = Errors(self.atol, self.rtol)
         try:
