@@ -2,7 +2,7 @@
 # Bootstrap a spare device for Farm: a dedicated virtual environment with Farm and the extras this hardware needs,
 # then the node agent installed as a service (systemd on Linux, launchd on macOS) that starts at boot.
 #
-#   agents/install.sh --head HOST:PORT --token-file FILE [--name N] [--cpus N] [--user]
+#   agents/install.sh --head HOST:PORT --token-file FILE --ca-hash sha256:HEX [--name N] [--cpus N] [--user]
 #
 # Safe to run twice: an existing environment is reused, Farm is reinstalled only when the source or the extras
 # changed (or with --upgrade), and installing the service again rewrites the same files.
@@ -10,11 +10,13 @@ set -euo pipefail
 
 usage() {
     cat <<'EOF'
-usage: install.sh --head HOST:PORT (--token TOKEN | --token-file FILE) [options]
+usage: install.sh --head HOST:PORT (--token TOKEN | --token-file FILE) (--ca-hash sha256:HEX | --insecure) [options]
 
   --head HOST:PORT     the head's gRPC address (what `farm head start` printed)
   --token TOKEN        the join token (visible in `ps` while this runs: prefer --token-file)
   --token-file FILE    a file holding the join token
+  --ca-hash sha256:HEX the hash of the head's CA (in the join line): the agent pins the head's CA with it
+  --insecure           a head started with --insecure (no TLS)
   --name NAME          the node's name (default: the host name)
   --cpus N             CPU cores to offer (default: all)
   --user               a per-user service (systemd --user, a LaunchAgent); default: a system service (uses sudo)
@@ -35,19 +37,21 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PREFIX="$HOME/.farm/venv"
 FROM=$(dirname "$HERE")
 PYTHON=python3
-HEAD="" TOKEN="" TOKEN_FILE="" NAME="" CPUS=""
+HEAD="" TOKEN="" TOKEN_FILE="" NAME="" CPUS="" CA_HASH="" INSECURE=0
 USER_SCOPE=0 NO_EXTRAS=0 NO_DEPS=0 NO_SERVICE=0 UPGRADE=0 DRY_RUN=0
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --head|--token|--token-file|--name|--cpus|--prefix|--from|--python)
+        --head|--token|--token-file|--name|--cpus|--prefix|--from|--python|--ca-hash)
             [ $# -ge 2 ] || die "$1 needs a value"
             case "$1" in
                 --head) HEAD=$2 ;; --token) TOKEN=$2 ;; --token-file) TOKEN_FILE=$2 ;; --name) NAME=$2 ;;
                 --cpus) CPUS=$2 ;; --prefix) PREFIX=$2 ;; --from) FROM=$2 ;; --python) PYTHON=$2 ;;
+                --ca-hash) CA_HASH=$2 ;;
             esac
             shift 2 ;;
         --user) USER_SCOPE=1; shift ;;
+        --insecure) INSECURE=1; shift ;;
         --no-extras) NO_EXTRAS=1; shift ;;
         --no-deps) NO_DEPS=1; shift ;;
         --no-service) NO_SERVICE=1; shift ;;
@@ -67,6 +71,8 @@ if [ "$NO_SERVICE" = 0 ]; then
         [ -r "$TOKEN_FILE" ] || die "--token-file $TOKEN_FILE: not a readable file"
         TOKEN_FILE=$(cd "$(dirname "$TOKEN_FILE")" && pwd)/$(basename "$TOKEN_FILE")  # sudo may change directory
     fi
+    if [ -n "$CA_HASH" ] && [ "$INSECURE" = 1 ]; then die "give --ca-hash or --insecure, not both"; fi
+    [ -n "$CA_HASH" ] || [ "$INSECURE" = 1 ] || die "--ca-hash (from the join line) or --insecure is required"
 fi
 [[ -z "$CPUS" || "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "--cpus $CPUS: expected a positive whole number"
 
@@ -140,6 +146,7 @@ ARGS=(agent install --head "$HEAD")
 if [ -n "$TOKEN_FILE" ]; then ARGS+=(--token-file "$TOKEN_FILE"); else ARGS+=(--token "$TOKEN"); fi
 [ -z "$NAME" ] || ARGS+=(--name "$NAME")
 [ -z "$CPUS" ] || ARGS+=(--cpus "$CPUS")
+if [ "$INSECURE" = 1 ]; then ARGS+=(--insecure); else ARGS+=(--ca-hash "$CA_HASH"); fi
 [ "$USER_SCOPE" = 0 ] || ARGS+=(--user)
 [ "$DRY_RUN" = 0 ] || ARGS+=(--dry-run)
 SUDO=()

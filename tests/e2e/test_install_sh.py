@@ -16,6 +16,7 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
+CA_HASH = "sha256:" + "ab" * 32
 SCRIPT = ROOT / "agents" / "install.sh"
 TOKEN = "join-SECRET-0d9e"
 
@@ -70,19 +71,20 @@ def test_second_run_changes_nothing_and_installs_the_service(installed: Installe
     token_file.write_text(TOKEN + "\n")
     before = snapshot(installed.prefix, installed.home)
     again = installed.run("--from", str(ROOT), "--no-extras", "--head", "10.0.0.5:7700", "--token-file",
-                          str(token_file), "--name", "spare", "--user", "--dry-run")
+                          str(token_file), "--ca-hash", CA_HASH, "--name", "spare", "--user", "--dry-run")
     assert again.returncode == 0, again.stderr
     assert "Farm is installed in" in again.stdout and "pip install" not in again.stdout
     # The installed farm renders the unit from its own shipped templates and runs itself.
     assert (f"ExecStart={installed.prefix}/bin/farm agent start --head 10.0.0.5:7700 --token-file "
             f"{installed.home}/.farm/agents/spare/join.token --name spare") in again.stdout
+    assert f"--ca-hash {CA_HASH}" in again.stdout  # the agent pins the head's CA at its first start
     assert TOKEN not in again.stdout + again.stderr
     assert snapshot(installed.prefix, installed.home) == before
 
 
 def test_dry_run_creates_nothing(tmp_path: Path) -> None:
     result = install_sh(tmp_path, "--prefix", str(tmp_path / "venv"), "--no-extras", "--head", "h:7700",
-                        "--token", TOKEN, "--dry-run")
+                        "--token", TOKEN, "--insecure", "--dry-run")
     assert result.returncode == 0, result.stderr
     assert f"+ python3 -m venv {tmp_path / 'venv'}" in result.stdout
     assert "pip install" in result.stdout and f"{tmp_path / 'venv'}/bin/farm agent install" in result.stdout
@@ -96,6 +98,7 @@ def test_dry_run_creates_nothing(tmp_path: Path) -> None:
         (("--head", "nocolon", "--token", "t"), "expected HOST:PORT"),
         (("--head", "h:1"), "--token or --token-file is required"),
         (("--head", "h:1", "--token-file", "/nonexistent"), "not a readable file"),
+        (("--head", "h:1", "--token", "t"), "--ca-hash (from the join line) or --insecure is required"),
         (("--no-service", "--cpus", "two"), "expected a positive whole number"),
         (("--no-service", "--python", "no-such-python"), "no-such-python not found"),
         (("--no-service", "--python", "false"), "Farm needs Python 3.11 or newer"),

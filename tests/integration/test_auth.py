@@ -34,7 +34,7 @@ from farm.head.store import Store
 from farm.local import free_port, read_json
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc, fleet_pb2, job_pb2
-from farm.tls import HeadTLS, ca_hash, new_node_key
+from farm.tls import HeadTLS, ca_hash, fetch_ca, new_node_key
 from tests.conftest import ROOT, Cluster
 from tests.integration.test_head_grpc import HW
 
@@ -269,6 +269,7 @@ def test_a_wrong_ca_hash_refuses_to_join(head: Head, tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "did not present the CA" in result.stderr
     assert not (tmp_path / "a" / "agents" / "n" / "ca.pem").exists()
+    assert fetch_ca(head.settings.address, ca_hash(head.ca_pem)) == head.ca_pem  # the right hash pins the CA
 
 
 def test_no_token_in_ps_logs_or_the_store_and_secrets_are_private(cluster: Cluster) -> None:

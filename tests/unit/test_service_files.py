@@ -33,7 +33,8 @@ def farm_exe(tmp_path: Path) -> Path:
 def agent(farm_exe: Path, *, user_scope: bool = False) -> AgentService:
     """An agent whose paths need systemd's quoting: a space in the name, a % in the state folder."""
     return AgentService(farm=farm_exe, head="10.0.0.5:7700", name="box 1", state_dir=farm_exe.parents[2] / "state 100%",
-                        cpus=4, user_scope=user_scope, run_as=None if user_scope else "alice")
+                        cpus=4, user_scope=user_scope, run_as=None if user_scope else "alice",
+                        ca_hash="sha256:" + "ab" * 32)
 
 
 def verify(unit_text: str, folder: Path, user_scope: bool) -> subprocess.CompletedProcess[str]:
@@ -66,6 +67,7 @@ def test_systemd_unit_passes_systemd_analyze(farm_exe: Path, tmp_path: Path, use
     assert service.installed_command(installed) == svc.command()
     assert svc.command()[:3] == [str(farm_exe), "agent", "start"] and "--detach" not in svc.command()
     assert service.option(svc.command(), "--token-file") == str(svc.token_file)
+    assert service.option(svc.command(), "--ca-hash") == svc.ca_hash  # the agent pins the head's CA with it
     assert TOKEN not in unit and "--token " not in unit
 
 
