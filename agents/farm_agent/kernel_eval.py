@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from farm.core.errors import FarmError
 from farm.core.kernels import (
-    KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, reward, speedup,
+    KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, RewardMode, reward, speedup,
 )
 from farm_agent.power import meter_for
 
@@ -54,12 +54,10 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
                 rows[pair] = _failed(pair, f"problem: {exc.message}", task)
     seconds = time.perf_counter() - began
     by_name = {r.candidate: r for r in results}
-    eager, compiled = by_name.get("eager"), by_name.get(COMPILE_DEFAULT.name)
-    eager_ms = eager.median_ms if eager is not None and eager.correct else None
-    compile_ms = compiled.median_ms if compiled is not None and compiled.correct else None
+    eager_ms, compile_ms = baseline_times(results)
     for name, pair in runnable.items():
         if (result := by_name.get(name)) is not None:
-            rows[pair] = _row(pair, result, eager_ms, compile_ms, task)
+            rows[pair] = row(pair.stem, pair.name, result, eager_ms, compile_ms, task.reward, task.margin, task.device)
     ordered = [rows[pair] for pair in task.pairs]
     return KernelEvalShardResult(
         rows=ordered, items=len(ordered), seconds=seconds, correct=sum(r.correct for r in ordered),
@@ -67,17 +65,26 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
     )
 
 
-def _row(pair: KernelPair, result: Result, eager_ms: float | None, compile_ms: float | None,
-         task: KernelEvalTask) -> KernelResult:
+def baseline_times(results: list[Result]) -> tuple[float | None, float | None]:
+    """The eager and compile-default medians of one evaluation (None where that baseline is not correct)."""
+    by_name = {r.candidate: r for r in results}
+    eager, compiled = by_name.get("eager"), by_name.get("compile-default")
+    return (eager.median_ms if eager is not None and eager.correct else None,
+            compiled.median_ms if compiled is not None and compiled.correct else None)
+
+
+def row(problem: str, candidate: str, result: Result, eager_ms: float | None, compile_ms: float | None,
+        mode: RewardMode, margin: float, device: str) -> KernelResult:
+    """One evaluator Result as a results-table row, with its speedups and reward."""
     vs_eager = speedup(eager_ms, result.median_ms, result.correct)
     vs_compile = speedup(compile_ms, result.median_ms, result.correct)
     data = result.to_dict()  # infinities as None
     return KernelResult(
-        problem=pair.stem, candidate=pair.name, compiled=result.compiled, correct=result.correct,
+        problem=problem, candidate=candidate, compiled=result.compiled, correct=result.correct,
         max_abs_err=data["max_abs_err"], rel_norm_err=data["rel_norm_err"], median_ms=result.median_ms,
         eager_ms=eager_ms, compile_ms=compile_ms, speedup_vs_eager=vs_eager, speedup_vs_compile=vs_compile,
-        reward=reward(task.reward, result.correct, vs_eager, vs_compile, task.margin), error=result.error,
-        device=task.device, lowers_precision=result.lowers_precision,
+        reward=reward(mode, result.correct, vs_eager, vs_compile, margin), error=result.error,
+        device=device, lowers_precision=result.lowers_precision,
     )
 
 

@@ -180,3 +180,65 @@ def kernel_results_table(title: str, rows: list[KernelResult]) -> Table:
             speedup(r.speedup_vs_compile), f"{r.reward:g}", r.error,
         )
     return table
+
+
+@app.command("propose")
+def propose_command(
+    problem: Annotated[Path, typer.Argument(help="A problem file: class Model, get_inputs(), get_init_inputs().")],
+    endpoint: Annotated[str, typer.Option(help="An OpenAI-compatible API's base URL, e.g. https://host/v1.")],
+    model: Annotated[str, typer.Option(help="The code model's name at that endpoint.")],
+    rounds: Annotated[int, typer.Option(help="Proposals asked for, each told how the earlier ones did.")] = 3,
+    api_key_env: Annotated[
+        str, typer.Option("--api-key-env", help="The environment variable holding the endpoint's key.")
+    ] = "OPENAI_API_KEY",
+    fleet: Annotated[bool, typer.Option("--fleet", help="Evaluate on the farm (a kernel-eval job per round).")] = False,
+    backend: Annotated[str, typer.Option(help="--fleet: the backend to evaluate on (cuda or cpu).")] = "cuda",
+    device: Annotated[str | None, typer.Option(help="Here: cuda, cuda:N or cpu (default: cuda when there is one).")
+                      ] = None,
+    runs: Annotated[int, typer.Option(help="Timed runs per candidate (the median is reported).")] = 20,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate, compile included.")] = 60.0,
+    json: Json = False,
+    head: Head = None,
+    token: Token = None,
+) -> None:
+    """Ask an external code model for faster implementations, round after round, each judged by the hardened
+    evaluator and fed back to it; the fastest correct one wins (kept in the winner cache when evaluated here)."""
+    from farm.client.proposer import Endpoint, fleet_evaluator, local_evaluator, local_winner_cache, propose
+
+    if not problem.is_file():
+        raise NotFoundError(f"problem file {problem} not found")
+    if rounds < 1:
+        raise UserError("--rounds must be at least 1")
+    if not endpoint.startswith(("http://", "https://")):
+        raise UserError(f"--endpoint {endpoint}: give an http(s) URL")
+    chat = Endpoint(url=endpoint, model=model, api_key_env=api_key_env)
+    if fleet:
+        if backend not in ("cuda", "cpu"):
+            raise UserError(f"--backend {backend}: use cuda or cpu")
+        with connect(head, token) as client:
+            offers = {o.detail or o.device for n in client.nodes() for o in n.backends if o.name == backend and o.available}
+            hardware = ", ".join(sorted(offers)) or backend
+            proposal = propose(problem, chat, fleet_evaluator(client, backends=[backend], runs=runs,
+                                                              timeout_s=timeout_s), rounds=rounds, hardware=hardware)
+    else:
+        if device is not None and not (device == "cpu" or device == "cuda" or device.startswith("cuda:")):
+            raise UserError(f"--device {device}: use cuda, cuda:N or cpu")
+        from farm_agent.tuner.cache import device_identity
+        from farm_agent.tuner.evaluator import cuda_available  # imports torch
+
+        device = device or ("cuda" if cuda_available() else "cpu")
+        proposal = propose(problem, chat, local_evaluator(device, runs=runs, timeout_s=timeout_s), rounds=rounds,
+                           hardware=device_identity(device)[0], remember=local_winner_cache(device))
+    if json:
+        print_json(proposal.to_json())
+        return
+    rows = [r.result for r in proposal.rounds if r.result is not None]
+    console.print(kernel_results_table(f"{proposal.problem}: {rounds} rounds on {proposal.hardware}", rows))
+    for r in proposal.rounds:
+        if r.code is None:
+            console.print(f"round {r.number}: no code block in the reply")
+    if proposal.winner is None:
+        console.print("no correct proposal")
+    else:
+        console.print(f"winner: round {proposal.winner.number}" +
+                      (f", cached at {proposal.cache_path}" if proposal.cache_path else ""))

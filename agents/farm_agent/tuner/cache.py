@@ -41,12 +41,15 @@ class CacheKey:
 class Winner:
     """The fastest correct candidate for one key, with what it was measured against."""
 
-    candidate: str  # a family name (candidates.FAMILIES), which is also its transform
+    candidate: str  # a family name (candidates.FAMILIES), which is also its transform; or "proposed:<name>"
     params: dict[str, Any]
     lowers_precision: bool
     median_ms: float
     eager_ms: float | None
     compile_ms: float | None
+    # A proposed winner (farm kernels propose): the candidate file's source, defining ModelNew. No transform builds
+    # it; it is kept for whoever reuses the problem's winner.
+    source: str | None = None
 
 
 def _nvml_driver() -> str | None:

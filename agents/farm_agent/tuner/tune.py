@@ -303,7 +303,7 @@ def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance
     if winner is None and tune_first:
         tune_module(module, example_batch, tolerance, device, budget_s, cache)
         winner = cache.get(key)
-    if winner is None or winner.candidate == "eager":
+    if winner is None or winner.candidate == "eager" or winner.source is not None:  # a proposal is no transform
         return module
     try:
         return build(winner.candidate, module, [example_batch], winner.params)
