@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import logging
 import secrets
 import time
@@ -37,10 +38,12 @@ class FailureLimiter:
 
     MAX_PEERS = 10_000  # addresses remembered at most (an attacker with many addresses must not fill the memory)
 
-    def __init__(self, allowed: int, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, allowed: int, window_s: float, clock: Callable[[], float] = time.monotonic,
+                 exempt: Callable[[str], bool] = lambda peer: False) -> None:
         self.allowed = allowed
         self.window_s = window_s
         self.clock = clock
+        self.exempt = exempt
         self._failures: dict[str, deque[float]] = {}
         self._blocked_until: dict[str, float] = {}
 
@@ -56,6 +59,8 @@ class FailureLimiter:
         return left
 
     def failed(self, peer: str) -> None:
+        if self.exempt(peer):
+            return
         now = self.clock()
         if len(self._failures) >= self.MAX_PEERS and peer not in self._failures:
             self._failures.clear()
@@ -73,6 +78,13 @@ def peer_address(context: grpc.aio.ServicerContext) -> str:
     peer = str(context.peer() or "unknown")
     kind, _, rest = peer.partition(":")
     return rest.rpartition(":")[0] if kind in ("ipv4", "ipv6") else peer
+
+
+def is_loopback(peer: str) -> bool:
+    try:
+        return ipaddress.ip_address(peer.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def fingerprint(secret: str) -> str:
@@ -103,8 +115,9 @@ class Tokens:
 
     def for_server(self, settings: HeadSettings) -> Tokens:
         """The same secrets under the head's policy (open reads, client certificates, the failure limit)."""
+        exempt = (lambda peer: False) if settings.limit_loopback else is_loopback
         return Tokens(self.join, self.api, open_read=settings.open_read, node_certs=not settings.insecure,
-                      limiter=FailureLimiter(settings.auth_failures_allowed, settings.auth_block_s))
+                      limiter=FailureLimiter(settings.auth_failures_allowed, settings.auth_block_s, exempt=exempt))
 
     # ---- checks: each raises AuthError (UNAUTHENTICATED) and counts the failure against the peer
 

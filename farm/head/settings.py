@@ -34,6 +34,9 @@ class HeadSettings(BaseModel):
     open_read: bool = False  # listing nodes and jobs, a job, its logs: without the API token
     auth_failures_allowed: int = Field(default=20, ge=1)  # per peer address within auth_block_s, then refused ...
     auth_block_s: float = Field(default=60.0, gt=0)  # ... unchecked for this long
+    # Peers on this machine (127.0.0.0/8, ::1) are not limited: guessing a 192-bit token is hopeless anyway, and the
+    # limit is against the network; a local script or test that fails often must not lock out the local CLI.
+    limit_loopback: bool = False
     # Ray's own ports on the head, pinned when given (a firewall lets through only these); else Ray picks.
     ray_node_manager_port: int | None = Field(default=None, ge=1, le=65535)
     ray_object_manager_port: int | None = Field(default=None, ge=1, le=65535)

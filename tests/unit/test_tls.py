@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
 from farm.core.errors import UserError
-from farm.head.auth import FailureLimiter
+from farm.head.auth import FailureLimiter, is_loopback
 from farm.tls import HeadTLS, ca_hash, join_command, new_node_key, parse_ca_hash
 
 
@@ -88,3 +88,7 @@ def test_the_limiter_refuses_a_peer_after_its_allowance_then_forgives() -> None:
     assert limiter.blocked_for("10.0.0.1") == 60 and limiter.blocked_for("10.0.0.2") == 0
     now[0] = 121.5
     assert limiter.blocked_for("10.0.0.1") == 0
+    local = FailureLimiter(allowed=1, window_s=60, exempt=is_loopback)
+    for peer in ("127.0.0.1", "[::1]", "10.0.0.1"):
+        local.failed(peer)
+    assert (local.blocked_for("127.0.0.1"), local.blocked_for("[::1]")) == (0, 0) and local.blocked_for("10.0.0.1")
