@@ -183,6 +183,14 @@ def ray_env(token_path: Path) -> dict[str, str]:
 RAY_START_LOCK = Path(tempfile.gettempdir()) / "farm" / "ray-start.lock"
 
 
+def ray_temp_dir(node_id: str) -> Path:
+    """A worker node's own Ray folder. By default a worker node takes the head's (/tmp/ray on its host), and Ray
+    unpacks a job's code there afresh at each node's first task of the job, deleting what was there: agents sharing a
+    host (the demo, the tests, an agent restarted beside others) pulled the folder from under each other's running
+    workers (FileNotFoundError from os.getcwd()). Short, for Ray's socket paths (at most 107 bytes)."""
+    return Path(os.environ.get("RAY_TMPDIR") or "/tmp") / f"farm-ray-{node_id}"
+
+
 class RayProcess:
     """A Ray node (`ray start --block`) owned by this process: it lives in its own session and dies with `stop`."""
 

@@ -16,6 +16,12 @@ def shard_file(index: int) -> str:
     return f"shard-{index:05d}.npy"
 
 
+MANIFEST = "manifest.json"
+# How the temporary files of unfinished writes start (".shard-00007.npy.k3j_a9", ".manifest.json.x81q"): hidden, and
+# never a finished file's name.
+PARTIAL_PREFIXES = (".shard-", f".{MANIFEST}.")
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -37,11 +43,22 @@ def write_shard(output: Path, index: int, outputs: np.ndarray) -> None:
 
 
 def write_manifest(output: Path, manifest: dict[str, Any]) -> None:
-    _atomic_write(output / "manifest.json", json.dumps(manifest, indent=2).encode())
+    _atomic_write(output / MANIFEST, json.dumps(manifest, indent=2).encode())
+
+
+def remove_partial_files(output: Path) -> int:
+    """Remove the temporary files of writes that never finished (a head killed mid-write); how many. Only for a job
+    with no write in flight: at the head's start, before it runs anything."""
+    if not output.is_dir():
+        return 0
+    partial = [p for p in output.iterdir() if p.name.startswith(PARTIAL_PREFIXES) and p.is_file()]
+    for path in partial:
+        path.unlink(missing_ok=True)
+    return len(partial)
 
 
 def read_predictions(output: Path) -> np.ndarray:
     """Every shard's outputs joined back in input order, as the manifest lists them."""
-    manifest = json.loads((output / "manifest.json").read_text())
+    manifest = json.loads((output / MANIFEST).read_text())
     parts = sorted(manifest["shards"], key=lambda s: s["start"])
     return np.concatenate([np.load(output / part["file"], allow_pickle=False) for part in parts])

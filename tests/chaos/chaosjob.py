@@ -1,0 +1,37 @@
+"""Job code for the fault tests: a model slow enough that kills land mid-shard, and one that kills its own worker."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+ITEMS = 400  # 200 shards of 2 items
+DELAY_S = 0.1  # per batch: a shard of one batch takes about this long on a warm worker
+
+
+class Sleeper(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(DELAY_S)
+        return x * 2
+
+
+class WorkerKiller(torch.nn.Module):
+    """Ends its worker process as a segfault would: Ray sees a crashed worker, not an exception."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        os._exit(1)
+
+
+def sleeper() -> torch.nn.Module:
+    return Sleeper()
+
+
+def worker_killer() -> torch.nn.Module:
+    return WorkerKiller()
+
+
+def numbers() -> np.ndarray:
+    return np.arange(ITEMS * 2, dtype=np.float32).reshape(ITEMS, 2)
