@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, help="this agent's own folder (agents/NAME under Farm's state)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--max-foreign-cpu", type=float, default=90.0)
+    parser.add_argument("--drain-grace-s", type=float, default=60.0)
+    parser.add_argument("--busy-file", type=Path, default=None)
     parser.add_argument("--backends", help="comma-separated backends to offer (default: all this machine runs)")
     args = parser.parse_args()
     if args.probe:
@@ -58,7 +60,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(AgentSettings(head=args.head, token=args.token, name=args.name, state_dir=args.state_dir, cpus=args.cpus,
                         ca_hash=args.ca_hash, insecure=args.insecure,
-                        max_foreign_cpu=args.max_foreign_cpu,
+                        max_foreign_cpu=args.max_foreign_cpu, drain_grace_s=args.drain_grace_s,
+                        busy_file=args.busy_file,
                         backends=frozenset(args.backends.split(",")) if args.backends else None))
 
 

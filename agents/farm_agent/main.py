@@ -1,5 +1,10 @@
 """The node agent daemon: register, join the Ray cluster as a worker node, heartbeat, leave cleanly.
 
+When the owner needs the machine (the idle policy says busy) the node drains: the head gives it no new shards
+(it sees `busy` in the heartbeats), and once the owner has been busy for `drain_grace_s` the agent stops its Ray
+node, so that the head takes back the shards still running there (its lost-worker path re-queues each once). When the
+owner is idle again the agent starts the Ray node again and the node offers work.
+
 It stays light on purpose (no torch): shards run in the Ray worker processes it starts, not in the daemon.
 """
 
@@ -21,7 +26,7 @@ import psutil
 
 from farm.core.errors import AgentError
 from farm.core.models import BackendName, BackendOffer, Hardware
-from farm.local import RayProcess, local_ip_towards, read_json, write_json, write_private
+from farm.local import RayProcess, local_ip_towards, ray_temp_dir, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.client import HeadClient, pin_head_ca
 from farm_agent.idle import IdlePolicy
@@ -33,6 +38,10 @@ log = logging.getLogger("farm.agent")
 NODE_LABEL = "farm.io/node"
 # How often the agent retries its heartbeat stream after losing the head, in seconds.
 RECONNECT_S = 2.0
+# How long Ray's own shutdown may take when the owner's grace has run out, in seconds. Ray's drain would let running
+# tasks go on (~20 s here); the owner wants the machine back now and the shards had their grace: what is left of the
+# node is killed, and the head re-queues its shards.
+PAUSE_STOP_S = 2.0
 
 
 class Agent:
@@ -44,10 +53,14 @@ class Agent:
         self.node_token = ""
         self.interval = 2.0
         self.ray: RayProcess | None = None
+        self.ray_args: list[str] = []
         self.ray_failure: AgentError | None = None
+        self.ray_paused = False  # the agent stopped its Ray node on purpose (the owner busy past the grace)
+        self.ray_change: asyncio.Task[None] | None = None  # a stop or restart of the Ray node under way
+        self.busy_since: float | None = None  # time.monotonic() when the owner became busy; None while idle
         self.meters: dict[str, PowerMeter] = {}
         self.status: dict[str, object] = {}
-        self.idle = IdlePolicy(settings.max_foreign_cpu)
+        self.idle = IdlePolicy(settings.max_foreign_cpu, busy_file=settings.busy_file)
 
     async def run(self) -> None:
         settings = self.settings
@@ -74,15 +87,14 @@ class Agent:
         for o in offers:
             if o.available and o.slots:
                 resources[f"farm.{o.name.value}"] = resources.get(f"farm.{o.name.value}", 0) + o.slots
-        self.ray = RayProcess(
-            [
-                "--address", reply.ray_address, "--node-ip-address", address, "--num-cpus", str(settings.cpus),
-                "--num-gpus", str(len(hardware.gpus)), "--resources", json.dumps(resources),
-                "--labels", f"{NODE_LABEL}={self.node_id}",
-                "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
-            ],
-            settings.ray_token_path, settings.state_dir / "ray.log",
-        )
+        self.ray_args = [
+            "--address", reply.ray_address, "--node-ip-address", address, "--num-cpus", str(settings.cpus),
+            "--num-gpus", str(len(hardware.gpus)), "--resources", json.dumps(resources),
+            "--labels", f"{NODE_LABEL}={self.node_id}",
+            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
+            "--temp-dir", str(ray_temp_dir(self.node_id)),  # not the head's: see ray_temp_dir
+        ]
+        self.ray = self._new_ray()
         try:
             # In a thread, so that a SIGTERM during Ray's start-up is heard and the half-started node is stopped.
             starting = asyncio.create_task(asyncio.to_thread(self.ray.start))
@@ -98,19 +110,24 @@ class Agent:
                 "started_at": time.time(), "state": "joining", "ray_pid": self.ray.proc.pid if self.ray.proc else 0,
             }
             write_json(settings.status_path, self.status)
-            await self._heartbeat_until_stopped(self.ray)
+            await self._heartbeat_until_stopped()
             if self.ray_failure is not None:
                 raise self.ray_failure
         finally:
-            self.ray.stop()
+            self.ray.stop()  # a restart under way in a thread sees `stopped` and stops the node it starts
+            if self.ray_change is not None:
+                await asyncio.gather(self.ray_change, return_exceptions=True)
             await self.client.deregister(self.node_id, self.node_token)
             await self.client.close()
             settings.status_path.unlink(missing_ok=True)
             log.info("stopped")
 
-    async def _heartbeat_until_stopped(self, ray: RayProcess) -> None:
+    def _new_ray(self) -> RayProcess:
+        return RayProcess(self.ray_args, self.settings.ray_token_path, self.settings.state_dir / "ray.log")
+
+    async def _heartbeat_until_stopped(self) -> None:
         while not self.stopping.is_set():
-            call = self.client.heartbeats(self._beats(ray))
+            call = self.client.heartbeats(self._beats())
             try:
                 async for reply in call:
                     if reply.state != self.status["state"]:  # `farm agent start --detach` waits on this
@@ -125,9 +142,10 @@ class Agent:
             except asyncio.TimeoutError:
                 pass
 
-    async def _beats(self, ray: RayProcess) -> AsyncIterator[agent_pb2.HeartbeatRequest]:
+    async def _beats(self) -> AsyncIterator[agent_pb2.HeartbeatRequest]:
         while not self.stopping.is_set():
-            if not ray.running:  # the node cannot work without its Ray worker: leave, and say why
+            ray = self.ray
+            if ray is not None and not self.ray_paused and not ray.running:  # no work without it: leave, say why
                 self.ray_failure = ray.failure()
                 self.stopping.set()
                 return
@@ -135,15 +153,55 @@ class Agent:
             if busy != self.status.get("busy", ""):
                 log.info("owner %s", f"busy: {busy}; taking no new shards" if busy else "idle again; offering work")
                 self.status["busy"] = busy
+            self._follow_owner(busy)
             yield agent_pb2.HeartbeatRequest(
                 node_id=self.node_id, node_token=self.node_token, cpu_percent=self.idle.machine_percent,
-                memory_percent=psutil.virtual_memory().percent, ray_running=True, power=self._power(), busy=busy,
+                memory_percent=psutil.virtual_memory().percent, ray_running=not self.ray_paused, power=self._power(),
+                busy=busy,
             )
             try:
                 await asyncio.wait_for(self.stopping.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
 
+    def _follow_owner(self, busy: str) -> None:
+        """Stop the Ray node once the owner has been busy for the grace; start it again once they are idle. Each
+        change runs in a thread (a Ray node takes seconds to stop or start) while the heartbeats go on."""
+        if self.ray is None or (self.ray_change is not None and not self.ray_change.done()):
+            return
+        now = time.monotonic()
+        if busy:
+            self.busy_since = now if self.busy_since is None else self.busy_since
+            if not self.ray_paused and now - self.busy_since >= self.settings.drain_grace_s:
+                log.info("owner busy for %.0f s (grace %.0f s): stopping the Ray node; the head takes back its shards",
+                         now - self.busy_since, self.settings.drain_grace_s)
+                self.ray_paused = True
+                self.ray_change = asyncio.create_task(self._stop_ray(self.ray))
+        else:
+            self.busy_since = None
+            if self.ray_paused:
+                log.info("owner idle again: starting the Ray node")
+                self.ray = self._new_ray()  # set first: a stop meanwhile (SIGTERM) reaches the node being started
+                self.ray_change = asyncio.create_task(self._restart_ray(self.ray))
+
+    async def _stop_ray(self, ray: RayProcess) -> None:
+        await asyncio.to_thread(ray.stop, PAUSE_STOP_S)
+        self._write_status(ray_pid=0)
+
+    async def _restart_ray(self, ray: RayProcess) -> None:
+        await asyncio.to_thread(ray.start)
+        if self.stopping.is_set():
+            return
+        if not ray.running:
+            self.ray_failure = ray.failure()
+            self.stopping.set()
+            return
+        self.ray_paused = False
+        self._write_status(ray_pid=ray.proc.pid if ray.proc else 0)
+
+    def _write_status(self, **changes: object) -> None:
+        self.status.update(changes)
+        write_json(self.settings.status_path, self.status)
 
     def _power(self) -> list[common_pb2.DevicePower]:
         readings = []

@@ -25,6 +25,12 @@ class AgentSettings(BaseModel):
     object_store_mb: int = Field(default=1024, ge=100)
     # The idle policy (farm_agent.idle): the owner's share of the machine's CPU above which the node takes no work.
     max_foreign_cpu: float = Field(default=90.0, gt=0, le=100)
+    # Once the owner has been busy this long, the agent stops its Ray node: shards still running there go back to
+    # the head's queue. It starts the node again when the owner is idle.
+    drain_grace_s: float = Field(default=60.0, ge=0)
+    # While this file exists the idle policy says busy (its first line, if any, is the reason): an operator's way to
+    # take a machine back by hand, and the tests' way to make an owner busy.
+    busy_file: Path | None = None
     # The backends the owner lends (None: every one this machine can run), e.g. only the GPU of a workstation.
     backends: frozenset[BackendName] | None = None
 

@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     cpu_percent REAL NOT NULL DEFAULT 0,
     memory_percent REAL NOT NULL DEFAULT 0,
     power TEXT NOT NULL DEFAULT '[]',
-    busy TEXT NOT NULL DEFAULT ''
+    busy TEXT NOT NULL DEFAULT '',
+    drain INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -168,6 +169,14 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across process crashes
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Columns added since a store was first written: added to an older file in place (CREATE TABLE IF NOT
+        EXISTS leaves an existing table as it was)."""
+        node_columns = {r["name"] for r in self._db.execute("PRAGMA table_info(nodes)")}
+        if "drain" not in node_columns:
+            self._db.execute("ALTER TABLE nodes ADD COLUMN drain INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         self._db.close()
@@ -259,17 +268,47 @@ class Store:
         return len(beats)
 
     def node_liveness(self) -> list[NodeLiveness]:
-        """Every node not offline: its state and when it was last heard from (in memory or saved, whichever is
-        later). What the offline check needs, without reading (and parsing) the whole node table."""
+        """Every node not offline: its state, when it was last heard from and its owner's busy reason (in memory or
+        saved, whichever is later), and its drain flag. What the offline check needs, without reading (and parsing)
+        the whole node table."""
         rows = self._db.execute(
-            "SELECT id, name, state, ray_node_id, last_heartbeat FROM nodes WHERE state != ?", (NodeState.OFFLINE.value,)
+            "SELECT id, name, state, ray_node_id, last_heartbeat, busy, drain FROM nodes WHERE state != ?",
+            (NodeState.OFFLINE.value,),
         ).fetchall()
-        last_beat = self.liveness.last_beat
-        return [
-            NodeLiveness(id=r[0], name=r[1], state=NodeState(r[2]), ray_node_id=r[3],
-                         last_heartbeat=max(r[4], last_beat(r[0]) or 0.0))
-            for r in rows
-        ]
+        latest = self.liveness.latest
+        found = []
+        for r in rows:
+            beat = latest(r[0])
+            last_heartbeat, busy = (r[4], r[5]) if beat is None or beat.at < r[4] else (beat.at, beat.busy)
+            found.append(NodeLiveness(id=r[0], name=r[1], state=NodeState(r[2]), ray_node_id=r[3],
+                                      last_heartbeat=last_heartbeat, busy=busy, drain=bool(r[6])))
+        return found
+
+    def node_id(self, id_or_name: str) -> str:
+        """The id of the node with this id, else of the one with this name (the latest registered, should two
+        share a name); NotFoundError if none."""
+        row = self._db.execute(
+            "SELECT id FROM nodes WHERE id=? OR name=? ORDER BY id=? DESC, registered_at DESC LIMIT 1",
+            (id_or_name, id_or_name, id_or_name),
+        ).fetchone()
+        if row is None:
+            raise NotFoundError(f"no node {id_or_name!r}")
+        return str(row["id"])
+
+    def set_node_drain(self, id_or_name: str, drain: bool) -> Node:
+        """An operator's drain of the node with this id or name; the node as it is now. Kept across head restarts
+        and the agent's Register (upsert_node leaves it). The scheduler reads it from `nodes()` at once; the
+        dispatcher's next refresh derives the node's state (draining) from it."""
+        node_id = self.node_id(id_or_name)
+        self._db.execute("UPDATE nodes SET drain=? WHERE id=?", (int(drain), node_id))
+        return self.nodes(node_id)[0]
+
+    def running_shards_by_node(self) -> dict[str, int]:
+        """How many shards each node runs now (a draining node with none is drained)."""
+        rows = self._db.execute(
+            "SELECT node_id, COUNT(*) AS n FROM shards WHERE state=? GROUP BY node_id", (ShardState.RUNNING.value,)
+        ).fetchall()
+        return {r["node_id"]: r["n"] for r in rows}
 
     def node_state(self, node_id: str) -> NodeState:
         """Read once, then from memory until the state changes (every heartbeat asks)."""
@@ -290,11 +329,14 @@ class Store:
             )
         self._node_states.pop(node_id, None)
 
-    def nodes(self) -> list[Node]:
-        """Every node, with its latest heartbeat's figures: from memory where they are at least as new as the saved
-        ones. The scheduler and the dashboard read this every few seconds, for thousands of nodes: hardware and
-        backends, which change only at Register, are parsed once per text."""
-        rows = self._db.execute("SELECT * FROM nodes ORDER BY name").fetchall()
+    def nodes(self, node_id: str | None = None) -> list[Node]:
+        """Every node (or the one with this id), with its latest heartbeat's figures: from memory where they are at
+        least as new as the saved ones. The scheduler and the dashboard read this every few seconds, for thousands of
+        nodes: hardware and backends, which change only at Register, are parsed once per text."""
+        if node_id is None:
+            rows = self._db.execute("SELECT * FROM nodes ORDER BY name").fetchall()
+        else:
+            rows = self._db.execute("SELECT * FROM nodes WHERE id=?", (node_id,)).fetchall()
         nodes = []
         for r in rows:
             beat = self.liveness.latest(r["id"])
@@ -305,7 +347,7 @@ class Store:
                 id=r["id"], name=r["name"], state=NodeState(r["state"]), hardware=_hardware(r["hardware"]),
                 backends=_backends(r["backends"]), ray_node_id=r["ray_node_id"], address=r["address"],
                 last_heartbeat=beat.at, registered_at=r["registered_at"], cpu_percent=beat.cpu_percent,
-                memory_percent=beat.memory_percent, power=beat.power, busy=beat.busy,
+                memory_percent=beat.memory_percent, power=beat.power, busy=beat.busy, drain=bool(r["drain"]),
             ))
         return nodes
 
