@@ -49,6 +49,12 @@ def start(
              "100 turns the rule off, as for several agents on one host).", min=1, max=100)] = 90.0,
     backends: Annotated[str | None, typer.Option(
         help="Comma-separated backends to lend, e.g. `cuda` (default: every one this machine runs).")] = None,
+    drain_grace_s: Annotated[float, typer.Option(
+        help="Once the owner has been busy this long (seconds), stop the Ray node: shards still running here go "
+             "back to the queue. It starts again when the owner is idle.", min=0)] = 60.0,
+    busy_file: Annotated[Path | None, typer.Option(
+        help="While this file exists the node counts as busy (its first line is the reason): take the machine "
+             "back by hand.")] = None,
     ca_hash: CaHash = None,
     ca: CaFile = None,
     insecure: Insecure = False,
@@ -65,8 +71,8 @@ def start(
         raise UserError(f"--head {head!r}: expected HOST:PORT")
     settings = AgentSettings(
         head=head, token=token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
-        max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends),
-        ca_hash=ca_hash or "", insecure=insecure,
+        max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
+        busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
     )
     status = read_json(settings.status_path)
     if status and pid_alive(int(status.get("pid", 0))):
@@ -150,10 +156,12 @@ def _start_detached(settings: AgentSettings) -> None:
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
+        f"--drain-grace-s={settings.drain_grace_s}",
+        *([f"--busy-file={settings.busy_file}"] if settings.busy_file else []),
     ], log)
 
-    def ready() -> bool:
-        return (read_json(settings.status_path) or {}).get("state") == "ready"
+    def ready() -> bool:  # a node drained by an operator, or whose owner is busy, has joined all the same
+        return (read_json(settings.status_path) or {}).get("state") in ("ready", "draining")
 
     wait_for(lambda: proc.poll() is not None or ready(), timeout=120)
     if proc.poll() is not None or not ready():
