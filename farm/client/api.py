@@ -134,6 +134,11 @@ class Client:
     def nodes(self) -> list[fleet_pb2.Node]:
         return list(self._call(self.fleet.ListNodes, fleet_pb2.ListNodesRequest()).nodes)  # type: ignore[attr-defined]
 
+    def drain_node(self, node: str, drain: bool = True) -> fleet_pb2.Node:
+        """Drain (or, with drain=False, undrain) the node with this id or name; the node as it is now."""
+        request = fleet_pb2.DrainNodeRequest(node=node, drain=drain)
+        return self._call(self.fleet.DrainNode, request)  # type: ignore[return-value]
+
     def watch(self, job_id: str) -> Iterator[job_pb2.Job]:
         """The job's record now and after each change, until it finishes."""
         try:

@@ -23,6 +23,7 @@ from farm.core.errors import FarmError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
 from farm.core.tasks import ShardResult, ShardTask, Tuning
+from farm.head.liveness import derive_state
 from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -57,6 +58,7 @@ class Dispatcher:
         self.notify = notify
         self.wake = asyncio.Event()
         self.running: dict[tuple[str, int], Running] = {}
+        self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
         self.tasks: set[asyncio.Task[None]] = set()
         self.training = TrainingDriver(store, settings, notify, self._working_dir)
@@ -81,36 +83,41 @@ class Dispatcher:
             n["Labels"][NODE_LABEL]: n["NodeID"] for n in ray_nodes if n.get("Alive") and NODE_LABEL in n.get("Labels", {})
         }
         now = time.time()
-        ready = set()
+        holding = set()  # nodes whose Ray worker runs: ready or draining, they keep their running shards
+        draining = set()  # nodes their owner or an operator took out of the farm's hands
         for node in self.store.node_liveness():  # not store.nodes(): thousands of nodes, every second
             if node.state is NodeState.OFFLINE:  # it left or went silent; a heartbeat or Register brings it back
                 continue
-            if now - node.last_heartbeat > self.settings.offline_after_s:
-                state, ray_id = NodeState.OFFLINE, None
-            elif node.id in alive:
-                state, ray_id = NodeState.READY, alive[node.id]
-            else:
-                state, ray_id = NodeState.JOINING, None
+            if node.draining:
+                draining.add(node.id)
+            state = derive_state(node, node.id in alive, now - node.last_heartbeat, self.settings.offline_after_s)
+            ray_id = alive[node.id] if state in (NodeState.READY, NodeState.DRAINING) else None
             if state is not node.state or (ray_id and ray_id != node.ray_node_id):
                 log.info("node %s is %s", node.name, state.value)
                 self.store.set_node_state(node.id, state, ray_id)
-            if state is NodeState.READY:
-                ready.add(node.id)
-        self._take_back_from_lost_nodes(ready)
+            if state in (NodeState.READY, NodeState.DRAINING):
+                holding.add(node.id)
+        self.draining = draining
+        self._take_back_from_lost_nodes(holding, draining)
 
-    def _take_back_from_lost_nodes(self, ready: set[str]) -> None:
+    def _take_back_from_lost_nodes(self, holding: set[str], draining: set[str]) -> None:
         """Shards on a node that left, went silent or lost its Ray worker go back to the queue.
 
         Ray fails a task whose node dies while it runs, but only once its own health checks notice; and a task
         still waiting there (its worker starting, its code unpacking) would wait forever for a node its label
-        selector can no longer match.
+        selector can no longer match. A draining node keeps its shards while its Ray worker runs; once its agent
+        stops the worker (its owner stayed busy past the agent's grace), they go back to the queue without counting
+        as a failed try: the shard did nothing wrong.
         """
         for key, running in list(self.running.items()):
-            if running.node_id in ready:
+            if running.node_id in holding:
                 continue
             del self.running[key]
             ray.cancel(running.ref, force=True)
-            self._retry_or_fail(*key, "its node left the farm")
+            if running.node_id in draining:
+                self._requeue(*key, "its node drained (its owner needs it)")
+            else:
+                self._retry_or_fail(*key, "its node left the farm")
             self.notify(key[0])
 
     def schedule(self) -> None:
@@ -207,7 +214,9 @@ class Dispatcher:
         except ray_errors.TaskCancelledError:
             pass
         except NODE_FAILURES as exc:
-            if self.running.get(key) is running:
+            if self.running.get(key) is running and running.node_id in self.draining:  # its agent stopped Ray
+                self._requeue(job_id, index, f"its node drained ({type(exc).__name__})")
+            elif self.running.get(key) is running:
                 self._retry_or_fail(job_id, index, f"{type(exc).__name__}: {_first_line(exc)}")
         except ray_errors.RayTaskError as exc:
             cause = exc.cause if isinstance(exc.cause, BaseException) else exc
@@ -230,6 +239,10 @@ class Dispatcher:
             self.store.shard_requeued(job_id, index, error)
         else:
             self._fail(job_id, index, f"{error} (after {job.shards[index].attempts} attempts)")
+
+    def _requeue(self, job_id: str, index: int, error: str) -> None:
+        if not self.store.job(job_id).state.finished:
+            self.store.shard_requeued(job_id, index, error)
 
     def _fail(self, job_id: str, index: int, error: str) -> None:
         if self.store.job(job_id).state.finished:
