@@ -1,16 +1,23 @@
 """Control-plane load: one real head and N simulated agents heartbeating over real gRPC.
 
-    python benchmarks/control_plane.py [--agents 5000] [--duration-s 300] [--interval-s 1] [--json PATH]
+    python benchmarks/control_plane.py [--agents 5000] [--duration-s 300] [--interval-s 1] [--load native|python]
+                                       [--json PATH]
 
-Starts a head (`farm head start --detach` in a temporary state directory, its heartbeat interval set through
-FARM_HEARTBEAT_INTERVAL_S), then --procs load-generator processes (this file with --generator), each one asyncio loop
-that:
+Starts a head (`farm head start --insecure --detach` in a temporary state directory, its heartbeat interval set
+through FARM_HEARTBEAT_INTERVAL_S; without TLS: a joined agent beats over mutual TLS, which would need a client
+certificate per simulated agent), then --procs load-generator processes (this file with --generator), each one
+asyncio loop (uvloop's) that:
   - registers its share of the agents through AgentService.Register with the head's real join token (a laptop-like
     hardware report and one cpu backend, as a real agent sends), --register-concurrency calls at a time;
   - opens one bidirectional Heartbeat stream per agent, --agents-per-channel streams on each shared channel (one
     HTTP/2 connection each), and beats every interval (the one the head gave in RegisterReply) at a random phase,
     each beat carrying the figures and one power reading, as a real agent's does;
   - times each beat's round trip on its stream: from just before the request is written to the reply being read.
+With --load native (the default) the Python processes only register, and hand each agent, as it registers, to one
+C++ process (heartbeat_load.cc, gRPC's callback API; compiled on first use, cached under ~/.cache/farm-bench) that
+beats exactly as above at about half the CPU a beat costs the Python client: the load shares this machine's cores
+with the head, and grpc.aio's own cost per message (~300 µs a beat in Python on these cores) would otherwise take
+more of them than the head does.
 Meanwhile the parent samples the head process and, apart, its Ray processes once a second (psutil, CPU as % of one
 core from cpu_times deltas), and polls the head's store for offline nodes; at the end it also counts every
 `node ... is offline` transition in the head's log. Every simulated agent beats all along, so any node the head marks
@@ -25,16 +32,19 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import hashlib
 import json
 import math
 import os
 import random
 import re
+import shutil
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,11 +52,15 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from localfarm import LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
+from farm.client import find_head
+from farm.local import free_port
+from localfarm import LocalFarm, _farm_cli, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
 
+HERE = Path(__file__).resolve().parent
 RTT_P99_TARGET_MS = 100.0
 LATE_S = 0.1  # a beat written this long after its slot counts as late (the generator fell behind)
 RECONNECT_S = 2.0  # as a real agent: wait this long before reopening a lost heartbeat stream
@@ -166,6 +180,8 @@ async def _generate(args: argparse.Namespace) -> None:
                 stats.register_s.append(time.monotonic() - started)
             stats.interval_s = reply.heartbeat_interval_s
             stats.registered += 1
+            if args.print_agents:  # the native load beats for it, from now on
+                print(f"A {reply.node_id} {reply.node_token}", flush=True)
         except grpc.aio.AioRpcError as exc:
             stats.errors[f"Register {exc.code().name}"] += 1
             return
@@ -173,7 +189,8 @@ async def _generate(args: argparse.Namespace) -> None:
             if len(stats.register_s) + sum(v for k, v in stats.errors.items() if k.startswith("Register")) == args.count:
                 stats.register_done = time.time()
                 all_registered.set()
-        await _beat(stub, reply.node_id, reply.node_token, reply.heartbeat_interval_s, window, stats)
+        if not args.print_agents:
+            await _beat(stub, reply.node_id, reply.node_token, reply.heartbeat_interval_s, window, stats)
 
     stats.register_started = time.time()
     agents = [asyncio.create_task(agent(i)) for i in range(args.count)]
@@ -182,6 +199,14 @@ async def _generate(args: argparse.Namespace) -> None:
     except asyncio.TimeoutError:
         stats.register_done = time.time()
     print(json.dumps({"registered": stats.registered}), flush=True)
+    if args.print_agents:
+        for channel in channels:
+            await channel.close()
+        Path(args.out).write_text(json.dumps({
+            "registered": stats.registered, "register_s": stats.register_s, "register_started": stats.register_started,
+            "register_done": stats.register_done, "interval_s": stats.interval_s, "errors": dict(stats.errors),
+        }))
+        return
     # The parent answers with the wall-clock time at which the measured window starts, once all have registered.
     start_wall = float(await asyncio.to_thread(sys.stdin.readline))
     window.start = time.monotonic() + (start_wall - time.time())
@@ -248,23 +273,86 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm]) -> dict[str, Any]:
+class InsecureHead(LocalFarm):
+    """The head alone (the agents are simulated), started with --insecure: see the module's doc."""
+
+    def _start(self) -> None:
+        done = _farm_cli("head", "start", "--insecure", "--host", "127.0.0.1", "--port", str(free_port()),
+                         "--ray-port", str(free_port()), "--state-dir", str(self.state), "--detach")
+        if done.returncode != 0:
+            raise RuntimeError(f"farm head start: {done.stderr.strip()}")
+        self.head = find_head(state_dir=self.state)
+
+
+NATIVE_TOOLS = ("g++", "pkg-config", "protoc", "grpc_cpp_plugin")
+NATIVE_PACKAGES = "g++ pkg-config libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc"
+
+
+class MissingTools(Exception):
+    pass
+
+
+def native_load() -> Path:
+    """heartbeat_load.cc built against the system's gRPC C++ (Debian: libgrpc++-dev), once per version of its sources
+    and of the library; the binary's path."""
+    missing = [tool for tool in NATIVE_TOOLS if shutil.which(tool) is None]
+    if missing or subprocess.run(["pkg-config", "--exists", "grpc++", "protobuf"], check=False).returncode != 0:
+        what = ", ".join(missing) or "grpc++ in pkg-config"
+        raise MissingTools(f"the native heartbeat load needs gRPC C++ and its tools (missing: {what}): "
+                           f"apt-get install {NATIVE_PACKAGES}; or pass --load python")
+    protos = HERE.parent / "protos"
+    names = ["farm/proto/v1/agent.proto", "farm/proto/v1/common.proto"]
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "grpc++", "protobuf"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in [HERE / "heartbeat_load.cc", *(protos / n for n in names)])
+                            + " ".join(flags).encode()).hexdigest()[:16]
+    build = Path.home() / ".cache" / "farm-bench" / f"heartbeat_load-{digest}"
+    binary = build / "heartbeat_load"
+    if binary.exists():
+        return binary
+    build.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["protoc", f"-I{protos}", f"--cpp_out={build}", f"--grpc_out={build}",
+                    f"--plugin=protoc-gen-grpc={shutil.which('grpc_cpp_plugin')}", *names], check=True)
+    generated = [str(build / n.replace(".proto", suffix)) for n in names for suffix in (".pb.cc", ".grpc.pb.cc")]
+    subprocess.run(["g++", "-O2", "-std=c++17", f"-I{build}", str(HERE / "heartbeat_load.cc"), *generated,
+                    "-o", f"{binary}.tmp", *flags, "-lpthread"], check=True)
+    os.replace(f"{binary}.tmp", binary)
+    return binary
+
+
+def _relay(gen: subprocess.Popen[str], native: subprocess.Popen[str], lock: threading.Lock, lines: list[str]) -> None:
+    """A registrar's output: each agent it registered goes to the native load at once (it beats from then on, as a
+    real agent does: the head's offline clock starts at Register); the rest is kept."""
+    assert gen.stdout is not None and native.stdin is not None
+    for line in gen.stdout:
+        if line.startswith("A "):
+            with lock:
+                native.stdin.write(line)
+                native.stdin.flush()
+        else:
+            lines.append(line)
+
+
+def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm], binary: Path | None) -> dict[str, Any]:
     """Start the head (appended to `farms`, which the caller stops) and the load; return the figures."""
     os.environ["FARM_HEARTBEAT_INTERVAL_S"] = str(args.interval_s)  # read by the head's settings
     with console.status("starting a head..."):
-        # The head alone (the agents are simulated), without TLS: this measures the control plane's own gRPC work,
-        # and the simulated agents beat over plain channels (a TLS head would want each one's client certificate).
-        farm = LocalFarm(agents=0, cpus=1, insecure=True)
+        farm = InsecureHead(agents=0, cpus=1)
         farms.append(farm)
         farm.__enter__()
     work = Path(tempfile.mkdtemp(prefix="farm-load-"))
     generators: list[subprocess.Popen[str]] = []
+    native: subprocess.Popen[str] | None = None
     try:
         head = farm.head
         assert head is not None
         head_proc = psutil.Process(int(farm.head_json()["pid"]))
         shares = [args.agents // args.procs + (1 if i < args.agents % args.procs else 0) for i in range(args.procs)]
         firsts = [sum(shares[:i]) for i in range(args.procs)]
+        if binary is not None:
+            native = subprocess.Popen(
+                [str(binary), head.address, str(args.interval_s), str(args.duration_s), str(args.agents_per_channel),
+                 str(work / "native.json")], stdin=subprocess.PIPE, text=True)
         with console.status(f"registering {args.agents} agents from {args.procs} load generators..."):
             for i, (first, count) in enumerate(zip(firsts, shares, strict=True)):
                 generators.append(subprocess.Popen(
@@ -272,23 +360,34 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm]) -> d
                      f"--join-token={head.join_token}", "--first", str(first), "--count", str(count), "--duration-s",
                      str(args.duration_s), "--agents-per-channel", str(args.agents_per_channel),
                      "--register-concurrency", str(args.register_concurrency), "--register-timeout-s",
-                     str(args.register_timeout_s), "--out", str(work / f"gen-{i}.json")],
+                     str(args.register_timeout_s), "--out", str(work / f"gen-{i}.json"),
+                     *(["--print-agents"] if native else [])],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                 ))
-            for gen in generators:
-                line = gen.stdout.readline() if gen.stdout else ""
-                if not line:
-                    raise RuntimeError(f"a load generator exited during registration ({gen.wait()})")
+            if native is not None:
+                lock = threading.Lock()
+                relays = [threading.Thread(target=_relay, args=(gen, native, lock, [])) for gen in generators]
+                for relay in relays:
+                    relay.start()
+                for relay, gen in zip(relays, generators, strict=True):
+                    relay.join()
+                    if gen.wait() != 0:
+                        raise RuntimeError(f"a load generator failed during registration ({gen.returncode})")
+            else:
+                for gen in generators:
+                    line = gen.stdout.readline() if gen.stdout else ""
+                    if not line:
+                        raise RuntimeError(f"a load generator exited during registration ({gen.wait()})")
         start = time.time() + 1.0
-        for gen in generators:
-            assert gen.stdin is not None
-            gen.stdin.write(f"{start}\n")
-            gen.stdin.flush()
+        for proc in [native] if native is not None else generators:
+            assert proc.stdin is not None
+            proc.stdin.write(f"S {start}\n" if native is not None else f"{start}\n")
+            proc.stdin.flush()
         head_cpu, ray_cpu, gen_cpu = CpuSampler(), CpuSampler(), CpuSampler()
         machine: list[float] = []  # every process on the machine, ours and others'
 
         offline_seen = 0
-        gen_procs = [psutil.Process(g.pid) for g in generators]
+        gen_procs = [psutil.Process(g.pid) for g in ([native] if native is not None else generators)]
         psutil.cpu_percent(None)
         time.sleep(max(0.0, start - time.time()))
         with console.status(f"{args.agents} agents beating every {args.interval_s:g} s for {args.duration_s:g} s..."):
@@ -305,45 +404,47 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm]) -> d
                     offline_seen = max(offline_seen, _offline_now(farm.state / "state.db"))
             offline_at_end = _offline_now(farm.state / "state.db")
         with console.status("collecting the load generators' figures..."):
-            for gen in generators:
-                if gen.wait(timeout=FINISH_S + 120) != 0:
-                    raise RuntimeError(f"a load generator failed ({gen.returncode})")
+            for proc in [native] if native is not None else generators:
+                if proc.wait(timeout=FINISH_S + 120) != 0:
+                    raise RuntimeError(f"a load generator failed ({proc.returncode})")
         went_offline = set(re.findall(r"node (\S+) is offline", (farm.state / "head.log").read_text(errors="replace")))
     finally:
-        for gen in generators:
-            if gen.poll() is None:
-                gen.kill()
+        for proc in [*generators, *([native] if native is not None else [])]:
+            if proc.poll() is None:
+                proc.kill()
     parts = [json.loads((work / f"gen-{i}.json").read_text()) for i in range(args.procs)]
+    beats = [json.loads((work / "native.json").read_text())] if native is not None else parts
     rtt: list[float] = []
-    for i in range(args.procs):
+    for path in [work / "native.json.rtt"] if native is not None else [work / f"gen-{i}.json.rtt" for i in range(args.procs)]:
         values = array.array("d")
-        values.frombytes((work / f"gen-{i}.json.rtt").read_bytes())
+        values.frombytes(path.read_bytes())
         rtt.extend(values)
     register_s = [s for p in parts for s in p["register_s"]]
     errors: Counter[str] = Counter()
-    for p in parts:
+    for p in [*parts, *(beats if native is not None else [])]:
         errors.update(p["errors"])
-    lag = [s for p in parts for s in p["loop_lag_s"]]
+    lag = [s for p in parts for s in p.get("loop_lag_s", [])]
     result = {
         "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "agents": args.agents, "load_generators": args.procs, "agents_per_channel": args.agents_per_channel,
-        "duration_s": args.duration_s, "interval_s": parts[0]["interval_s"],
-        "registered": sum(p["registered"] for p in parts),
+        "agents": args.agents, "load": args.load, "load_generators": args.procs,
+        "agents_per_channel": args.agents_per_channel, "duration_s": args.duration_s,
+        "interval_s": parts[0]["interval_s"], "registered": sum(p["registered"] for p in parts),
         "registration_s": max(p["register_done"] for p in parts) - min(p["register_started"] for p in parts),
         "register_rtt_p50_ms": 1e3 * _percentile(register_s, 0.5),
         "register_rtt_p99_ms": 1e3 * _percentile(register_s, 0.99),
         "beats_expected": int(args.agents * args.duration_s / parts[0]["interval_s"]),
-        "beats_sent": sum(p["sent"] for p in parts), "beats_answered": sum(p["answered"] for p in parts),
-        "beats_late": sum(p["late"] for p in parts), "stream_errors": dict(errors),
+        "beats_sent": sum(b["sent"] for b in beats), "beats_answered": sum(b["answered"] for b in beats),
+        "beats_late": sum(b["late"] for b in beats), "stream_errors": dict(errors),
         "rtt_p50_ms": 1e3 * _percentile(rtt, 0.5), "rtt_p99_ms": 1e3 * _percentile(rtt, 0.99),
         "rtt_max_ms": 1e3 * max(rtt, default=math.nan),
         "generator_loop_lag_p99_ms": 1e3 * _percentile(lag, 0.99),
         "offline_transitions": len(went_offline), "offline_max_polled": offline_seen, "offline_at_end": offline_at_end,
         "head_cpu_pct_mean": statistics.fmean(head_cpu.cpu), "head_cpu_pct_p95": _percentile(head_cpu.cpu, 0.95),
+        "head_cpu_us_per_beat": 1e4 * statistics.fmean(head_cpu.cpu) * parts[0]["interval_s"] / args.agents,
         "head_rss_mb_end": head_cpu.rss_mb[-1], "head_rss_mb_max": max(head_cpu.rss_mb),
         "ray_cpu_pct_mean": statistics.fmean(ray_cpu.cpu), "ray_rss_mb_end": ray_cpu.rss_mb[-1],
         "ray_processes": len(head_proc.children(recursive=True)) if head_proc.is_running() else 0,
-        "generators_cpu_pct_mean": statistics.fmean(gen_cpu.cpu), "generators_rss_mb_end": gen_cpu.rss_mb[-1],
+        "generators_cpu_pct_mean": statistics.fmean(gen_cpu.cpu), "generators_rss_mb_max": max(gen_cpu.rss_mb),
         "machine_cpu_pct_mean": statistics.fmean(machine),
         "others_cpu_pct_mean": statistics.fmean(machine) - statistics.fmean(head_cpu.cpu)
         - statistics.fmean(ray_cpu.cpu) - statistics.fmean(gen_cpu.cpu),
@@ -371,18 +472,21 @@ def table(r: dict[str, Any]) -> Table:
     out.add_row("heartbeat round trip p99", f"{r['rtt_p99_ms']:.1f} ms", f"< {RTT_P99_TARGET_MS:g} ms",
                 met(r["rtt_p99_ms"] < RTT_P99_TARGET_MS))
     out.add_row("heartbeat round trip max", f"{r['rtt_max_ms']:.1f} ms", "", "")
-    out.add_row("load generators' event-loop lag p99", f"{r['generator_loop_lag_p99_ms']:.1f} ms", "", "")
+    if r["load"] == "python":
+        out.add_row("load generators' event-loop lag p99", f"{r['generator_loop_lag_p99_ms']:.1f} ms", "", "")
     out.add_row("nodes marked offline (head log; max polled; at end)",
                 f"{r['offline_transitions']}; {r['offline_max_polled']}; {r['offline_at_end']}", "0",
                 met(r["offline_transitions"] == r["offline_max_polled"] == r["offline_at_end"] == 0))
-    out.add_row("head process CPU, % of one core (mean; p95 of 1 s)",
-                f"{r['head_cpu_pct_mean']:.1f} %; {r['head_cpu_pct_p95']:.1f} %", "(report)", "-")
+    out.add_row("head process CPU, % of one core (mean; p95 of 1 s); per beat",
+                f"{r['head_cpu_pct_mean']:.1f} %; {r['head_cpu_pct_p95']:.1f} %; {r['head_cpu_us_per_beat']:.0f} µs",
+                "(report)", "-")
     out.add_row("head process RSS (end; max)", f"{r['head_rss_mb_end']:.0f} MB; {r['head_rss_mb_max']:.0f} MB",
                 "(report)", "-")
     out.add_row(f"head's Ray processes ({r['ray_processes']}): CPU mean; RSS",
                 f"{r['ray_cpu_pct_mean']:.1f} %; {r['ray_rss_mb_end']:.0f} MB", "(report)", "-")
-    out.add_row(f"load generators ({r['load_generators']}, {r['agents_per_channel']} streams a channel): CPU; RSS",
-                f"{r['generators_cpu_pct_mean']:.1f} %; {r['generators_rss_mb_end']:.0f} MB", "(report)", "-")
+    load = "one C++ process" if r["load"] == "native" else f"{r['load_generators']} Python processes"
+    out.add_row(f"heartbeat load ({load}, {r['agents_per_channel']} streams a channel): CPU; RSS max",
+                f"{r['generators_cpu_pct_mean']:.1f} %; {r['generators_rss_mb_max']:.0f} MB", "(report)", "-")
     out.add_row("whole machine CPU, mean (of all cores); of it, other processes'",
                 f"{r['machine_cpu_pct_mean']:.0f} %; {max(0.0, r['others_cpu_pct_mean']):.0f} %", "", "")
     return out
@@ -393,7 +497,10 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=5000)
     parser.add_argument("--duration-s", type=float, default=300.0)
     parser.add_argument("--interval-s", type=float, default=1.0, help="the head's heartbeat interval")
-    parser.add_argument("--procs", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--load", choices=("native", "python"), default="native",
+                        help="who beats: one C++ process (the default: the least CPU taken from the head) or the "
+                             "Python load generators that register the agents")
+    parser.add_argument("--procs", type=int, default=2, help="load-generator (registering) processes")
     parser.add_argument("--agents-per-channel", type=int, default=100, help="heartbeat streams per gRPC channel")
     parser.add_argument("--register-concurrency", type=int, default=32, help="Register calls in flight per process")
     parser.add_argument("--register-timeout-s", type=float, default=300.0,
@@ -406,14 +513,23 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--print-agents", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generator:
-        asyncio.run(_generate(args))
+        uvloop.run(_generate(args))
         return
     console = Console(width=140)
+    binary = None
+    if args.load == "native":
+        try:
+            with console.status("building the native heartbeat load (once)..."):
+                binary = native_load()
+        except MissingTools as exc:
+            print(f"control_plane.py: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
     farms: list[LocalFarm] = []
     try:
-        result = run(args, console, farms)
+        result = run(args, console, farms, binary)
     finally:
         with console.status("stopping the head..."):
             for farm in farms:

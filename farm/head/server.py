@@ -9,8 +9,9 @@ import os
 import signal
 import socket
 import sqlite3
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -88,12 +89,23 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
         if not ray_head.running:
             raise ray_head.failure()
         ray.init(address=settings.ray_address, namespace="farm", log_to_driver=False, logging_level=logging.WARNING)
-        asyncio.run(_serve(settings, tokens, on_ready, services))
+        run_loop(_serve(settings, tokens, on_ready, services))
     finally:
         if ray.is_initialized():
             ray.shutdown()
         ray_head.stop()
         settings.info_path.unlink(missing_ok=True)
+
+
+def run_loop(main: Coroutine[object, object, None]) -> None:
+    """Run the head's event loop: uvloop's where it installs (not on Windows). The loop carries every heartbeat, and
+    uvloop's costs less per beat than asyncio's own (grpc.aio runs on either)."""
+    if sys.platform == "win32":
+        asyncio.run(main)
+    else:
+        import uvloop
+
+        uvloop.run(main)
 
 
 def ray_port_args(settings: HeadSettings) -> list[str]:
