@@ -67,3 +67,26 @@ def test_prepare_counts_items_and_resolves_the_output(work: Path) -> None:
     prepared = prepare(work / "job.yaml", work)
     assert prepared.items == 32 and prepared.output == work / "out" / "toy"
     assert "toyjob.py" in zipfile.ZipFile(io.BytesIO(prepared.code_zip)).namelist()
+
+
+def test_prepare_measures_a_models_size_once_per_version_of_its_code(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    work, builds = tmp_path / "job", tmp_path / "builds.txt"  # the build counter lies outside the job's code
+    work.mkdir()
+    (work / "sizedjob.py").write_text(
+        "import torch\n\n"
+        "def build():\n"
+        f"    with open({str(builds)!r}, 'a') as counter:\n"
+        "        counter.write('x')\n"
+        "    return torch.nn.Linear(4, 2)\n\n"
+        "def data():\n"
+        "    return torch.zeros(8, 4)\n"
+    )
+    (work / "job.yaml").write_text("name: sized\nmodel: sizedjob:build\ndataset: sizedjob:data\nshards: 2\n")
+    first, second = prepare(work / "job.yaml", work), prepare(work / "job.yaml", work)
+    assert first.model_bytes == second.model_bytes == (4 * 2 + 2) * 4
+    assert builds.read_text() == "x"  # the second submission of the same code did not build the model
+    (work / "notes.txt").write_text("any change to the job's code")
+    assert prepare(work / "job.yaml", work).model_bytes == (4 * 2 + 2) * 4
+    assert builds.read_text() == "xx"  # measured (and so checked) again
