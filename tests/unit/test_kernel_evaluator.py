@@ -215,3 +215,35 @@ def test_inductor_compile_pool_threads_are_allowed_and_lookalikes_are_not() -> N
     finally:
         inductors.quit()
         user_work.quit()
+
+
+def test_a_hanging_candidate_dies_with_an_evaluator_that_was_killed(tmp_path: Path) -> None:
+    # As Ray kills a cancelled shard's worker: the fork server would keep the hanging child alive, and it its server.
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from farm.local import wait_for
+
+    marker = tmp_path / "hanging.pid"
+    hang = tmp_path / "hang.py"
+    hang.write_text(
+        "import os, time\nimport torch\n\n\nclass ModelNew(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        f"        open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "        while True:\n            time.sleep(3600)\n")
+    script = tmp_path / "evaluate_hang.py"
+    script.write_text("from farm_agent.tuner.evaluator import evaluate, file_candidate\n"
+                      f"evaluate({str(PROBLEMS / 'relu.py')!r}, [file_candidate({str(hang)!r})], device='cpu',"
+                      " timeout_s=600)\n")
+    evaluator = subprocess.Popen([sys.executable, str(script)])
+    try:
+        assert wait_for(lambda: marker.exists() and marker.read_text() != "", 120, 0.5)
+        child = psutil.Process(int(marker.read_text()))
+        assert child.is_running()
+    finally:
+        evaluator.send_signal(signal.SIGKILL)
+        evaluator.wait()
+    assert wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 30, 0.5)

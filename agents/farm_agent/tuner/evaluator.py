@@ -329,7 +329,8 @@ class Child:
         log.close()
         self.log = Path(log.name)
         self.conn, child_end = context.Pipe()
-        self.proc = context.Process(target=child_main, args=(child_end, str(self.log)), name="farm-kernel-worker")
+        self.proc = context.Process(target=child_main, args=(child_end, str(self.log), os.getpid()),
+                                    name="farm-kernel-worker")
         with _STARTING:
             # multiprocessing re-imports the caller's __main__ in a new process (as spawn does), which would re-run
             # a script without an `if __name__ == "__main__"` guard: the child needs nothing from it, so it is shown

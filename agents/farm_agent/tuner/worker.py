@@ -22,6 +22,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import threading
@@ -48,6 +49,7 @@ from farm_agent.tuner.problem import MODEL_SEED, Problem, import_candidate, load
 # that rebinds time.perf_counter or torch.cuda.Event changes the module attribute, not these (and is rejected for
 # trying: see guarded_callables).
 _perf_counter = time.perf_counter
+_sleep = time.sleep
 _enumerate_threads = threading.enumerate
 _Event = torch.cuda.Event
 _record = torch.cuda.Event.record
@@ -563,7 +565,27 @@ def is_cuda_fault(exc: BaseException) -> bool:
     return "CUDA error" in str(exc) and not isinstance(exc, torch.OutOfMemoryError)
 
 
-def child_main(conn: Connection, log_path: str) -> None:
+def exit_with(evaluator_pid: int) -> None:
+    """Kill this child's session (it and its compiler processes) once the evaluator that asked for it is gone.
+
+    The fork server keeps a child alive (and the child the fork server) after the evaluator's process is killed, as
+    Ray kills a cancelled shard's worker: a hanging candidate would then hold its CPU or GPU forever. Started before
+    any candidate runs, so the thread checks never count it as a candidate's."""
+
+    def watch() -> None:
+        while True:
+            _sleep(1.0)
+            try:
+                os.kill(evaluator_pid, 0)
+            except ProcessLookupError:
+                os.killpg(os.getpid(), signal.SIGKILL)
+            except PermissionError:  # a pid reused by someone else's process: the evaluator is gone all the same
+                os.killpg(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="farm-evaluator-watch", daemon=True).start()
+
+
+def child_main(conn: Connection, log_path: str, evaluator_pid: int | None = None) -> None:
     """The child's loop: one JSON request per message on `conn`, one JSON answer each, until the parent closes it.
 
     Started through multiprocessing's forkserver: a clean spawned interpreter that imported torch and this module
@@ -572,6 +594,8 @@ def child_main(conn: Connection, log_path: str) -> None:
     writes fds 1 and 2 to `log_path`: what a candidate prints goes there, and its last line explains a crash.
     """
     os.setsid()
+    if evaluator_pid is not None:
+        exit_with(evaluator_pid)
     gc.freeze()  # what the fork server imported stays: collections after each candidate only look at the rest
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
     os.dup2(log, 1)
