@@ -38,6 +38,8 @@ def managed(tmp_path: Path, home: Path) -> dict[str, str]:
     return {"HOME": str(home), "PATH": f"{stubs}:{os.environ['PATH']}", "FARM_STATE_DIR": str(home / ".farm")}
 
 
+CA_HASH = "sha256:" + "cd" * 32
+
 def calls(tmp_path: Path) -> list[str]:
     log = tmp_path / "calls.log"
     return log.read_text().splitlines() if log.exists() else []
@@ -45,14 +47,14 @@ def calls(tmp_path: Path) -> list[str]:
 
 def test_dry_run_prints_the_unit_and_changes_nothing(home: Path) -> None:
     result = farm("agent", "install", "--head", "10.0.0.5:7700", "--token", TOKEN, "--name", "box1", "--user",
-                  "--dry-run", env={"HOME": str(home), "FARM_STATE_DIR": str(home / ".farm")})
+                  "--ca-hash", CA_HASH, "--dry-run", env={"HOME": str(home), "FARM_STATE_DIR": str(home / ".farm")})
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"would write {home}/.config/systemd/user/farm-agent.service (mode 0644)" in out
     assert f"would write {home}/.farm/agents/box1/join.token (mode 0600)" in out
     farm_exe = Path(sys.executable).parent / "farm"
     assert (f"ExecStart={farm_exe} agent start --head 10.0.0.5:7700 --token-file {home}/.farm/agents/box1/join.token"
-            f" --name box1 --state-dir {home}/.farm") in out
+            f" --name box1 --state-dir {home}/.farm --ca-hash {CA_HASH}") in out
     assert "would run: systemctl --user enable farm-agent.service" in out
     assert TOKEN not in out
     assert list(home.iterdir()) == []
@@ -62,7 +64,7 @@ def test_install_status_uninstall(tmp_path: Path, home: Path, managed: dict[str,
     token_file = tmp_path / "given.token"
     token_file.write_text(TOKEN + "\n")
     install = ("agent", "install", "--head", "10.0.0.5:7700", "--token-file", str(token_file), "--name", "box1",
-               "--cpus", "2", "--user")
+               "--cpus", "2", "--user", "--insecure")
     result = farm(*install, env=managed)
     assert result.returncode == 0, result.stderr
     unit = home / ".config/systemd/user/farm-agent.service"
@@ -97,7 +99,7 @@ def test_install_status_uninstall(tmp_path: Path, home: Path, managed: dict[str,
 def test_service_manager_failure_is_one_line(tmp_path: Path, home: Path, managed: dict[str, str]) -> None:
     (tmp_path / "stubs" / "systemctl").write_text("#!/bin/sh\necho 'Failed to connect to bus: No medium found' >&2\n"
                                                   "exit 1\n")
-    result = farm("agent", "install", "--head", "h:7700", "--token", TOKEN, "--user", env=managed)
+    result = farm("agent", "install", "--head", "h:7700", "--token", TOKEN, "--user", "--insecure", env=managed)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: systemctl --user daemon-reload failed: Failed to connect to bus: No medium found"]
@@ -117,7 +119,8 @@ def test_start_reads_the_token_file(cluster: Cluster, tmp_path: Path) -> None:
     token_file = tmp_path / "join.token"
     token_file.write_text("not-the-token\n")
     result = cluster.farm("agent", "start", "--head", cluster.head.address, "--token-file", str(token_file),
-                          "--name", "token-file-agent", "--state-dir", str(tmp_path), timeout=300)
+                          "--name", "token-file-agent", "--state-dir", str(tmp_path), "--ca-hash", cluster.head.ca_hash,
+                          timeout=300)
     assert result.returncode == 2, result.stderr
     assert "invalid join token" in result.stderr
 
