@@ -23,7 +23,7 @@ $F head start --host 127.0.0.1 --port 7710 --detach 2>&1 | tail -2
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")
 $F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-gpu --backends cuda --detach 2>&1 | tail -1
 sed "s/^  timeout_s: .*/  timeout_s: ${CANDIDATE_TIMEOUT_S:-120}/" benchmarks/kernels/eval.yaml > /tmp/eval.yaml
-timeout 330 $F submit /tmp/eval.yaml --wait --json > $OUT/eval-job.json 2> $OUT/eval-job.err; echo "== eval rc=$?"
+timeout ${JOB_TIMEOUT_S:-420} $F submit /tmp/eval.yaml --wait --json > $OUT/eval-job.json 2> $OUT/eval-job.err; echo "== eval rc=$?"
 tail -3 $OUT/eval-job.err
 JOB=$(python3 -c "import json;print(json.load(open('$OUT/eval-job.json'))['id'])")
 $F kernels results $JOB --json > $OUT/eval-results.json
