@@ -115,7 +115,7 @@ class Dispatcher:
             del self.running[key]
             ray.cancel(running.ref, force=True)
             if running.node_id in draining:
-                self._requeue(*key, "its node drained (its owner needs it)")
+                self._requeue(*key, "its node drained and stopped its Ray worker")
             else:
                 self._retry_or_fail(*key, "its node left the farm")
             self.notify(key[0])
