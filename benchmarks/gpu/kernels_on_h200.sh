@@ -22,7 +22,7 @@ F="python3 -m farm.cli.main"
 $F head start --host 127.0.0.1 --port 7710 --detach 2>&1 | tail -2
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")
 $F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-gpu --backends cuda --detach 2>&1 | tail -1
-sed "s/^  timeout_s: .*/  timeout_s: ${CANDIDATE_TIMEOUT_S:-120}/" benchmarks/kernels/eval.yaml > /tmp/eval.yaml
+sed "s/^  timeout_s: .*/  timeout_s: ${CANDIDATE_TIMEOUT_S:-120}/; s/^  runs: .*/  runs: ${RUNS:-20}/" benchmarks/kernels/eval.yaml > /tmp/eval.yaml
 timeout ${JOB_TIMEOUT_S:-420} $F submit /tmp/eval.yaml --wait --json > $OUT/eval-job.json 2> $OUT/eval-job.err; echo "== eval rc=$?"
 tail -3 $OUT/eval-job.err
 JOB=$(python3 -c "import json;print(json.load(open('$OUT/eval-job.json'))['id'])")
