@@ -407,7 +407,8 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm], bina
             for proc in [native] if native is not None else generators:
                 if proc.wait(timeout=FINISH_S + 120) != 0:
                     raise RuntimeError(f"a load generator failed ({proc.returncode})")
-        went_offline = set(re.findall(r"node (\S+) is offline", (farm.state / "head.log").read_text(errors="replace")))
+        shutil.copy(farm.state / "head.log", work / "head.log")  # kept for a look at what went offline, and when
+        went_offline = set(re.findall(r"node (\S+) is offline", (work / "head.log").read_text(errors="replace")))
     finally:
         for proc in [*generators, *([native] if native is not None else [])]:
             if proc.poll() is None:
@@ -426,7 +427,7 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm], bina
     lag = [s for p in parts for s in p.get("loop_lag_s", [])]
     result = {
         "machine": f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "agents": args.agents, "load": args.load, "load_generators": args.procs,
+        "work": str(work), "agents": args.agents, "load": args.load, "load_generators": args.procs,
         "agents_per_channel": args.agents_per_channel, "duration_s": args.duration_s,
         "interval_s": parts[0]["interval_s"], "registered": sum(p["registered"] for p in parts),
         "registration_s": max(p["register_done"] for p in parts) - min(p["register_started"] for p in parts),
@@ -536,7 +537,8 @@ def main() -> None:
                 farm.stop()
     console.print(table(result))
     console.print("CPU as % of one core from cpu_times deltas (user + system) over one-second samples; RSS in MiB. "
-                  "The load generators share this machine's cores with the head.")
+                  "The load generators share this machine's cores with the head. "
+                  f"The head's log and the load's figures: {result['work']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
         console.print(f"figures written to {args.json}")
