@@ -15,9 +15,9 @@ asyncio loop (uvloop's) that:
   - times each beat's round trip on its stream: from just before the request is written to the reply being read.
 With --load native (the default) the Python processes only register, and hand each agent, as it registers, to one
 C++ process (heartbeat_load.cc, gRPC's callback API; compiled on first use, cached under ~/.cache/farm-bench) that
-beats exactly as above at about half the CPU a beat costs the Python client: the load shares this machine's cores
-with the head, and grpc.aio's own cost per message (~300 µs a beat in Python on these cores) would otherwise take
-more of them than the head does.
+beats exactly as above at about a third of the CPU a beat costs the Python client: the load shares this machine's
+cores with the head, and grpc.aio's own cost per beat (~300 µs on these cores) would otherwise take more of them than
+the head does.
 Meanwhile the parent samples the head process and, apart, its Ray processes once a second (psutil, CPU as % of one
 core from cpu_times deltas), and polls the head's store for offline nodes; at the end it also counts every
 `node ... is offline` transition in the head's log. Every simulated agent beats all along, so any node the head marks
