@@ -47,7 +47,7 @@ class Head:
     def __init__(self, settings: HeadSettings, tokens: Tokens) -> None:
         self.settings = settings
         self.tokens = tokens
-        self.ca_pem = (settings.tls_dir / "ca.pem").read_bytes()
+        self.ca_pem = b"" if settings.insecure else (settings.tls_dir / "ca.pem").read_bytes()
 
     def channel(self, key_pem: bytes | None = None, cert_pem: bytes | None = None, port: int | None = None,
                 ca_pem: bytes | None = None) -> grpc.Channel:
@@ -258,6 +258,19 @@ def test_failures_are_limited_per_peer_and_logged_without_the_secret(tmp_path: P
     assert "guess-0-secret" not in caplog.text and head.tokens.api not in caplog.text
     assert head.tokens.join not in caplog.text
     assert f"credential hash {hash_token('guess-0-secret')[:8]}" in caplog.text
+
+
+def test_an_insecure_head_speaks_plaintext_and_asks_no_certificate(tmp_path: Path) -> None:
+    with running_head(tmp_path, insecure=True) as head, grpc.insecure_channel(head.settings.address) as channel:
+        agents = agent_pb2_grpc.AgentServiceStub(channel)
+        reply = agents.Register(agent_pb2.RegisterRequest(join_token=head.tokens.join, name="box",
+                                                          hardware=convert.hardware_to_pb(HW)), timeout=5)
+        assert (reply.mtls_port, reply.client_cert_pem) == (0, b"")
+        beat = agent_pb2.HeartbeatRequest(node_id=reply.node_id, node_token=reply.node_token)
+        assert [r.state for r in agents.Heartbeat(iter([beat]), timeout=5)] == ["joining"]
+        codes = call_every_rpc(channel, (), "forged")  # the tokens are still checked
+    assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}
+    assert not (tmp_path / "tls").exists()
 
 
 def test_a_wrong_ca_hash_refuses_to_join(head: Head, tmp_path: Path) -> None:
