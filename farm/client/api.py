@@ -11,9 +11,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from farm.client.preflight import PreparedJob
+from farm.core.kernels import KernelResult
 from farm.core.errors import ERRORS_BY_STATUS, FarmError, HeadUnavailableError, UserError
 from farm.local import default_state_dir, pid_alive, read_json
 from farm.proto.v1 import fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
+
+if TYPE_CHECKING:
+    from farm.client.kernels import Candidates, Problems
 
 MAX_MESSAGE = 256 * 1024 * 1024
 
@@ -138,6 +142,17 @@ class Client:
         """Drain (or, with drain=False, undrain) the node with this id or name; the node as it is now."""
         request = fleet_pb2.DrainNodeRequest(node=node, drain=drain)
         return self._call(self.fleet.DrainNode, request)  # type: ignore[return-value]
+
+    def evaluate_kernels(self, problems: Problems, candidates: Candidates, *, reward: str = "speedup",
+                         backends: Sequence[str] = ("cuda",), timeout_s: float = 60.0, memory_mb: int | None = 4096,
+                         runs: int = 20, atol: float = 1e-4, rtol: float = 1e-4) -> list[KernelResult]:
+        """Judge candidate kernels on the fleet with the hardened evaluator, as one kernel-eval job; blocks until it
+        ends. problems: a folder, files, or {stem: file or source}; candidates: a folder of <stem>/*.py, or {problem
+        stem: [file or source, ...]}. One KernelResult per (problem, candidate), reward included."""
+        from farm.client import kernels
+
+        return kernels.evaluate(self, problems, candidates, reward=reward, backends=tuple(backends),
+                                timeout_s=timeout_s, memory_mb=memory_mb, runs=runs, atol=atol, rtol=rtol)
 
     def watch(self, job_id: str) -> Iterator[job_pb2.Job]:
         """The job's record now and after each change, until it finishes."""
