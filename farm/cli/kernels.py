@@ -197,6 +197,9 @@ def propose_command(
                       ] = None,
     runs: Annotated[int, typer.Option(help="Timed runs per candidate (the median is reported).")] = 20,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per candidate, compile included.")] = 60.0,
+    compile_baseline: Annotated[
+        bool, typer.Option("--compile/--no-compile", help="Here: time torch.compile as a baseline too.")
+    ] = True,
     json: Json = False,
     head: Head = None,
     token: Token = None,
@@ -227,7 +230,8 @@ def propose_command(
         from farm_agent.tuner.evaluator import cuda_available  # imports torch
 
         device = device or ("cuda" if cuda_available() else "cpu")
-        proposal = propose(problem, chat, local_evaluator(device, runs=runs, timeout_s=timeout_s), rounds=rounds,
+        evaluate = local_evaluator(device, runs=runs, timeout_s=timeout_s, compile_baseline=compile_baseline)
+        proposal = propose(problem, chat, evaluate, rounds=rounds,
                            hardware=device_identity(device)[0], remember=local_winner_cache(device))
     if json:
         print_json(proposal.to_json())

@@ -119,3 +119,16 @@ def test_a_reply_without_code_is_fed_back_and_an_unreachable_endpoint_is_a_user_
     with pytest.raises(UserError, match="HTTP 404"):
         propose(PROBLEM, Endpoint(url=server.url + "/nowhere", model="m"), local_evaluator("cpu"), rounds=1,
                 hardware="cpu")
+
+
+def test_farm_kernels_propose_runs_the_loop_from_the_command_line(server: ChatServer, tmp_path: Path) -> None:
+    from tests.conftest import farm
+
+    result = farm("kernels", "propose", str(PROBLEM), "--endpoint", server.url, "--model", "fixed", "--rounds", "2",
+                  "--device", "cpu", "--runs", "3", "--no-compile", "--json", env={"FARM_STATE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [r["result"]["correct"] for r in report["rounds"]] == [False, True] and report["winner"] == 2
+    assert report["cache_path"].startswith(str(tmp_path / "tuner" / "cache"))
+    bad = farm("kernels", "propose", str(PROBLEM), "--endpoint", "ftp://x", "--model", "m")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--endpoint" in bad.stderr
