@@ -1,0 +1,56 @@
+"""Faults of one shard or one node on the shared test cluster (tests/conftest.py: a real head and two agents)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from farm.local import read_json
+from tests.chaos import chaosjob
+from tests.conftest import Cluster
+
+pytestmark = pytest.mark.slow
+
+
+def job_folder(tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(Path(chaosjob.__file__), work / "chaosjob.py")
+    return work
+
+
+@pytest.mark.timeout(240)  # a shard failing for ever must end the job, not hang it
+def test_a_shard_that_keeps_killing_its_worker_fails_the_job_after_the_retry_limit(cluster: Cluster,
+                                                                                   tmp_path: Path) -> None:
+    work = job_folder(tmp_path)
+    spec = work / "crash.yaml"
+    spec.write_text(yaml.safe_dump({"name": "crash", "model": "chaosjob:worker_killer", "dataset": "chaosjob:numbers",
+                                    "shards": 1, "batch_size": 2, "backends": ["cpu"]}))
+    result = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(work), timeout=220)
+    assert result.returncode == 1, result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "failed"
+    # A crashed worker is the node's failure, not the job code's: the shard is tried max_attempts (3) times.
+    assert job["error"].startswith("shard 0: WorkerCrashedError") and job["error"].endswith("(after 3 attempts)")
+    assert "\n" not in job["error"]
+    assert [s["attempts"] for s in job["shards"]] == [3]
+
+
+def test_an_agent_started_again_registers_under_the_same_node_id(cluster: Cluster) -> None:
+    before = {n["name"]: n["id"] for n in json.loads(cluster.farm("nodes", "--json").stdout)}
+    identity = read_json(cluster.state_dir / "agents" / "agent-b" / "node.json") or {}
+    assert identity.get("node_id") == before["agent-b"]
+    stopped = cluster.farm("agent", "stop", "--name", "agent-b")
+    assert stopped.returncode == 0, stopped.stderr
+    started = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
+                           "--ca-hash", cluster.head.ca_hash, "--name", "agent-b", "--cpus", "1", "--state-dir",
+                           str(cluster.state_dir), "--detach",
+                           "--max-foreign-cpu", "100")
+    assert started.returncode == 0, started.stderr
+    after = [(n["id"], n["state"]) for n in json.loads(cluster.farm("nodes", "--json").stdout)
+             if n["name"] == "agent-b"]
+    assert after == [(before["agent-b"], "ready")]  # one node, the same one: not a second record of the machine
