@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 ITEMS = 400  # 200 shards of 2 items
-DELAY_S = 0.1  # per batch: a shard of one batch takes about this long on a warm worker
+DELAY_S = 0.2  # per batch: a shard of one batch takes about this long on a warm worker
 
 
 class Sleeper(torch.nn.Module):
