@@ -241,6 +241,9 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
             "SELECT message FROM job_logs WHERE job_id=? AND message LIKE 'shard % done:%'", (job_id,))
     )
     assert done_lines == dict.fromkeys(range(SHARDS), 1), report
+    # Every restart of an agent came back as the same node: one record per machine, under the id it keeps.
+    nodes = sorted(db.execute("SELECT name, id FROM nodes").fetchall())
+    assert nodes == [(n, (read_json(cluster.state / "agents" / n / "node.json") or {}).get("node_id")) for n in AGENTS]
 
     # The output: exactly one complete file per shard and the manifest, nothing else (no temporary files).
     output = Path(final.output)
