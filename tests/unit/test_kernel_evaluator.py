@@ -247,3 +247,33 @@ def test_a_hanging_candidate_dies_with_an_evaluator_that_was_killed(tmp_path: Pa
         evaluator.send_signal(signal.SIGKILL)
         evaluator.wait()
     assert wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 30, 0.5)
+
+
+def test_inductor_compile_thread_pool_workers_are_allowed_only_while_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch._inductor.config
+    from torch._inductor.async_compile import AsyncCompile
+
+    from farm_agent.tuner.worker import is_inductor_thread, threads_now
+
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 2)
+    before = threads_now()
+    release = threading.Event()
+    busy = AsyncCompile.pool().submit(release.wait, 60)  # someone's work on Inductor's own pool
+    mine = ThreadPoolExecutor(1)
+    mine.submit(lambda: None).result()
+    try:
+        workers = [t for t in threads_now() - before if t.name.startswith("ThreadPoolExecutor")]
+        inductor = [t for t in workers if t not in mine._threads]
+        assert inductor and not any(is_inductor_thread(t) for t in inductor)  # busy: work left running
+        release.set()
+        busy.result(10)
+        from farm.local import wait_for
+
+        assert wait_for(lambda: all(is_inductor_thread(t) for t in inductor), 10, 0.05)  # idle: allowed
+        assert not any(is_inductor_thread(t) for t in mine._threads)  # an idle worker of another pool
+    finally:
+        release.set()
+        mine.shutdown()

@@ -28,6 +28,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import thread as futures_thread
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -39,6 +41,7 @@ import torch
 # needs inductor; importing them in every child would cost each child those seconds.
 import torch._dynamo  # noqa: F401
 import torch._inductor  # noqa: F401
+from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.compile_worker.subproc_pool import SubprocPool
 from torch._inductor.compile_worker.timer import Timer as InductorTimer
 from torch.utils.flop_counter import FlopCounterMode
@@ -80,15 +83,35 @@ def _allowed_thread_classes() -> tuple[type, ...]:
 
 _ALLOWED_THREADS = _allowed_thread_classes()
 
-# Inductor's compile-worker pool starts threads of its own (torch.compile inside a candidate, or the compile-default
-# baseline): the pool's reader and its quiesce timer ("subproc_worker_timer"), which outlive the call that started
-# them. A thread's name proves nothing (anyone can name a thread so), so a thread is Inductor's only when it is a
+# Inductor's compile pools start threads of their own (torch.compile inside a candidate, or the compile-default
+# baseline) that outlive the call that started them: the subprocess pool's reader and its quiesce timer
+# ("subproc_worker_timer"), and the thread pool's workers (below). A thread's name proves nothing (anyone can name a thread so), so a thread is Inductor's only when it is a
 # plain Thread whose target is one of these functions, as taken here before any candidate ran, bound to an object of
 # exactly Inductor's class; and the timer's callback must itself be the pool's quiesce. Such a thread can only run
 # Inductor's own code, never a candidate's work.
 _TIMER_CHECK = InductorTimer.check
 _POOL_READ = SubprocPool._read_thread
 _POOL_QUIESCE = SubprocPool.quiesce
+# Inductor's compile thread pool (AsyncCompile.pool, an lru_cache of one ThreadPoolExecutor): its worker threads
+# outlive the compile. Anyone can submit work to that pool, so one of its threads is allowed only while idle: its
+# stack is not inside a work item and the pool's queue is empty (no work left running or waiting).
+_ASYNC_POOL = AsyncCompile.pool
+_POOL_WORKER = futures_thread._worker
+_WORK_ITEM_RUN = futures_thread._WorkItem.run.__code__
+_current_frames = sys._current_frames
+
+
+def _inductor_executor() -> ThreadPoolExecutor | None:
+    return _ASYNC_POOL() if _ASYNC_POOL.cache_info().currsize else None  # never creates it
+
+
+def _idle_worker(thread: threading.Thread, executor: ThreadPoolExecutor) -> bool:
+    frame = _current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code is _WORK_ITEM_RUN:
+            return False
+        frame = frame.f_back
+    return executor._work_queue.empty()
 
 
 def _bound(method: object, function: object, owner: type) -> bool:
@@ -101,6 +124,10 @@ def is_inductor_thread(thread: threading.Thread) -> bool:
     target = getattr(thread, "_target", None)  # CPython keeps it while the thread runs
     if _bound(target, _POOL_READ, SubprocPool):
         return True
+    if target is _POOL_WORKER:
+        args = getattr(thread, "_args", ())
+        executor = args[0]() if args else None  # the worker holds a weak reference to its executor
+        return executor is not None and executor is _inductor_executor() and _idle_worker(thread, executor)
     timer = getattr(target, "__self__", None)
     return _bound(target, _TIMER_CHECK, InductorTimer) and _bound(getattr(timer, "call", None), _POOL_QUIESCE,
                                                                    SubprocPool)
