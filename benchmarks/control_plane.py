@@ -441,7 +441,9 @@ def run(args: argparse.Namespace, console: Console, farms: list[LocalFarm], bina
         "generator_loop_lag_p99_ms": 1e3 * _percentile(lag, 0.99),
         "offline_transitions": len(went_offline), "offline_max_polled": offline_seen, "offline_at_end": offline_at_end,
         "head_cpu_pct_mean": statistics.fmean(head_cpu.cpu), "head_cpu_pct_p95": _percentile(head_cpu.cpu, 0.95),
-        "head_cpu_us_per_beat": 1e4 * statistics.fmean(head_cpu.cpu) * parts[0]["interval_s"] / args.agents,
+        # the head's mean CPU over the beats it answered per second (fewer than agents / interval when it falls behind)
+        "head_cpu_us_per_beat": 1e4 * statistics.fmean(head_cpu.cpu) * args.duration_s
+        / max(1, sum(b["answered"] for b in beats)),
         "head_rss_mb_end": head_cpu.rss_mb[-1], "head_rss_mb_max": max(head_cpu.rss_mb),
         "ray_cpu_pct_mean": statistics.fmean(ray_cpu.cpu), "ray_rss_mb_end": ray_cpu.rss_mb[-1],
         "ray_processes": len(head_proc.children(recursive=True)) if head_proc.is_running() else 0,
