@@ -99,6 +99,7 @@ class Farm:
 
     def track(self) -> None:
         pids = [pid for pid in (self.head_pid(), *(self.agent_pid(n) for n in AGENTS)) if pid]
+        pids += [proc.pid for proc in self.starting.values()]  # the daemon it spawned, before its agent.json
         self.sessions |= sessions_of(pids) - {os.getsid(0)}
 
     def kill(self, pid: int) -> None:
@@ -117,10 +118,10 @@ class Farm:
 
     def stop(self) -> set[int]:
         """End every process of this farm; what was still alive after a clean stop."""
-        for proc in self.starting.values():
-            proc.kill()
-            proc.wait()
         self.track()
+        for proc in self.starting.values():  # with the daemon it spawned, which has no agent.json yet
+            self.kill(proc.pid)
+            proc.wait()
         agents = [pid for pid in (self.agent_pid(n) for n in AGENTS) if pid]
         terminate(*agents, grace=30)
         head = self.head_pid()
@@ -198,11 +199,14 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
                 break
             done = 0 if job is None else sum(s.state == "succeeded" for s in job.shards)
             now = time.monotonic()
-            everyone_ready = all(cluster.agent_ready(n) for n in AGENTS)
-            # With every agent ready: one still starting holds the host's Ray start lock (farm.local.RayProcess) while
-            # its node waits for the dead head's Ray, and the head's own start waits behind it.
-            if not head_killed and done >= chaos.head_kill_at and everyone_ready and (pid := cluster.head_pid()):
+            if not head_killed and done >= chaos.head_kill_at and (pid := cluster.head_pid()):
                 cluster.kill(pid)
+                # Agents starting go too: one starting holds the host's Ray start lock (farm.local.RayProcess) while
+                # its node waits for the dead head's Ray, and the new head's own Ray start would wait behind it.
+                for name, proc in list(cluster.starting.items()):
+                    cluster.kill(proc.pid)
+                    proc.wait()
+                    del cluster.starting[name]
                 events.append(f"head killed at {done} shards")
                 head_killed = True
                 cluster.start_head()
