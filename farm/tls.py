@@ -2,17 +2,16 @@
 client fetches the head's CA and pins it against the hash the join line carries (as kubeadm's
 discovery-token-ca-cert-hash does).
 
-Shared by the head, the agent and the CLI (the agent never imports farm.head). Keys are ECDSA P-256: quick to make,
-so a test head costs milliseconds, not the seconds an RSA key would.
+Used by the head, the CLI and the agent's short-lived `--csr` child (the agent never imports farm.head). The agent
+daemon itself never imports this module (it would keep `cryptography` resident): it pins the CA with farm.tls_pin,
+standard library only, re-exported here. Keys are ECDSA P-256: quick to make, so a test head costs milliseconds, not
+the seconds an RSA key would.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
 import ipaddress
-import socket
-import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +24,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.types import CertificateIssuerPrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from farm.core.errors import AuthError, HeadUnavailableError, UserError
+from farm.core.errors import UserError
 from farm.local import write_private
+from farm.tls_pin import ca_hash, fetch_ca, parse_ca_hash
+
+__all__ = ["HeadTLS", "ca_hash", "fetch_ca", "join_command", "new_node_key", "parse_ca_hash"]
 
 CA_DAYS = 3650  # the CA is what agents pin: it lives for years
 SERVER_DAYS = 365  # the server certificate is renewed at start once it nears its end (or its names change)
@@ -51,12 +53,6 @@ def join_command(address: str, token: str, ca_hash: str) -> str:
     """What joins a machine: the head, a join token, and the hash of the head's CA for the agent to pin."""
     trust = f"--ca-hash {ca_hash}" if ca_hash else "--insecure"
     return f"farm agent start --head {address} --token {token} {trust}"
-
-
-def ca_hash(ca_pem: bytes) -> str:
-    """`sha256:<hex>` of the CA certificate's DER: what `--ca-hash` pins."""
-    der = x509.load_pem_x509_certificate(ca_pem).public_bytes(serialization.Encoding.DER)
-    return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
 def _san(name: str) -> x509.GeneralName:
@@ -171,40 +167,3 @@ def new_node_key() -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     csr = x509.CertificateSigningRequestBuilder().subject_name(x509.Name([])).sign(key, hashes.SHA256())
     return _key_pem(key), csr.public_bytes(serialization.Encoding.PEM)
-
-
-def parse_ca_hash(value: str) -> str:
-    """Check a `--ca-hash` value's form; return it in lower case."""
-    algorithm, _, digest = value.strip().lower().partition(":")
-    if algorithm != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        raise UserError(f"--ca-hash {value!r}: expected sha256:<64 hex digits>, as `farm head start` prints it")
-    return f"{algorithm}:{digest}"
-
-
-def fetch_ca(address: str, expected_hash: str, timeout: float = 10.0) -> bytes:
-    """The head's CA certificate, read off a TLS handshake that verifies nothing, then pinned: it is returned only
-    when its hash is `expected_hash`. Everything after this verifies the head against it."""
-    host, _, port = address.rpartition(":")
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE  # nothing to verify against yet: the pin below is the check
-    context.set_alpn_protocols(["h2"])
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as raw, \
-                context.wrap_socket(raw, server_hostname=host.strip("[]")) as tls:
-            chain = _unverified_chain(tls)
-    except (OSError, ValueError) as exc:
-        raise HeadUnavailableError(f"cannot fetch the head's CA from {address}: {exc}") from None
-    for der in chain:
-        pem = ssl.DER_cert_to_PEM_cert(der).encode()
-        if ca_hash(pem) == expected_hash:
-            return pem
-    raise AuthError(f"the head at {address} did not present the CA of --ca-hash {expected_hash} "
-                    f"(it presented {', '.join(ca_hash(ssl.DER_cert_to_PEM_cert(d).encode()) for d in chain)})")
-
-
-def _unverified_chain(tls: ssl.SSLSocket) -> list[bytes]:
-    """The certificates the peer sent, as DER: public from Python 3.13, a private method of the same name before."""
-    public = getattr(tls, "get_unverified_chain", None)
-    chain = public() if public is not None else tls._sslobj.get_unverified_chain()  # type: ignore[union-attr]
-    return [c if isinstance(c, bytes) else c.public_bytes(ssl._ssl.ENCODING_DER) for c in chain or []]  # type: ignore[attr-defined]

@@ -6,6 +6,10 @@ someone's machine, and typer, rich and the CLI's other commands would stay resid
 `python -m farm_agent --probe --cpus N` prints this machine's hardware and backend offers as JSON and exits: the
 daemon asks a child process for them, so that the backend modules (numpy; torch or coremltools where a backend
 checks its device) load only in processes that run shards, never in the daemon.
+
+`python -m farm_agent --csr KEY_FILE` makes a new private key for the node, writes it 0600 to KEY_FILE (the daemon's
+state folder), and prints a certificate signing request for it as PEM: the daemon asks a child for them at Register,
+so that `cryptography` never loads in the daemon (it would stay resident, ~15 MB, for nothing).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 
@@ -29,10 +34,22 @@ def probe(cpus: int) -> dict[str, object]:
     }
 
 
+def new_csr(key_path: Path) -> bytes:
+    """Make the node's key (kept 0600 at `key_path`, never printed) and return a CSR for it."""
+    from farm.local import write_private
+    from farm.tls import new_node_key
+
+    key_pem, csr_pem = new_node_key()
+    write_private(key_path, key_pem)
+    return csr_pem
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m farm_agent", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probe", action="store_true", help="print the hardware and backend offers as JSON")
+    parser.add_argument("--csr", type=Path, metavar="KEY_FILE",
+                        help="write a new private key to KEY_FILE (0600) and print a CSR for it as PEM")
     parser.add_argument("--head", help="HOST:PORT of the head")
     parser.add_argument("--token", help="the join token (shows in `ps`: prefer --token-file)")
     parser.add_argument("--token-file", type=Path, help="a file holding the join token")
@@ -48,6 +65,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.probe:
         print(json.dumps(probe(args.cpus)))
+        return
+    if args.csr:
+        try:
+            csr_pem = new_csr(args.csr)
+        except OSError as exc:
+            print(f"--csr {args.csr}: cannot write the key: {exc.strerror or exc}", file=sys.stderr)
+            sys.exit(2)
+        sys.stdout.write(csr_pem.decode())
         return
     if args.token_file and not args.token:
         args.token = args.token_file.read_text().strip()

@@ -1,11 +1,19 @@
 """The agent's gRPC client for the head's AgentService, over TLS: the head's CA is pinned at the first join (its hash
 is in the join line) and kept; once registered, Heartbeat and Deregister go over mutual TLS with the client
-certificate the head signed for this node (its key never leaves this process)."""
+certificate the head signed for this node.
+
+The daemon never imports `cryptography` (~15 MB resident for its whole life): the CA is pinned with the standard
+library (farm.tls_pin), and the node's key and CSR are made by a short-lived child, `python -m farm_agent --csr
+KEY_FILE`, which writes the key 0600 into the agent's own state folder (it never crosses a pipe) and prints only the
+CSR."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 
@@ -15,7 +23,7 @@ from farm.core.models import BackendOffer, Hardware
 from farm.local import write_private
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
-from farm.tls import ca_hash, fetch_ca, new_node_key, parse_ca_hash
+from farm.tls_pin import ca_hash, fetch_ca, parse_ca_hash
 from farm_agent.settings import AgentSettings
 
 
@@ -38,10 +46,33 @@ def pin_head_ca(settings: AgentSettings) -> bytes | None:
     return pem
 
 
+NODE_KEY_FILE = "node.key"  # in the agent's state folder: the private key of the node's client certificate
+
+
+async def new_node_key(key_path: Path) -> tuple[bytes, bytes]:
+    """A new private key for this node, written 0600 to `key_path` by a child process, and a CSR for it (the head
+    fills in the subject), as PEM. A child, because making them needs `cryptography`, which would otherwise stay
+    resident in the daemon."""
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "farm_agent", "--csr", str(key_path)], capture_output=True,
+        timeout=120, check=False,
+    )
+    csr_pem = done.stdout.strip()
+    if done.returncode != 0 or not csr_pem.startswith(b"-----BEGIN CERTIFICATE REQUEST-----"):
+        last = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise AgentError(f"cannot make this node's key and certificate request: {last[0]}")
+    return key_path.read_bytes(), csr_pem + b"\n"
+
+
 class HeadClient:
-    def __init__(self, head: str, ca_pem: bytes | None = None) -> None:
+    def __init__(self, head: str, ca_pem: bytes | None = None, key_path: Path | None = None) -> None:
+        """`ca_pem`: the head's pinned CA (None: a head without TLS). `key_path`: where a TLS client keeps the node's
+        private key, NODE_KEY_FILE in the agent's state folder."""
+        if ca_pem is not None and key_path is None:
+            raise ValueError("a TLS client needs key_path: where the node's private key is kept")
         self.head = head
         self.ca_pem = ca_pem
+        self.key_path = key_path
         self.channel = self._channel(head)
         self.stub = agent_pb2_grpc.AgentServiceStub(self.channel)
         # Heartbeat and Deregister: on the head's mutual-TLS port once a TLS head has signed this node's certificate.
@@ -61,7 +92,9 @@ class HeadClient:
     async def register(
         self, join_token: str, name: str, hardware: Hardware, offers: list[BackendOffer], address: str, node_id: str
     ) -> agent_pb2.RegisterReply:
-        key_pem, csr_pem = new_node_key() if self.ca_pem is not None else (b"", b"")
+        key_pem, csr_pem = b"", b""
+        if self.ca_pem is not None and self.key_path is not None:
+            key_pem, csr_pem = await new_node_key(self.key_path)
         request = agent_pb2.RegisterRequest(
             join_token=join_token, name=name, hardware=convert.hardware_to_pb(hardware),
             backends=[convert.offer_to_pb(o) for o in offers], agent_version=__version__, address=address,

@@ -28,7 +28,7 @@ from farm.core.errors import AgentError
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import RayProcess, local_ip_towards, ray_temp_dir, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
-from farm_agent.client import HeadClient, pin_head_ca
+from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
 from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, meter_for
 from farm_agent.settings import AgentSettings
@@ -47,7 +47,8 @@ PAUSE_STOP_S = 2.0
 class Agent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
-        self.client = HeadClient(settings.head, pin_head_ca(settings))  # TLS, with the head's CA pinned
+        # TLS, with the head's CA pinned; the node's key is made by a child (no `cryptography` in the daemon).
+        self.client = HeadClient(settings.head, pin_head_ca(settings), settings.state_dir / NODE_KEY_FILE)
         self.stopping = asyncio.Event()
         self.node_id = ""
         self.node_token = ""
