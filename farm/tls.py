@@ -26,7 +26,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from farm.core.errors import UserError
 from farm.local import write_private
-from farm.tls_pin import ca_hash, fetch_ca, parse_ca_hash
+from farm.tls_pin import ca_hash, fetch_ca, join_command, parse_ca_hash
 
 __all__ = ["HeadTLS", "ca_hash", "fetch_ca", "join_command", "new_node_key", "parse_ca_hash"]
 
@@ -47,12 +47,6 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 def _cert_pem(cert: x509.Certificate) -> bytes:
     return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def join_command(address: str, token: str, ca_hash: str) -> str:
-    """What joins a machine: the head, a join token, and the hash of the head's CA for the agent to pin."""
-    trust = f"--ca-hash {ca_hash}" if ca_hash else "--insecure"
-    return f"farm agent start --head {address} --token {token} {trust}"
 
 
 def _san(name: str) -> x509.GeneralName:

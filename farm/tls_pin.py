@@ -1,8 +1,9 @@
-"""The client's side of pinning the head's CA, with the standard library only: the hash `--ca-hash` carries, and
-fetching the CA off a TLS handshake and checking it against that hash.
+"""The client's side of pinning the head's CA, with the standard library only: the hash `--ca-hash` carries (and the
+join line that carries it), and fetching the CA off a TLS handshake and checking it against that hash.
 
-Kept apart from farm.tls on purpose: the agent daemon lives for days and imports this, and `cryptography` (which
-farm.tls needs to make keys and certificates) would cost it ~15 MB resident. The agent makes its key and CSR in a
+Kept apart from farm.tls on purpose: the agent daemon lives for days and imports this (as does the `farm` CLI, which
+an installed agent service runs in the foreground), and `cryptography`, which farm.tls needs to make keys and
+certificates, would cost it ~15 MB resident. The agent makes its key and CSR in a
 short-lived child process (`python -m farm_agent --csr KEY_FILE`) instead.
 """
 
@@ -16,6 +17,12 @@ import ssl
 from farm.core.errors import AuthError, HeadUnavailableError, UserError
 
 _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+
+
+def join_command(address: str, token: str, ca_hash: str) -> str:
+    """What joins a machine: the head, a join token, and the hash of the head's CA for the agent to pin."""
+    trust = f"--ca-hash {ca_hash}" if ca_hash else "--insecure"
+    return f"farm agent start --head {address} --token {token} {trust}"
 
 
 def ca_hash(ca_pem: bytes) -> str:

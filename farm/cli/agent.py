@@ -97,7 +97,7 @@ def _lent_backends(backends: str | None) -> frozenset[BackendName] | None:
 
 def _trust_head(settings: AgentSettings, ca: Path | None) -> None:
     """Pin the head's CA (kept in the agent's folder) now, in the foreground."""
-    from farm.tls import ca_hash, parse_ca_hash
+    from farm.tls_pin import ca_hash, parse_ca_hash
     from farm_agent.client import pin_head_ca
 
     if settings.insecure and (settings.ca_hash or ca):
@@ -220,7 +220,7 @@ def install(
     if bool(ca_hash) == insecure:
         raise UserError("give exactly one of --ca-hash (from the join line) and --insecure (a head without TLS)")
     if ca_hash:
-        from farm.tls import parse_ca_hash
+        from farm.tls_pin import parse_ca_hash
 
         ca_hash = parse_ca_hash(ca_hash)
     if not user and not dry_run and os.geteuid() != 0:

@@ -13,7 +13,7 @@ from farm.cli.options import Json, StateDir, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.local import pid_alive, primary_ip, read_json, terminate, write_json, write_private
-from farm.tls import ca_hash, join_command
+from farm.tls_pin import ca_hash, join_command
 
 if TYPE_CHECKING:
     from farm.head.settings import HeadSettings

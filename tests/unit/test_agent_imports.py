@@ -116,3 +116,14 @@ def test_the_csr_child_says_in_one_line_why_it_cannot_write_the_key(tmp_path: Pa
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
     assert done.stderr.startswith("--csr ") and "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_the_farm_cli_loads_no_cryptography_until_a_head_starts() -> None:
+    """An installed agent service runs `farm agent start` in the foreground: the CLI it runs in lives as long."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys, farm.cli.main, farm.cli.agent, farm_agent.main; "
+                               "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography'))"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
