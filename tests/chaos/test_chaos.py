@@ -58,11 +58,22 @@ class Farm:
     sessions: set[int] = field(default_factory=set)
     starting: dict[str, subprocess.Popen[str]] = field(default_factory=dict)  # `farm agent start --detach` under way
 
-    def start_head(self) -> None:
-        started = farm("head", "start", "--host", "127.0.0.1", "--port", str(self.port), "--ray-port",
-                       str(self.ray_port), "--state-dir", str(self.state), "--detach", timeout=180)
+    def start_head(self, within_s: float = 0.0) -> int:
+        """Start the head; how many tries it took. With `within_s`, failed starts are tried again for that long, as
+        a service manager does: after a kill, `ray start --head` refuses while raylets of the dead cluster on this
+        host (the agents' Ray nodes, still trying to reach it) name its address."""
+        deadline = time.monotonic() + within_s
+        tries = 0
+        while True:
+            tries += 1
+            started = farm("head", "start", "--host", "127.0.0.1", "--port", str(self.port), "--ray-port",
+                           str(self.ray_port), "--state-dir", str(self.state), "--detach", timeout=180)
+            if started.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
         assert started.returncode == 0, started.stderr
         self.track()
+        return tries
 
     def head_pid(self) -> int | None:
         pid = int((read_json(self.state / "head.json") or {}).get("pid", 0))
@@ -209,8 +220,8 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
                     del cluster.starting[name]
                 events.append(f"head killed at {done} shards")
                 head_killed = True
-                cluster.start_head()
-                events.append("head restarted")
+                tries = cluster.start_head(within_s=120)
+                events.append(f"head restarted ({tries} tries)")
                 continue
             # Two agents ready at least: with every node down the job only waits, and on a busy host an agent's
             # restart (its Ray node's start) takes tens of seconds.
