@@ -29,7 +29,16 @@ import yaml
 
 from farm.client import Client, find_head
 from farm.core.errors import FarmError
-from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
+from farm.local import (
+    free_port,
+    pid_alive,
+    processes_in_sessions,
+    ray_temp_dir,
+    read_json,
+    sessions_of,
+    terminate,
+    wait_for,
+)
 from farm.proto.v1 import job_pb2
 from tests.chaos import chaosjob
 from tests.conftest import ROOT, farm
@@ -141,6 +150,10 @@ class Farm:
         wait_for(lambda: not processes_in_sessions(self.sessions), 20, 0.5)
         leftover = processes_in_sessions(self.sessions)
         terminate(*leftover, grace=5)
+        for name in AGENTS:  # the agents' own Ray folders (farm.local.ray_temp_dir), outside the state folder
+            node_id = (read_json(self.state / "agents" / name / "node.json") or {}).get("node_id")
+            if node_id:
+                shutil.rmtree(ray_temp_dir(str(node_id)), ignore_errors=True)
         return leftover
 
 
