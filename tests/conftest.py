@@ -55,25 +55,32 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                    str(free_port()), "--state-dir", str(state), "--detach")
     assert started.returncode == 0, started.stderr
     head = find_head(state_dir=state)
-    agents = [
-        subprocess.Popen(
-            [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.address, "--token",
-             head.join_token, "--ca-hash", head.ca_hash, "--name", name, "--cpus", "1", "--state-dir", str(state), "--detach",
-             "--max-foreign-cpu", "100"],  # both agents share this host: neither is the other's owner
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
-        for name in ("agent-a", "agent-b")
-    ]
-    for proc in agents:
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err
     cluster = Cluster(state_dir=state, head=head)
-    yield cluster
-    # This farm's processes only: the head's, the agents' and their Ray nodes' sessions (others may share the host).
+    try:  # an agent that fails to start must not leave the head and the other agent running
+        agents = [
+            subprocess.Popen(
+                [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.address, "--token",
+                 head.join_token, "--ca-hash", head.ca_hash, "--name", name, "--cpus", "1", "--state-dir", str(state),
+                 "--detach", "--max-foreign-cpu", "100"],  # both agents share this host: neither is the other's owner
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for name in ("agent-a", "agent-b")
+        ]
+        for proc in agents:
+            _, err = proc.communicate(timeout=180)
+            assert proc.returncode == 0, err
+        yield cluster
+    finally:
+        stop_cluster(cluster)
+
+
+def stop_cluster(cluster: Cluster) -> None:
+    """This farm's processes only: the head's, the agents' and their Ray nodes' sessions (others may share the host)."""
+    state = cluster.state_dir
     sessions = sessions_of([int((read_json(state / "head.json") or {}).get("pid", 0)), *cluster.agent_pids().values()])
     sessions.discard(os.getsid(0))
     stopped = farm("agent", "stop", "--state-dir", str(state))
-    assert stopped.returncode in (0, 2), stopped.stderr  # 2: a test already stopped them all
+    assert stopped.returncode in (0, 2), stopped.stderr  # 2: a test already stopped them all, or none started
     assert farm("head", "stop", "--state-dir", str(state)).returncode == 0
     wait_for(lambda: not processes_in_sessions(sessions), 20, 0.5)
     leftover = processes_in_sessions(sessions)

@@ -20,16 +20,19 @@ from ray import exceptions as ray_errors
 from ray._private.runtime_env import packaging
 
 from farm.core.errors import FarmError
+from farm.core.kernels import KernelEvalShardResult
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
 from farm.core.tasks import ShardResult, ShardTask, Tuning
+from farm.head import kernel_jobs
+from farm.head.output import remove_partial_files, shard_file, write_manifest, write_shard
 from farm.head.liveness import derive_state
-from farm.head.output import shard_file, write_manifest, write_shard
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
 from farm.head.training import TrainingDriver
 from farm.scheduler import Assignment, ShardRequest, calibration
 from farm.scheduler.rounds import schedule_round
+from farm_agent.kernel_eval import run_kernel_shard
 from farm_agent.runner import run_shard
 
 log = logging.getLogger("farm.head")
@@ -42,6 +45,7 @@ NODE_FAILURES = (
 )
 # The remote shard runner; Ray pickles it by reference, so the nodes import it from their own farm_agent.
 remote_run_shard = ray.remote(num_cpus=0, max_retries=0)(run_shard)
+remote_run_kernel_shard = ray.remote(num_cpus=0, max_retries=0)(run_kernel_shard)
 
 
 @dataclass
@@ -64,9 +68,7 @@ class Dispatcher:
         self.training = TrainingDriver(store, settings, notify, self._working_dir)
 
     async def run(self) -> None:
-        requeued = self.store.requeue_running()
-        if requeued:
-            log.info("recovered %d shards that were running when the head stopped", requeued)
+        self.recover()
         while True:
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
@@ -75,6 +77,18 @@ class Dispatcher:
             self.wake.clear()
             await self.refresh_nodes()
             self.schedule()
+
+    def recover(self) -> None:
+        """After a head restart (a crash included): shards that were running died with the old Ray driver and go
+        back to the queue; files a killed head was writing are removed (the shards they belong to run again); a job
+        whose last shard was recorded just before the head died gets its manifest now."""
+        requeued = self.store.requeue_running()
+        if requeued:
+            log.info("recovered %d shards that were running when the head stopped", requeued)
+        for job in self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING)):
+            if job.kind != JobKind.TRAINING.value:
+                remove_partial_files(Path(job.output))
+                self._finish_if_done(job.id)
 
     async def refresh_nodes(self) -> None:
         """Node state from heartbeats and from Ray's own view of its nodes."""
@@ -133,8 +147,9 @@ class Dispatcher:
                 continue
             spec = parse_spec(job.spec_yaml, job.id)
             peaks = {BackendName(b): n for b, n in self.store.peak_memory(job.model_key).items()}
+            backends = spec.kernel_eval_backends if job.kind == JobKind.KERNEL_EVAL.value else spec.backends
             wanted = [
-                ShardRequest(job_id=job.id, index=s.index, items=s.size, backends=spec.backends, policy=spec.policy,
+                ShardRequest(job_id=job.id, index=s.index, items=s.size, backends=backends, policy=spec.policy,
                              peak_bytes=peaks, model_bytes=job.model_bytes)
                 for s in job.shards if s.state is ShardState.PENDING and (job.id, s.index) not in self.running
             ]
@@ -177,13 +192,18 @@ class Dispatcher:
 
     def launch(self, job: Job, spec: JobSpec, assignment: Assignment, node: Node) -> None:
         shard = job.shards[assignment.index]
-        task = ShardTask(
-            job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model,
-            weights=spec.weights, dataset=spec.dataset, batch_size=spec.batch_size,
-            backend=assignment.backend.value, device=assignment.device, threads=assignment.threads,
-            tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=spec.tune_budget_s),
-        )
-        ref = remote_run_shard.options(
+        if spec.kind is JobKind.KERNEL_EVAL:
+            task: object = kernel_jobs.task(job, spec, shard.index, assignment.backend.value, assignment.device)
+            remote = remote_run_kernel_shard
+        else:
+            task = ShardTask(
+                job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model or "",
+                weights=spec.weights, dataset=spec.dataset or "", batch_size=spec.batch_size,
+                backend=assignment.backend.value, device=assignment.device, threads=assignment.threads,
+                tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=spec.tune_budget_s),
+            )
+            remote = remote_run_shard
+        ref = remote.options(
             label_selector={NODE_LABEL: node.id},
             resources={f"farm.{assignment.backend.value}": 1},
             runtime_env={"working_dir": self._working_dir(job)},
@@ -203,11 +223,20 @@ class Dispatcher:
     async def _collect(self, job_id: str, index: int, running: Running) -> None:
         key = (job_id, index)
         try:
-            result: ShardResult = await running.ref
-            job = self.store.job(job_id)
-            if job.state.finished or self.running.get(key) is not running:  # cancelled, or taken back meanwhile
+            result: ShardResult | KernelEvalShardResult = await running.ref
+            if self.running.get(key) is not running:  # taken back meanwhile: a rerun owns the shard now
                 return
-            await asyncio.to_thread(write_shard, Path(job.output), index, result.outputs)
+            # Claimed before the first await: the result is here, so losing its node while the file is written must
+            # not hand the shard to another node (a second result, a second write).
+            del self.running[key]
+            job = self.store.job(job_id)
+            if job.state.finished:  # cancelled, or failed by another shard
+                return
+            if isinstance(result, KernelEvalShardResult):  # its rows, named by the node that measured them
+                await asyncio.to_thread(kernel_jobs.write_rows, Path(job.output), index, result.rows,
+                                        job.shards[index].node_name)
+            else:
+                await asyncio.to_thread(write_shard, Path(job.output), index, result.outputs)
             self.store.shard_succeeded(job_id, index, result.items, result.seconds, result.correct, result.energy,
                                        result.peak_memory_bytes)
             self._finish_if_done(job_id)
@@ -268,7 +297,10 @@ class Dispatcher:
             return
         metrics = job_metrics(job)
         self.store.set_metrics(job_id, metrics)
-        write_manifest(Path(job.output), manifest(job, metrics))
+        if job.kind == JobKind.KERNEL_EVAL.value:  # the results table, then its manifest
+            kernel_jobs.finish(Path(job.output), job, metrics)
+        else:
+            write_manifest(Path(job.output), manifest(job, metrics))
         self.store.set_job_state(job_id, JobState.SUCCEEDED)
         self.code.pop(job_id, None)
 
