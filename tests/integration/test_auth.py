@@ -5,17 +5,14 @@ real cluster, no token shows in `ps`, the logs or the store."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 import pkgutil
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,78 +26,19 @@ import farm.proto.v1
 from farm.cli import head as head_cli
 from farm.client import Client, HeadInfo
 from farm.core.errors import AuthError, HeadUnavailableError
-from farm.head.auth import Tokens, hash_token
-from farm.head.dispatch import Dispatcher
-from farm.head.events import JobEvents
-from farm.head.server import build_server
-from farm.head.settings import HeadSettings
+from farm.head.auth import hash_token
 from farm.head.store import Store
-from farm.local import free_port, read_json
+from farm.local import read_json
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
-from farm.tls import HeadTLS, ca_hash, fetch_ca, new_node_key
+from farm.tls import HeadTLS, ca_hash, fetch_ca
 from tests.conftest import ROOT, Cluster
-from tests.integration.test_head_grpc import HW
+from tests.integration.inprocess_head import HW, Head, running_head
 
 # Every service of every generated module: a new RPC, or a new service, is called by these tests without being named.
 SERVICES = [service for module in pkgutil.iter_modules(farm.proto.v1.__path__) if module.name.endswith("_pb2")
             for service in importlib.import_module(f"farm.proto.v1.{module.name}").DESCRIPTOR.services_by_name.values()]
 READS = {"ListNodes", "Get", "List", "Watch", "Logs"}
-
-
-class Head:
-    def __init__(self, settings: HeadSettings, tokens: Tokens) -> None:
-        self.settings = settings
-        self.tokens = tokens
-        self.ca_pem = b"" if settings.insecure else (settings.tls_dir / "ca.pem").read_bytes()
-
-    def channel(self, key_pem: bytes | None = None, cert_pem: bytes | None = None, port: int | None = None,
-                ca_pem: bytes | None = None) -> grpc.Channel:
-        return grpc.secure_channel(f"127.0.0.1:{port or self.settings.port}",
-                                   grpc.ssl_channel_credentials(ca_pem or self.ca_pem, key_pem, cert_pem))
-
-    def client(self, token: str | None = None, ca_pem: bytes | None = None) -> Client:
-        info = HeadInfo(address=self.settings.address, api_token=token or self.tokens.api,
-                        ca_pem=ca_pem or self.ca_pem)
-        return Client(info, timeout=5)
-
-    def register(self, join_token: str, name: str = "box") -> tuple[agent_pb2.RegisterReply, bytes]:
-        key_pem, csr_pem = new_node_key()
-        request = agent_pb2.RegisterRequest(join_token=join_token, name=name, hardware=convert.hardware_to_pb(HW),
-                                            csr_pem=csr_pem)
-        with self.channel() as channel:
-            return agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=5), key_pem
-
-
-@contextmanager
-def running_head(state: Path, **options: Any) -> Iterator[Head]:
-    """A head's control plane in a thread of this process, with its own CA in `state`."""
-    settings = HeadSettings(state_dir=state, host="127.0.0.1", port=free_port(), mtls_port=free_port(), **options)
-    tokens = Tokens.load_or_create(state, settings.ray_token_path)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    stopping: asyncio.Event | None = None
-
-    async def serve() -> None:
-        nonlocal stopping
-        stopping = asyncio.Event()
-        store = Store(state / "state.db")
-        events = JobEvents()
-        server = build_server(settings, tokens, store, Dispatcher(store, settings, events.publish), events)
-        await server.start()
-        started.set()
-        await stopping.wait()
-        await server.stop(grace=1)
-        store.close()
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
-    thread.start()
-    assert started.wait(10)
-    try:
-        yield Head(settings, tokens)
-    finally:
-        loop.call_soon_threadsafe(stopping.set)  # type: ignore[union-attr]
-        thread.join(10)
 
 
 @pytest.fixture()

@@ -1,0 +1,84 @@
+"""A head's gRPC control plane in a thread of the test process (127.0.0.1, free ports, its own CA, no Ray), and a
+handle on it for the tests that call it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from farm.client import Client, HeadInfo
+from farm.core.models import Hardware
+from farm.head.auth import Tokens
+from farm.head.dispatch import Dispatcher
+from farm.head.events import JobEvents
+from farm.head.server import build_server
+from farm.head.settings import HeadSettings
+from farm.head.store import Store
+from farm.local import free_port
+from farm.proto import convert
+from farm.proto.v1 import agent_pb2, agent_pb2_grpc
+from farm.tls import new_node_key
+
+HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
+
+
+class Head:
+    def __init__(self, settings: HeadSettings, tokens: Tokens) -> None:
+        self.settings = settings
+        self.tokens = tokens
+        self.db = settings.state_dir / "state.db"
+        self.ca_pem = b"" if settings.insecure else (settings.tls_dir / "ca.pem").read_bytes()
+
+    def channel(self, key_pem: bytes | None = None, cert_pem: bytes | None = None, port: int | None = None,
+                ca_pem: bytes | None = None) -> grpc.Channel:
+        return grpc.secure_channel(f"127.0.0.1:{port or self.settings.port}",
+                                   grpc.ssl_channel_credentials(ca_pem or self.ca_pem, key_pem, cert_pem))
+
+    def client(self, token: str | None = None, ca_pem: bytes | None = None) -> Client:
+        info = HeadInfo(address=self.settings.address, api_token=token or self.tokens.api,
+                        ca_pem=ca_pem or self.ca_pem)
+        return Client(info, timeout=5)
+
+    def register(self, join_token: str, name: str = "box") -> tuple[agent_pb2.RegisterReply, bytes]:
+        key_pem, csr_pem = new_node_key()
+        request = agent_pb2.RegisterRequest(join_token=join_token, name=name, hardware=convert.hardware_to_pb(HW),
+                                            csr_pem=csr_pem)
+        with self.channel() as channel:
+            return agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=5), key_pem
+
+
+@contextmanager
+def running_head(state: Path, **options: Any) -> Iterator[Head]:
+    """A head's control plane in a thread of this process, with its own CA in `state`."""
+    settings = HeadSettings(state_dir=state, host="127.0.0.1", port=free_port(), mtls_port=free_port(), **options)
+    tokens = Tokens.load_or_create(state, settings.ray_token_path)
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    stopping: asyncio.Event | None = None
+
+    async def serve() -> None:
+        nonlocal stopping
+        stopping = asyncio.Event()
+        store = Store(state / "state.db")
+        events = JobEvents()
+        server = build_server(settings, tokens, store, Dispatcher(store, settings, events.publish), events)
+        await server.start()
+        started.set()
+        await stopping.wait()
+        await server.stop(grace=1)
+        store.close()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(serve(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield Head(settings, tokens)
+    finally:
+        loop.call_soon_threadsafe(stopping.set)  # type: ignore[union-attr]
+        thread.join(10)
