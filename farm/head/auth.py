@@ -121,8 +121,8 @@ class Tokens:
 
     # ---- checks: each raises AuthError (UNAUTHENTICATED) and counts the failure against the peer
 
-    def _gate(self, context: grpc.aio.ServicerContext | None) -> str:
-        peer = peer_address(context) if context is not None else "local"
+    def _gate(self, context: grpc.aio.ServicerContext) -> str:
+        peer = peer_address(context)
         left = self.limiter.blocked_for(peer)
         if left:
             raise AuthError(f"too many failed authentications from {peer}: refused for another {left:.0f} s")
@@ -133,14 +133,9 @@ class Tokens:
         log.warning("refused a call from %s: %s (credential hash %s)", peer, reason, fingerprint(secret))
         return AuthError(reason)
 
-    def check_join(self, token: str, store: Store | None = None,
-                   context: grpc.aio.ServicerContext | None = None) -> str:
-        """The id of the valid join token `token`; without a store, only the default token counts."""
+    def check_join(self, token: str, store: Store, context: grpc.aio.ServicerContext) -> str:
+        """The id of the valid join token `token` (the store's records; the default one among them)."""
         peer = self._gate(context)
-        if store is None:
-            if hmac.compare_digest(token.encode(), self.join.encode()):
-                return DEFAULT_JOIN_TOKEN_ID
-            raise self._refuse(peer, "invalid join token", token)
         record = store.join_token(hash_token(token))
         if record is None:
             raise self._refuse(peer, "invalid join token", token)
