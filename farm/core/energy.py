@@ -25,6 +25,11 @@ UNCERTAINTY: dict[str, float] = {
 }
 
 
+# A figure from fewer of its meter's steps than this measures the meter, not the work: each end of a window is
+# uncertain by up to a step (on the H200, NVML's counter steps every 100 ms: a 7 ms shard read as 14 J).
+METER_STEPS = 20
+
+
 class EnergyScope(StrEnum):
     DEVICE = "device"  # one accelerator board or die
     PACKAGE = "package"  # a CPU socket (cores, caches, memory controller) or an SoC

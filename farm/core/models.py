@@ -73,6 +73,11 @@ class BackendOffer(Frozen):
     threads: int = Field(default=1, ge=0)
     available: bool = True
     reason: str = ""
+    # What the agent found of the device's energy meter: how often its reading moves (0: it has no step, like Farm's
+    # model estimate), and the device's draw with no shard running, read on the same meter (None: not measured).
+    meter_step_s: float = Field(default=0.0, ge=0)
+    idle_w: float | None = Field(default=None, ge=0)
+    idle_source: str = ""  # the EnergySource of idle_w: a shard's marginal energy needs the same meter
 
 
 class Node(Frozen):

@@ -9,8 +9,9 @@ source: a rate mixing a counter with an estimate would rank unlike against like.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from farm.core.energy import METER_STEPS
 from farm.core.frozen import Frozen
 from farm.scheduler.types import Rate
 
@@ -28,7 +29,11 @@ class Sample(Frozen):
     finished_at: float = 0.0  # unix seconds
 
 
-def rates(samples: Iterable[Sample]) -> dict[tuple[str, str], Rate]:
+def rates(samples: Iterable[Sample], meter_steps: Mapping[tuple[str, str], float] | None = None
+          ) -> dict[tuple[str, str], Rate]:
+    """Per (node, device): its speed over its latest shards, and its items per joule over those of them that lasted
+    METER_STEPS of the device's meter (`meter_steps`: seconds per step), where any did: the short first shards of an
+    auto-sized job measure speed well and energy badly (a meter's step is billed whole)."""
     grouped: defaultdict[tuple[str, str], list[Sample]] = defaultdict(list)
     for sample in samples:
         grouped[(sample.node_id, sample.device)].append(sample)
@@ -39,14 +44,17 @@ def rates(samples: Iterable[Sample]) -> dict[tuple[str, str], Rate]:
         seconds = sum(s.seconds for s in group)
         if items <= 0 or seconds <= 0:
             continue
-        sources = {s.energy_source for s in group}
-        joules = sum(s.energy_j for s in group)
+        floor_s = METER_STEPS * (meter_steps or {}).get(key, 0.0)
+        metered = [s for s in group if s.seconds >= floor_s] or group
+        sources = {s.energy_source for s in metered}
+        joules = sum(s.energy_j for s in metered)
         measured = len(sources) == 1 and "" not in sources and joules > 0
         found[key] = Rate(
             items_per_s=items / seconds,
-            items_per_j=items / joules if measured else None,
+            items_per_j=sum(s.items for s in metered) / joules if measured else None,
             energy_source=sources.pop() if measured else "",
             samples=len(group),
             measured_at=max(s.finished_at for s in group),
+            max_items=max(s.items for s in group),
         )
     return found

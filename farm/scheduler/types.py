@@ -32,6 +32,7 @@ class Rate(Frozen):
     energy_source: str = ""  # where items_per_j's joules came from
     samples: int = 0  # finished shards behind the figures
     measured_at: float = 0.0  # when the latest of them finished (unix seconds)
+    max_items: int = 0  # the largest of them: an auto-sized shard grows from it
 
 
 class Assignment(Frozen):
