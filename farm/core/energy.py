@@ -59,3 +59,23 @@ class Power(Frozen):
 
 class DevicePower(Power):
     device: str
+
+
+class EnergyBasis(StrEnum):
+    """Which energy a job's efficiency is ranked by (the spec's `energy:`)."""
+
+    MARGINAL = "marginal"  # above the device's idle draw: what lending it costs its owner
+    TOTAL = "total"  # everything its meter read over the shard, idle draw included
+
+
+# A marginal figure below this share of its total is within the meters' error of nothing: it is floored there, so a
+# device whose work barely shows above its idle draw ranks as very cheap rather than free (or infinitely efficient).
+MARGINAL_FLOOR = 0.05
+
+
+def marginal_joules(energy: Energy, idle_w: float | None, idle_source: str) -> float | None:
+    """The energy a shard added above its device's idle draw over the same window; None unless the idle draw was
+    read on the same kind of meter (a counter's figure less an estimate's idle draw would mix unlike figures)."""
+    if idle_w is None or idle_source != energy.source.value:
+        return None
+    return max(energy.joules - idle_w * energy.seconds, MARGINAL_FLOOR * energy.joules)

@@ -31,11 +31,15 @@ def hardware_from_pb(msg: common_pb2.Hardware) -> Hardware:
 
 
 def offer_to_pb(offer: BackendOffer) -> common_pb2.Backend:
-    return common_pb2.Backend(**offer.model_dump(mode="json"))
+    return common_pb2.Backend(**offer.model_dump(mode="json", exclude_none=True))
 
 
 def offer_from_pb(msg: common_pb2.Backend) -> BackendOffer:
-    return BackendOffer.model_validate(to_dict(msg))
+    """An idle draw counts only with its meter named (proto3 has no unset double)."""
+    fields = to_dict(msg)
+    if not msg.idle_source:
+        fields.pop("idle_w", None)
+    return BackendOffer.model_validate(fields)
 
 
 def node_to_pb(node: Node) -> fleet_pb2.Node:

@@ -33,6 +33,7 @@ class Rate(Frozen):
     samples: int = 0  # finished shards behind the figures
     measured_at: float = 0.0  # when the latest of them finished (unix seconds)
     max_items: int = 0  # the largest of them: an auto-sized shard grows from it
+    energy_basis: str = ""  # marginal | total: what items_per_j's joules are (an EnergyBasis value)
 
 
 class Assignment(Frozen):

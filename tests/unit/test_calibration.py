@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from farm.core.energy import EnergyBasis
 from farm.scheduler.calibration import RECENT, Sample, rates
 
 
@@ -34,3 +35,14 @@ def test_only_the_latest_shards_count_so_a_changed_device_converges() -> None:
     found = rates(slow + fast)[("n", "cpu")]
     assert found.items_per_s == pytest.approx(100)  # the slow past no longer counts
     assert (found.samples, found.measured_at) == (RECENT, 100 + RECENT - 1)
+
+
+def test_the_marginal_basis_ranks_by_energy_above_idle_and_falls_back_to_total() -> None:
+    both = [Sample(node_id="n", device="cuda:0", items=1000, seconds=3.0, energy_j=2040.0, energy_source="counter",
+                   marginal_j=1665.0)]
+    assert rates(both)[("n", "cuda:0")].items_per_j == pytest.approx(1000 / 1665.0)
+    assert rates(both)[("n", "cuda:0")].energy_basis == "marginal"
+    total = rates(both, basis=EnergyBasis.TOTAL)[("n", "cuda:0")]
+    assert (total.items_per_j, total.energy_basis) == (pytest.approx(1000 / 2040.0), "total")
+    no_idle = [both[0].model_copy(update={"marginal_j": None})]
+    assert rates(no_idle)[("n", "cuda:0")].energy_basis == "total"  # no idle draw read there: its total stands in

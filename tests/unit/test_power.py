@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from farm.core.energy import EnergyScope, EnergySource
-from farm_agent.power import EnergyWindow, UnavailableMeter, meter_for
+from farm_agent.power import EnergyWindow, UnavailableMeter, idle_power, meter_for
 from farm_agent.power import rapl as rapl_module
 from farm_agent.power.apple import (
     AppleMeter,
@@ -811,3 +811,48 @@ def test_the_estimate_bills_a_few_milliseconds_of_work_at_full_resolution() -> N
         while time.process_time() - began < 0.003:  # 3 ms of CPU: /proc's 10 ms ticks would bill 0 or 0.1 J
             pass
     assert w.energy is not None and 0.025 <= w.energy.joules <= 0.08
+
+
+# --- the meter's step and the device's idle draw (what the agent reports for auto-sized shards and marginal energy)
+
+
+def test_the_nvml_counter_step_is_measured_between_two_edges() -> None:
+    meter, clock = counter_meter(STEPS, 2.004)
+    assert meter.step_s == pytest.approx(0.1, abs=0.003)
+    assert clock.t < 2.004 + 0.25  # two edges at most: 2.037 and 2.137
+    clock.advance(1.0)
+    assert meter.step_s == pytest.approx(0.1, abs=0.003)  # measured once
+    flat = {"counter": [[0.0, 1000], [10.0, 2000]], "power_mw": [[0.0, 60000]]}
+    stuck, _ = counter_meter(flat, 1.0)
+    assert stuck.step_s == stuck.align_timeout_s  # no finer than the wait can tell
+
+
+def test_idle_power_reads_twenty_steps_on_the_meter_itself() -> None:
+    idle = {"counter": [[0.037 + 0.1 * k, 10**9 + 12_500 * k] for k in range(200)]}  # 125 W, 100 ms steps
+    meter, clock = counter_meter(idle, 3.01)
+    power = idle_power(meter, sleep=clock.sleep)
+    assert power is not None and power.watts == pytest.approx(125.0, rel=0.005)
+    assert (power.source, power.scope) == (EnergySource.COUNTER, EnergyScope.DEVICE)
+    assert 3.01 + 2.0 <= clock.t <= 3.01 + 2.0 + 0.5  # 20 steps of 100 ms, and the edges around them
+
+
+def test_the_estimates_idle_draw_is_zero_by_construction_and_other_meters_say_their_step() -> None:
+    slept: list[float] = []
+    estimate = CpuEstimateMeter(80.0, cores=8)
+    power = idle_power(estimate, sleep=slept.append)
+    assert power is not None and power.watts == 0.0 and power.source is EnergySource.MODEL_ESTIMATE
+    assert slept == [] and estimate.step_s == 0.0
+    assert idle_power(UnavailableMeter("cuda:0", "no NVML", EnergySource.COUNTER, EnergyScope.DEVICE)) is None
+
+
+def test_the_agent_reports_each_offers_meter_step_and_idle_draw() -> None:
+    import asyncio
+
+    from farm.core.models import BackendName, BackendOffer
+    from farm_agent.main import with_meter_facts
+
+    offers = [BackendOffer(name=BackendName.CPU, device="cpu", threads=2),
+              BackendOffer(name=BackendName.CUDA, device="cuda:0", available=False, reason="no GPU")]
+    cpu, gpu = asyncio.run(with_meter_facts(offers, {"cpu": CpuEstimateMeter(20.0, cores=2)}))
+    assert (cpu.meter_step_s, cpu.idle_w, cpu.idle_source) == (0.0, 0.0, "model-estimate")
+    assert gpu == offers[1]  # no meter: nothing claimed

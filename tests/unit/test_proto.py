@@ -33,6 +33,9 @@ def test_hardware_and_offers_round_trip() -> None:
     offer = BackendOffer(name=BackendName.CUDA, device="cuda:0", threads=1, available=False, reason="why")
     assert convert.hardware_from_pb(convert.hardware_to_pb(hw)) == hw
     assert convert.offer_from_pb(convert.offer_to_pb(offer)) == offer
+    metered = BackendOffer(name=BackendName.CUDA, device="cuda:0", meter_step_s=0.1, idle_w=0.0, idle_source="counter")
+    assert convert.offer_from_pb(convert.offer_to_pb(metered)) == metered  # an idle draw of 0 W stays measured
+    assert convert.offer_from_pb(convert.offer_to_pb(offer)).idle_w is None  # and none stays none
 
 
 def test_json_keeps_64_bit_integers_as_numbers() -> None:

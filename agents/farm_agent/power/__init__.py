@@ -5,6 +5,8 @@
         run_shard()                        # GPU work: synchronize the device before the block ends
     w.energy                               # Energy(joules, seconds, source, scope), or None when unavailable
     meter.power()                          # Power for heartbeats and dashboards, or None when unknown
+    meter.step_s                           # how often its reading moves (0: no step); shards last 20 of them
+    idle_power(meter)                      # the device's draw while nothing runs on it, on this meter
 
 One meter per file: `nvml` (NVIDIA), `rapl` (Linux CPU packages), `estimate` (Farm's CPU model), `apple` (Apple
 Silicon). The chooser, `meter_for`, picks the best reading the device offers and falls back, saying why:
@@ -45,12 +47,13 @@ from __future__ import annotations
 
 import logging
 import platform
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
-from farm.core.energy import Energy, EnergyScope, EnergySource, Power
+from farm.core.energy import METER_STEPS, Energy, EnergyScope, EnergySource, Power
 
 log = logging.getLogger("farm.agent.power")
 
@@ -94,6 +97,12 @@ class PowerMeter(Protocol):
     available: bool  # False: window() yields energy None and power() is None
     reason: str  # "" when the meter measures as intended; else why it fell back, or why it cannot measure
 
+    @property
+    def step_s(self) -> float:
+        """How often the reading moves, in seconds (NVML's H200 counter: 0.1); 0 for a meter without steps (Farm's
+        model estimate). A window shorter than METER_STEPS steps measures the meter, not the work."""
+        ...
+
     def window(self) -> AbstractContextManager[EnergyWindow]:
         """`with meter.window() as w: run()`, then `w.energy`."""
         ...
@@ -112,6 +121,7 @@ class UnavailableMeter:
     the device's meter would have reported, so a caller that forgets to check `available` still labels honestly."""
 
     available = False
+    step_s = 0.0
 
     def __init__(self, device: str, reason: str, source: EnergySource, scope: EnergyScope) -> None:
         self.device, self.reason, self.source, self.scope = device, reason, source, scope
@@ -132,6 +142,28 @@ class UnavailableMeter:
 
     def __repr__(self) -> str:
         return f"UnavailableMeter({self.device!r}, reason={self.reason!r})"
+
+
+IDLE_MIN_S = 1.0  # the shortest idle reading: a second of a steady idle draw is within a few % on every meter here
+
+
+def idle_power(meter: PowerMeter, sleep: Sleep = time.sleep) -> Power | None:
+    """The device's draw while nothing of Farm's runs on it, on `meter` itself (so that a shard's marginal energy is
+    its meter's figure less this draw over its window, like against like): a window of METER_STEPS steps (at least
+    IDLE_MIN_S) over which the caller runs nothing. The agent takes it before its Ray node starts.
+
+    Farm's model estimate bills only the CPU time of the process it measures, so its idle draw is 0 by construction
+    (no reading is taken): its figures are already the shard's own. None where the meter cannot measure."""
+    if not meter.available:
+        return None
+    if meter.source is EnergySource.MODEL_ESTIMATE:
+        return Power(watts=0.0, source=meter.source, scope=meter.scope)
+    with meter.window() as w:
+        sleep(max(METER_STEPS * meter.step_s, IDLE_MIN_S))
+    energy = w.energy
+    if energy is None or energy.seconds <= 0:
+        return None
+    return Power(watts=energy.joules / energy.seconds, source=energy.source, scope=energy.scope)
 
 
 def meter_for(

@@ -307,6 +307,11 @@ class AppleMeter:
         self._clock = clock
         self._last: tuple[float, int] | None = None  # for power() from counters: the previous reading
 
+    @property
+    def step_s(self) -> float:
+        """IOReport's counters: no step to speak of (1 mJ resolution); a tool's samples: its sampling interval."""
+        return 0.0 if isinstance(self.reader, ZeusCounters) else self.reader.interval_s
+
     @contextmanager
     def window(self) -> Iterator[EnergyWindow]:
         if isinstance(self.reader, ZeusCounters):

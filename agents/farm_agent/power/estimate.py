@@ -99,6 +99,7 @@ class CpuEstimateMeter:
     source = EnergySource.MODEL_ESTIMATE
     scope = EnergyScope.PACKAGE
     available = True
+    step_s = 0.0  # no step: the process's CPU clock counts nanoseconds
 
     def __init__(
         self,

@@ -129,6 +129,18 @@ class NvmlCounterMeter:
         self.device, self.reason = device, reason
         self._clock, self._sleep = clock, sleep
         self.align, self.poll_s, self.align_timeout_s = align, poll_s, align_timeout_s
+        self._step_s: float | None = None
+
+    @property
+    def step_s(self) -> float:
+        """How often the counter steps, measured once: the time between two consecutive step edges (waits up to two
+        steps). Where it does not step within align_timeout_s, align_timeout_s: no finer than that can be told."""
+        if self._step_s is None:
+            _, first, first_error = self._edge()
+            _, second, second_error = self._edge() if first_error is not None else (0, 0.0, None)
+            aligned = first_error is not None and second_error is not None
+            self._step_s = second - first if aligned else self.align_timeout_s
+        return self._step_s
 
     def _read(self) -> tuple[int, float]:
         """(mJ, when): the counter, and the middle of the call that read it."""
@@ -211,6 +223,11 @@ class NvmlPowerMeter:
         self._dev = _NvmlDevice(nvml, handle, device)
         self.device, self.reason = device, reason
         self._clock, self._wait, self.period_s = clock, wait, period_s
+
+    @property
+    def step_s(self) -> float:
+        """The sampling period: the integral moves no finer (the driver's own averaging aside)."""
+        return self.period_s
 
     def _sample(self, into: list[tuple[float, float]]) -> None:
         watts = self._dev.power_watts()

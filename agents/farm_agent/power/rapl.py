@@ -101,6 +101,7 @@ class RaplMeter:
     source = EnergySource.COUNTER
     scope = EnergyScope.PACKAGE
     available = True
+    step_s = 0.001  # the counters update about every millisecond
 
     def __init__(self, zones: list[RaplZone], *, clock: Clock = time.monotonic, read: ReadText | None = None,
                  reason: str = "") -> None:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Backend(_message.Message):
-    __slots__ = ("name", "device", "detail", "slots", "available", "reason", "threads")
+    __slots__ = ("name", "device", "detail", "slots", "available", "reason", "threads", "meter_step_s", "idle_w", "idle_source")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,9 @@ class Backend(_message.Message):
     AVAILABLE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
+    METER_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    IDLE_W_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SOURCE_FIELD_NUMBER: _ClassVar[int]
     name: str
     device: str
     detail: str
@@ -22,7 +25,10 @@ class Backend(_message.Message):
     available: bool
     reason: str
     threads: int
-    def __init__(self, name: _Optional[str] = ..., device: _Optional[str] = ..., detail: _Optional[str] = ..., slots: _Optional[int] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ..., threads: _Optional[int] = ...) -> None: ...
+    meter_step_s: float
+    idle_w: float
+    idle_source: str
+    def __init__(self, name: _Optional[str] = ..., device: _Optional[str] = ..., detail: _Optional[str] = ..., slots: _Optional[int] = ..., available: _Optional[bool] = ..., reason: _Optional[str] = ..., threads: _Optional[int] = ..., meter_step_s: _Optional[float] = ..., idle_w: _Optional[float] = ..., idle_source: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "name", "uuid", "memory_bytes", "driver")
