@@ -49,6 +49,11 @@ class HeadUnavailableError(UserError):
     grpc_status = "UNAVAILABLE"
 
 
+class DataError(UserError):
+    """A malformed input (a bad row, a truncated file, an image that does not decode), named by its file and row:
+    it fails the shard that read it, not the job's other shards."""
+
+
 class AgentError(FarmError):
     """The node agent could not do its part (start Ray, reach the head)."""
 

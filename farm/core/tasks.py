@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from farm.core.dataset import DatasetPlan, DatasetSpec
 from farm.core.energy import Energy
 
 
@@ -20,6 +21,30 @@ class Tuning:
 
 
 @dataclass(frozen=True)
+class HeadAccess:
+    """How a node reads a job's dataset from the head's machine: the head's address and CA, and the job's read
+    credential (it reaches that job's dataset files only)."""
+
+    address: str
+    ca_pem: bytes  # empty: a head without TLS
+    job_id: str
+    token: str
+
+    def __repr__(self) -> str:  # never a credential in a log or a traceback
+        return f"HeadAccess(address={self.address!r}, job_id={self.job_id!r})"
+
+
+@dataclass(frozen=True)
+class DataTask:
+    """A shard's slice of a planned dataset: the spec (columns, preprocess), the plan's files holding its units,
+    and, for a dataset on the head's machine, how to read it there."""
+
+    spec: DatasetSpec
+    plan: DatasetPlan
+    access: HeadAccess | None = None
+
+
+@dataclass(frozen=True)
 class ShardTask:
     job_id: str
     index: int
@@ -27,12 +52,13 @@ class ShardTask:
     stop: int
     model: str  # module:callable returning a torch.nn.Module
     weights: str | None  # state_dict path inside the job's code
-    dataset: str  # module:callable or a data file inside the job's code
+    dataset: str  # module:callable or a data file inside the job's code; empty with `data`
     batch_size: int
     backend: str
     device: str
     threads: int
     tuning: Tuning = Tuning()
+    data: DataTask | None = None  # a dataset by location and format, streamed through [start, stop)
 
 
 @dataclass(frozen=True)

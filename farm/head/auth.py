@@ -152,6 +152,13 @@ class Tokens:
         if not hmac.compare_digest(presented.encode(), self.api.encode()):
             raise self._refuse(peer, "invalid or missing API token", presented)
 
+    def check_secret(self, context: grpc.aio.ServicerContext, presented: str, expected: str | None,
+                     reason: str) -> None:
+        """A credential made for one purpose (a job's read credential): `presented` must be `expected`."""
+        peer = self._gate(context)
+        if expected is None or not hmac.compare_digest(presented.encode(), expected.encode()):
+            raise self._refuse(peer, reason, presented)
+
     def check_read(self, context: grpc.aio.ServicerContext) -> None:
         """Listing nodes and jobs: open to anyone who reaches the head when the head says so (--open-read)."""
         if not self.open_read:

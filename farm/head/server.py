@@ -21,6 +21,7 @@ import ray
 from farm import __version__
 from farm.core.errors import UserError
 from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
+from farm.head.data_service import DataServicer
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.jobs import Jobs
@@ -28,7 +29,7 @@ from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm.local import RayProcess, free_port, pid_alive, ray_env, read_json, write_json
-from farm.proto.v1 import agent_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
+from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
 from farm.tls import HeadTLS, join_command
 
 log = logging.getLogger("farm.head")
@@ -118,7 +119,7 @@ def ray_port_args(settings: HeadSettings) -> list[str]:
 
 def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatcher: Dispatcher, events: JobEvents,
                  tls: HeadTLS | None = None) -> grpc.aio.Server:
-    """The control plane: the three services on one gRPC server (call within the event loop that will run it).
+    """The control plane: the four services on one gRPC server (call within the event loop that will run it).
 
     With TLS (unless settings.insecure; `tls` is loaded from the state folder when not given) it listens twice: on
     --port with server authentication only (joining agents and the CLI have no certificate), and on the mTLS port,
@@ -133,6 +134,7 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
         AgentServicer(store, tokens, settings, dispatcher.wake, tls), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
+    data_pb2_grpc.add_DataServiceServicer_to_server(DataServicer(store, tokens, settings), server)
     if tls is None:
         server.add_insecure_port(f"{settings.host}:{settings.port}")
         return server

@@ -1,0 +1,65 @@
+"""The data plane: datasets in (a format × a location, planned into row ranges and streamed batch by batch), results
+out (farm.data.results).
+
+Why pyarrow and fsspec rather than Ray Data, which runs on the Ray cluster Farm already has: Ray Data's streaming
+executor decides itself where each read and map runs and how big its blocks are, while Farm must run every range on
+the device its scheduler chose, inside that device's energy meter, in ranges sized to that device; and a node must
+read the head's own files over the head's authenticated channel, which no Ray Data datasource does. So Farm uses the
+layers Ray Data itself reads with (pyarrow's dataset, Parquet, IPC and filesystem layers, fsspec), plus its
+conventions: the columns `text`, `image`, `path` and `data` are named as Ray Data names them, and a preprocess gets a
+batch as Ray Data's `map_batches` does by default (a dict of NumPy arrays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from farm.core.dataset import DataFile, DatasetPlan, DatasetSpec
+from farm.core.errors import SpecError
+from farm.data.formats import FORMATS
+from farm.data.locations import filesystem
+
+if TYPE_CHECKING:
+    import fsspec
+    import pyarrow as pa
+
+    from farm.core.tasks import HeadAccess
+
+
+def plan(spec: DatasetSpec, fs: fsspec.AbstractFileSystem | None = None, root: str | None = None) -> DatasetPlan:
+    """The dataset's files, their units and its columns, from metadata only (footers, headers, sizes, listings)."""
+    fmt = spec.resolved_format
+    assert fmt is not None  # DatasetSpec refuses a spec without one
+    if fs is None or root is None:
+        fs, root = filesystem(spec.location)
+    try:
+        if not fs.exists(root):
+            raise SpecError(f"dataset {spec.location!r}: not found")
+        files, columns, rows = FORMATS[fmt].plan(fs, root)
+    except FileNotFoundError:
+        raise SpecError(f"dataset {spec.location!r}: not found") from None
+    except PermissionError as exc:
+        raise SpecError(f"dataset {spec.location!r}: not readable ({exc})") from None
+    placed, offset = [], 0
+    for path, units in files:
+        placed.append(DataFile(path=path, offset=offset, units=units))
+        offset += units
+    if offset == 0:
+        raise SpecError(f"dataset {spec.location!r} is empty (no {fmt.value} data found)")
+    result = DatasetPlan(location=spec.location, format=fmt, unit=spec.unit, files=tuple(placed), rows=rows,
+                         columns=columns)
+    problem = result.check_columns(spec)
+    if problem:
+        raise SpecError(f"dataset {spec.location!r}: {problem}")
+    return result
+
+
+def read(plan: DatasetPlan, start: int, stop: int, columns: list[str] | None = None, batch_rows: int = 1024,
+         access: HeadAccess | None = None, fs: fsspec.AbstractFileSystem | None = None, root: str | None = None,
+         ) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the units [start, stop) only (each with `row_id` first, then `columns`, all when
+    None), at most `batch_rows` rows each: a reader's memory is a batch, whatever the dataset's size."""
+    if fs is None or root is None:
+        fs, root = filesystem(plan.location, access)
+    return FORMATS[plan.format].read(fs, root, plan.location, plan.pieces(start, stop), columns, batch_rows)

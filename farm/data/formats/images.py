@@ -1,0 +1,69 @@
+"""A folder of images (PNG, JPEG): one row per file, in the order of their sorted paths. Batches carry the encoded
+bytes (`image`) and the path under the folder (`path`); the node decodes them with Pillow when it turns a batch into
+arrays (decode_images), so a file that does not decode fails its shard naming the file."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from farm.core.dataset import ROW_ID, DataFile
+from farm.core.errors import DataError
+from farm.data.locations import join
+from farm.data.locations import where
+
+SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
+    prefix = root.rstrip("/") + "/"
+    found = sorted(p.removeprefix(prefix) for p in fs.find(root) if p.lower().endswith(SUFFIXES)
+                   and not p.rsplit("/", 1)[-1].startswith("."))
+    return [(path, 1) for path in found], ("image", "path"), len(found)
+
+
+def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
+         batch_rows: int) -> Iterator[pa.RecordBatch]:
+    files = [file for file, first, end in pieces if end > first]
+    for start in range(0, len(files), batch_rows):
+        chunk = files[start:start + batch_rows]
+        paths = [join(root, f.path) for f in chunk]
+        try:
+            found = fs.cat(paths, on_error="return") if len(paths) > 1 else {paths[0]: fs.cat_file(paths[0])}
+        except OSError as exc:
+            raise DataError(f"{where(location, chunk[0].path)}: does not read: {exc}") from None
+        data = []
+        for file, path in zip(chunk, paths):
+            value = found.get(path)
+            if not isinstance(value, bytes):
+                raise DataError(f"{where(location, file.path)} (row {file.offset}): does not read: {value}")
+            data.append(value)
+        yield pa.record_batch({
+            ROW_ID: pa.array([f.offset for f in chunk], pa.int64()),
+            "image": pa.array(data, pa.binary()),
+            "path": pa.array([f.path for f in chunk], pa.string()),
+        })
+
+
+def decode_images(location: str, batch: pa.RecordBatch) -> np.ndarray:
+    """The batch's images as arrays (H, W) or (H, W, C) in their own mode: one array [N, ...] when they share a
+    shape, else an object array of arrays (as Ray Data's read_images gives them)."""
+    from PIL import Image, UnidentifiedImageError
+
+    arrays = []
+    for row_id, data, path in zip(batch.column(ROW_ID).to_pylist(), batch.column("image").to_pylist(),
+                                  batch.column("path").to_pylist()):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()
+                arrays.append(np.asarray(image))
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+            raise DataError(f"{where(location, path)} (row {row_id}): the image does not decode: {exc}") from None
+    if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):
+        return np.stack(arrays)
+    ragged = np.empty(len(arrays), dtype=object)
+    ragged[:] = arrays
+    return ragged

@@ -1,0 +1,88 @@
+"""The head's DataService on a real in-process head (TLS, its own CA): a node reads a job's dataset on the head's
+machine through it with the job's read credential only, and only that dataset's files, only while the job runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from farm import data
+from farm.core.dataset import DatasetSpec
+from farm.core.models import JobState
+from farm.core.tasks import HeadAccess
+from farm.head import datasets
+from farm.head.store import Store
+from farm.proto.v1 import data_pb2, data_pb2_grpc
+from tests.integration.inprocess_head import Head, running_head
+
+
+@pytest.fixture()
+def head(tmp_path: Path):  # type: ignore[no-untyped-def]
+    with running_head(tmp_path / "state") as head:
+        yield head
+
+
+def add_job(head: Head, job_id: str, spec: DatasetSpec) -> tuple[HeadAccess, data.DatasetPlan]:
+    plan = data.plan(spec)
+    store = Store(head.db)
+    store.add_job(job_id, "j", "inference", "name: j", "", str(head.settings.state_dir.parent / "out"), 10, [(0, 10)])
+    store.close()
+    datasets.save(head.settings.state_dir, job_id, spec, plan)
+    token = datasets.read_token(head.settings.state_dir, job_id)
+    assert token
+    return HeadAccess(address=head.settings.address, ca_pem=head.ca_pem, job_id=job_id, token=token), plan
+
+
+def test_a_node_reads_a_head_dataset_by_ranges_with_the_job_s_credential(head: Head, tmp_path: Path) -> None:
+    folder = tmp_path / "pq"
+    folder.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"x": np.arange(i * 500, i * 500 + 500)}), folder / f"{i}.parquet",
+                       row_group_size=64)
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="parquet", inputs=["x"]))
+    batches = list(data.read(plan, 300, 700, ["x"], 100, access))
+    assert sum(b.num_rows for b in batches) == 400
+    assert [v for b in batches for v in b.column("x").to_pylist()] == list(range(300, 700))
+    assert "token" not in repr(access) and access.token not in repr(access)
+
+
+def test_the_credential_reaches_its_own_job_s_files_only(head: Head, tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a\nb\n")
+    (tmp_path / "secret.txt").write_text("not in any plan\n")
+    access, _ = add_job(head, "j-1", DatasetSpec(location=str(tmp_path / "a.txt")))
+    other, _ = add_job(head, "j-2", DatasetSpec(location=str(tmp_path / "a.txt")))
+    with grpc.secure_channel(head.settings.address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
+        stub = data_pb2_grpc.DataServiceStub(channel)
+
+        def read(job_id: str, token: str, path: str = "") -> bytes:
+            request = data_pb2.ReadRequest(job_id=job_id, path=path, offset=0, length=100)
+            return b"".join(c.data for c in stub.Read(request, metadata=(("authorization", f"Bearer {token}"),)))
+
+        assert read("j-1", access.token) == b"a\nb\n"
+        for job_id, token, path, code in [
+            ("j-1", other.token, "", grpc.StatusCode.UNAUTHENTICATED),  # another job's credential
+            ("j-1", head.tokens.api, "", grpc.StatusCode.UNAUTHENTICATED),  # not even the API token
+            ("j-1", access.token, "../secret.txt", grpc.StatusCode.NOT_FOUND),  # outside the plan
+            ("j-9", access.token, "", grpc.StatusCode.UNAUTHENTICATED),  # no such job
+        ]:
+            with pytest.raises(grpc.RpcError) as caught:
+                read(job_id, token, path)
+            assert caught.value.code() is code, (job_id, path, caught.value.details())
+        store = Store(head.db)
+        store.set_job_state("j-1", JobState.CANCELLED)
+        store.close()
+        with pytest.raises(grpc.RpcError, match="has ended"):
+            read("j-1", access.token)
+
+
+def test_a_dataset_inside_the_state_folder_is_refused(head: Head) -> None:
+    from farm.core.errors import SpecError
+
+    with pytest.raises(SpecError, match="inside the head's state folder"):
+        datasets.check_location(DatasetSpec(location=str(head.settings.state_dir / "secrets.json"), format="text"),
+                                head.settings.state_dir)

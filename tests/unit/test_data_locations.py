@@ -1,0 +1,169 @@
+"""Datasets and results at the locations Farm reads besides the head's own disk: an http(s) URL (a real HTTP server on
+127.0.0.1, serving ranged GETs) and an S3 bucket. The S3 bucket is moto's S3 server on 127.0.0.1: a stand-in for a
+real bucket (AWS, MinIO, R2), reached through the same s3fs client and credentials from the environment."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from farm import data
+from farm.core.dataset import ROW_ID, DatasetSpec
+from farm.data.batches import to_ipc
+from farm.data.results import MANIFEST, Results, read_predictions, shard_file
+
+from tests.unit.test_data_formats import read_all
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Python's file server, plus the Range requests a ranged reader sends (as every real web server answers)."""
+
+    ranges: list[str] = []
+
+    def send_head(self):  # type: ignore[no-untyped-def]
+        wanted = self.headers.get("Range")
+        path = Path(self.translate_path(self.path))
+        if not wanted or not path.is_file():
+            return super().send_head()
+        self.ranges.append(wanted)
+        size = path.stat().st_size
+        first, _, last = wanted.removeprefix("bytes=").partition("-")
+        start, end = int(first), min(int(last) if last else size - 1, size - 1)
+        handle = path.open("rb")
+        handle.seek(start)
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Accept-Ranges", "bytes")
+        self.end_headers()
+        return _Limited(handle, end - start + 1)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+class _Limited:
+    def __init__(self, handle, left: int) -> None:  # type: ignore[no-untyped-def]
+        self.handle, self.left = handle, left
+
+    def read(self, size: int = -1) -> bytes:
+        size = self.left if size < 0 else min(size, self.left)
+        data = self.handle.read(size)
+        self.left -= len(data)
+        return data
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+@pytest.fixture()
+def http_root(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(tmp_path)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_parquet_file_is_read_by_ranges(http_root: tuple[str, Path]) -> None:
+    url, folder = http_root
+    pq.write_table(pa.table({"x": np.arange(1000, dtype=np.float32)}), folder / "d.parquet", row_group_size=100)
+    RangeHandler.ranges = []
+    plan = data.plan(DatasetSpec(location=f"{url}/d.parquet", inputs=["x"]))
+    assert plan.rows == 1000
+    table = read_all(plan, [250, 420], ["x"])
+    assert table.column("x").to_pylist() == list(range(250, 420))
+    assert RangeHandler.ranges  # ranged GETs, not the whole file
+
+
+def test_an_http_jsonl_file(http_root: tuple[str, Path]) -> None:
+    url, folder = http_root
+    (folder / "d.jsonl").write_text("".join(json.dumps({"x": i}) + "\n" for i in range(300)))
+    plan = data.plan(DatasetSpec(location=f"{url}/d.jsonl", inputs=["x"]))
+    table = read_all(plan, [0, 1000, plan.size])
+    assert table.column("x").to_pylist() == list(range(300))
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1, in this process: the stand-in for a real bucket."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket; the credentials and the endpoint only in the environment, as Farm expects them."""
+    import boto3
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    name = f"farm-{np.random.default_rng().integers(1 << 30)}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+def test_an_s3_parquet_folder(bucket: str, tmp_path: Path) -> None:
+    import boto3
+
+    s3 = boto3.client("s3")
+    for i in range(3):
+        pq.write_table(pa.table({"x": np.arange(i * 100, i * 100 + 100)}), tmp_path / f"{i}.parquet",
+                       row_group_size=30)
+        s3.upload_file(str(tmp_path / f"{i}.parquet"), bucket, f"data/part-{i}.parquet")
+    spec = DatasetSpec(location=f"s3://{bucket}/data/", format="parquet", inputs=["x"])
+    assert "testing" not in spec.model_dump_json()  # the spec names the bucket, never a credential
+    plan = data.plan(spec)
+    assert plan.rows == 300 and [f.path for f in plan.files] == [f"part-{i}.parquet" for i in range(3)]
+    table = read_all(plan, [0, 77, 150, 299, 300], ["x"])
+    assert table.column("x").to_pylist() == list(range(300))
+
+
+def test_an_s3_text_file_and_image_folder(bucket: str, tmp_path: Path) -> None:
+    import boto3
+    from PIL import Image
+
+    s3 = boto3.client("s3")
+    s3.put_object(Bucket=bucket, Key="lines.txt", Body="".join(f"line {i}\n" for i in range(50)).encode())
+    plan = data.plan(DatasetSpec(location=f"s3://{bucket}/lines.txt"))
+    assert read_all(plan, [0, 100, plan.size]).column("text").to_pylist() == [f"line {i}" for i in range(50)]
+    for i in range(5):
+        Image.fromarray(np.full((3, 3), i, np.uint8)).save(tmp_path / f"{i}.png")
+        s3.upload_file(str(tmp_path / f"{i}.png"), bucket, f"imgs/{i}.png")
+    plan = data.plan(DatasetSpec(location=f"s3://{bucket}/imgs", format="images"))
+    assert plan.rows == 5
+    from farm.data.batches import numpy_batch
+
+    batch = next(data.read(plan, 1, 4, None, 8))
+    assert numpy_batch(batch, ["image"], plan.format, plan.location)["image"][:, 0, 0].tolist() == [1, 2, 3]
+
+
+def test_results_in_a_bucket(bucket: str) -> None:
+    results = Results(f"s3://{bucket}/out/job")
+    for index in range(2):
+        table = pa.table({ROW_ID: pa.array([2 * index, 2 * index + 1], pa.int64()),
+                          "output": pa.array([float(index)] * 2)})
+        assert results.write_shard(index, to_ipc(table)) == 2
+    results.write_manifest({"shards": 2})
+    assert [name for name, _ in results.files()] == [MANIFEST, shard_file(0), shard_file(1)]
+    assert read_predictions(f"s3://{bucket}/out/job").tolist() == [0.0, 0.0, 1.0, 1.0]
