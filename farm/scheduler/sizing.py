@@ -134,7 +134,7 @@ def size_for(
 
 
 def tail_share(rates: Mapping[tuple[str, str], float], busy_s: Mapping[tuple[str, str], float],
-               floors: Mapping[tuple[str, str], float], left: int) -> tuple[float, dict[tuple[str, str], float]]:
+               floors: Mapping[tuple[str, str], float], left: float) -> tuple[float, dict[tuple[str, str], float]]:
     """Split `left` rows so that every device finishes at one moment T: device d gets rate_d x (T - busy_d).
 
     Devices whose part would last less than their floor are dropped, slowest first, and T found again over the rest
@@ -150,7 +150,7 @@ def tail_share(rates: Mapping[tuple[str, str], float], busy_s: Mapping[tuple[str
 
 
 def _water_level(keys: Sequence[tuple[str, str]], rates: Mapping[tuple[str, str], float],
-                 busy_s: Mapping[tuple[str, str], float], left: int) -> float:
+                 busy_s: Mapping[tuple[str, str], float], left: float) -> float:
     """The T with sum over devices of rate x max(0, T - busy) = left."""
     order = sorted(keys, key=lambda k: busy_s.get(k, 0.0))
     speed, done_at, level = 0.0, 0.0, 0.0
@@ -175,13 +175,27 @@ def size_round(
     batch_size: int,
     deadline_s: float | None = None,
     rules: SizingRules = SizingRules(),
+    units_per_item: float | None = None,
 ) -> SizedRound:
     """One round of an auto-sized job. `job`: what every shard of it asks for (backends, policy, memory; its index
     and items are unused); `busy`: running shards per device over all jobs; `running`: this job's running shards
-    per device; `pool`: the job's rows that run nowhere (pending shards, then the uncut rest), in row order."""
+    per device (`items` in rows); `pool`: the job's units that run nowhere (pending shards, then the uncut rest), in
+    order.
+
+    Units are what a shard's range counts: rows (`units_per_item` None), or bytes of line files (JSON Lines, CSV,
+    text), whose rows are found only as they are read: `units_per_item` is then the job's bytes per row so far (or
+    a guess before its first shard), and sizes worked out in rows are cut in bytes at that ratio."""
     left = sum(r.size for r in pool)
     if left <= 0:
         return SizedRound(cuts=(), explanation=())
+    ratio = units_per_item or 1.0
+
+    def units(rows: float) -> int:
+        if units_per_item is None:
+            return max(batch_size, math.ceil(rows / batch_size) * batch_size)
+        return max(1, math.ceil(rows * ratio))
+
+    left_rows = left / ratio
     candidates, rejected = [], []
     for node in nodes:
         for offer in node.backends:
@@ -206,15 +220,17 @@ def size_round(
                                    items_per_s=rate.items_per_s, items_per_j=rate.items_per_j,
                                    energy_source=rate.energy_source, busy_s=busy_s[key]))
     # Which measured devices the policy wants: its plan over the rows left, cut into nominal pieces.
-    pieces = min(PLAN_PIECES, left)
-    chosen = plan([left // pieces + (i < left % pieces) for i in range(pieces)], measured, job.policy, deadline_s)
+    rows_left = max(1, round(left_rows))
+    pieces = min(PLAN_PIECES, rows_left)
+    chosen = plan([rows_left // pieces + (i < rows_left % pieces) for i in range(pieces)], measured, job.policy,
+                  deadline_s)
     wanted = {key for key, count in chosen.quotas.items() if count}
     infeasible = chosen.why if not chosen.feasible and measured and len(measured) == len(candidates) else ""
     steps = {(node.id, offer.device): offer.meter_step_s for node, offer in candidates}
     floors = {key: rules.floor_s(steps[key]) for key in wanted}
     lines: list[str] = []
     if measured and chosen.quotas:
-        lines.append(f"plan ({job.policy.value}) for {left:,} rows left: "
+        lines.append(f"plan ({job.policy.value}) for {_rows(left_rows, units_per_item)} left: "
                      + ", ".join(f"{names[k[0]]}/{k[1]}" for k in sorted(wanted)))
     # Free devices in the policy's order of preference, so that the best takes the first (oldest) rows.
     order = sorted(candidates, key=lambda c: _preference(rates.get((c[0].id, c[1].device)), job))
@@ -235,18 +251,21 @@ def size_round(
         if rate is None and running.get(key):
             lines.append(f"{label}: its first shard is measuring it")
             continue
-        size, why = size_for(rate, offer.meter_step_s, batch_size, rules)
+        rows, why = size_for(rate, offer.meter_step_s, batch_size, rules)
         if rate is not None and rate.items_per_s > 0:
-            finish, shares = tail_share({k: speeds[k] for k in wanted}, busy_s, floors, left)
+            finish, shares = tail_share({k: speeds[k] for k in wanted}, busy_s, floors, left_rows)
             share = shares.get(key, 0.0)
             if share <= 0:
-                lines.append(f"{label}: waits: the last {left:,} rows finish sooner on faster devices "
-                             f"(in {finish:.2f} s)")
+                lines.append(f"{label}: waits: the last {_rows(left_rows, units_per_item)} finish sooner on faster "
+                             f"devices (in {finish:.2f} s)")
                 continue
-            if share < size:
-                size = max(batch_size, _whole_batches(share, batch_size))
-                why = (f"{size:,} rows: the tail, {left:,} rows left split by speed so that every device ends "
-                       f"together in about {finish:.2f} s")
+            if share < rows:
+                rows = share
+                why = (f"{_rows(share, units_per_item)}: the tail, {_rows(left_rows, units_per_item)} left split "
+                       f"by speed so that every device ends together in about {finish:.2f} s")
+        size = units(rows)
+        if units_per_item is not None:
+            why += f"; {size:,} bytes at {ratio:,.0f} bytes a row"
         taken = _take(free_pool, min(size, left))
         if taken is None:  # what is left is the rest of a pending shard split this round: it waits for the next
             lines.append(f"{label}: waits for the next round")
@@ -256,8 +275,10 @@ def size_round(
                         start=piece.start, stop=piece.stop, index=piece.index, rest=rest, why=why))
         got = piece.size
         left -= got
-        busy_s[key] = got / speeds[key] if key in speeds else 0.0
-        lines.append(f"{label}: {why}" if got == size else f"{label}: {got:,} rows (what was left); {why}")
+        left_rows = left / ratio
+        busy_s[key] = got / ratio / speeds[key] if key in speeds else 0.0
+        lines.append(f"{label}: {why}" if got == size else f"{label}: {got:,} {'bytes' if units_per_item else 'rows'} "
+                                                          f"(what was left); {why}")
     return SizedRound(cuts=tuple(cuts), explanation=tuple(lines + rejected), infeasible=infeasible)
 
 
@@ -279,6 +300,10 @@ def _take(pool: list[Range], size: int) -> tuple[Range, tuple[int, int] | None] 
 
 def _whole_batches(rows: float, batch_size: int) -> int:
     return max(batch_size, math.ceil(rows / batch_size) * batch_size)
+
+
+def _rows(rows: float, units_per_item: float | None) -> str:
+    return f"{rows:,.0f} rows" if units_per_item is None else f"~{rows:,.0f} rows"
 
 
 def _preference(rate: Rate | None, job: ShardRequest) -> tuple[int, float]:

@@ -157,3 +157,13 @@ def test_energy_figures_come_from_shards_long_enough_for_the_meter() -> None:
     assert found.items_per_s == pytest.approx(54_256 / 3.014) and found.max_items == 54_000
     assert rates(samples[:1], meter_steps={("h", "cuda:0"): NVML_STEP_S})[("h", "cuda:0")].items_per_j == (
         pytest.approx(256 / 14.0))  # only short ones: the best there is
+
+
+def test_line_files_are_cut_in_bytes_at_the_jobs_bytes_per_row() -> None:
+    # A JSON Lines dataset: ranges count bytes; 50 bytes a row so far. The laptop is new: 4 batches' worth of bytes.
+    measured = {k: v for k, v in MEASURED.items() if k[0] == "h200"}
+    decided = size_round(job(), FLEET, busy={}, running={}, rates=measured, pool=uncut(0, 10**9), batch_size=64,
+                         rules=RULES, units_per_item=50.0)
+    sizes = {(c.node_id, c.device): c.size for c in decided.cuts}
+    assert sizes == {("h200", "cuda:0"): 54_016 * 50, ("h200", "cpu"): 1_856 * 50, ("laptop", "cpu"): 4 * 64 * 50}
+    assert any(line.endswith("2,700,800 bytes at 50 bytes a row") for line in decided.explanation)
