@@ -11,7 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from farm.cli.options import Head, Json, Token, connect
 from farm.cli.render import (
-    console, items_done, job_header, job_json, jobs_table, print_json, shards_table, summary_table,
+    console, items_done, job_header, job_json, jobs_table, print_json, shards_table, sizes_by_device,
+    summary_table,
 )
 from farm.client import Client
 from farm.client.preflight import prepare
@@ -81,7 +82,8 @@ def show_summary(job: job_pb2.Job) -> None:
     if job.kind == "training" and "step" in metrics:
         facts[0] = f"{metrics['step']:.0f} steps, {job.items} samples in {wall:.2f} s; final loss {metrics['loss']:.4f}"
     if job.energy_sources:
-        facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)})")
+        above = f", {job.marginal_j:,.2f} J above idle" if job.HasField("marginal_j") else ""
+        facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)}){above}")
     if "accuracy" in metrics:
         against = "the eval set" if job.kind == "training" else "the dataset's labels"
         facts.append(f"accuracy {metrics['accuracy']:.2%} against {against}")
@@ -120,6 +122,11 @@ def job(
         if record.explanation:
             console.print("[bold]last scheduling round[/] (the plan, each candidate's figures, what waits and why)")
             console.print("  " + record.explanation.replace("\n", "\n  "), highlight=False)
+        sizes = sizes_by_device(record)
+        if sizes:
+            console.print("[bold]shard sizes per device[/] (rows, in the order they were cut; why: each placement)")
+            for line in sizes:
+                console.print(f"  {line}", highlight=False)
         console.print("[bold]placements[/] (each shard, where it went and the score it went on)")
         for line in lines:
             if "→" in line.message:

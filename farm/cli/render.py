@@ -85,6 +85,11 @@ def joules(value: float, source: str) -> str:
     return f"{value:,.3f} J{SOURCE_MARK.get(source, f' ({source})')}"
 
 
+def marginal(record: job_pb2.Job | job_pb2.Shard, source: str) -> str:
+    """The energy above idle of a shard or job, marked as its meter's figures are; "-" where unknown."""
+    return joules(record.marginal_j, source) if record.HasField("marginal_j") else "-"
+
+
 def job_json(job: job_pb2.Job) -> dict[str, Any]:
     data = convert.to_dict(job)
     data.pop("spec_yaml", None)
@@ -111,12 +116,14 @@ def jobs_table(jobs: list[job_pb2.Job]) -> Table:
 
 def shards_table(job: job_pb2.Job) -> Table:
     table = Table(title=f"Shards of {job.id}", title_justify="left")
-    for column in ("#", "STATE", "NODE", "DEVICE", "ITEMS", "SECONDS", "ENERGY", "MEMORY", "TRIES", "ERROR"):
+    for column in ("#", "STATE", "NODE", "DEVICE", "ITEMS", "SECONDS", "ENERGY", "ABOVE IDLE", "MEMORY", "TRIES",
+                   "ERROR"):
         table.add_column(column)
-    for s in job.shards:
+    for s in sorted(job.shards, key=lambda s: s.start):  # auto-sized shards are cut as the job runs: rows' order
         table.add_row(
             str(s.index), s.state, s.node_name or "-", s.device or s.backend or "-", f"{s.stop - s.start}",
             f"{s.seconds:.3f}" if s.seconds else "-", joules(s.energy_j, s.energy_source),
+            marginal(s, s.energy_source),
             f"{s.peak_memory_bytes / 2**20:,.0f} MiB" if s.peak_memory_bytes else "-", str(s.attempts), s.error,
         )
     return table
@@ -126,7 +133,8 @@ def job_header(job: job_pb2.Job) -> str:
     lines = [f"[bold]{job.id}[/]  {job.name}  ({job.kind})  state: [bold]{job.state}[/]",
              f"items: {items_done(job)}/{job.items}   output: {job.output}"]
     if job.energy_sources:
-        lines.append(f"energy: {job.energy_j:,.3f} J ({', '.join(job.energy_sources)})")
+        above = f"; above idle {job.marginal_j:,.3f} J" if job.HasField("marginal_j") else ""
+        lines.append(f"energy: {job.energy_j:,.3f} J ({', '.join(job.energy_sources)}){above}")
     if job.error:
         lines.append(f"[red]error: {job.error}[/]")
     return "\n".join(lines)
@@ -135,7 +143,8 @@ def job_header(job: job_pb2.Job) -> str:
 def summary_table(job: job_pb2.Job) -> Table:
     """Per node: what it ran and how fast."""
     per_node: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"shards": 0, "items": 0, "seconds": 0.0, "joules": 0.0, "backends": set(), "sources": set()}
+        lambda: {"shards": 0, "items": 0, "seconds": 0.0, "joules": 0.0, "marginal": 0.0, "known": True,
+                 "backends": set(), "sources": set()}
     )
     for s in job.shards:
         if s.state != "succeeded":
@@ -145,15 +154,39 @@ def summary_table(job: job_pb2.Job) -> Table:
         row["items"] += s.items
         row["seconds"] += s.seconds
         row["joules"] += s.energy_j
+        row["marginal"] += s.marginal_j
+        row["known"] = row["known"] and s.HasField("marginal_j")
         row["backends"].add(s.backend)
         row["sources"].add(s.energy_source)
     table = Table(title=f"{job.name} ({job.id}): {job.state}", title_justify="left")
-    for column in ("NODE", "BACKEND", "SHARDS", "ITEMS", "SECONDS", "ITEMS/S", "ENERGY", "ITEMS/J"):
+    for column in ("NODE", "BACKEND", "SHARDS", "ITEMS", "SECONDS", "ITEMS/S", "ENERGY", "ITEMS/J", "ABOVE IDLE",
+                   "ITEMS/J ABOVE IDLE"):
         table.add_column(column, justify="right" if column not in ("NODE", "BACKEND") else "left")
     for name, row in sorted(per_node.items()):
         rate = row["items"] / row["seconds"] if row["seconds"] else 0.0
         source = next(iter(row["sources"])) if len(row["sources"]) == 1 else ""
         per_joule = f"{row['items'] / row['joules']:,.1f}" if source and row["joules"] else "-"
+        above = source if row["known"] else ""
+        per_marginal = f"{row['items'] / row['marginal']:,.1f}" if above and row["marginal"] else "-"
         table.add_row(name, ", ".join(sorted(row["backends"])), str(row["shards"]), str(row["items"]),
-                      f"{row['seconds']:.3f}", f"{rate:,.0f}", joules(row["joules"], source), per_joule)
+                      f"{row['seconds']:.3f}", f"{rate:,.0f}", joules(row["joules"], source), per_joule,
+                      joules(row["marginal"], above), per_marginal)
     return table
+
+
+def sizes_by_device(job: job_pb2.Job) -> list[str]:
+    """Per device, the sizes of the shards it was given, in the order they were cut (runs of one size counted)."""
+    by_device: dict[str, list[int]] = defaultdict(list)
+    for s in sorted(job.shards, key=lambda s: s.index):
+        if s.node_name:
+            by_device[f"{s.node_name}/{s.device or s.backend}"].append(s.stop - s.start)
+    lines = []
+    for device, sizes in sorted(by_device.items()):
+        runs: list[list[int]] = []
+        for size in sizes:
+            if runs and runs[-1][0] == size:
+                runs[-1][1] += 1
+            else:
+                runs.append([size, 1])
+        lines.append(f"{device}: " + ", ".join(f"{size:,}" + (f" x{n}" if n > 1 else "") for size, n in runs))
+    return lines

@@ -112,6 +112,9 @@ class Shard(Frozen):
     energy_j: float = 0.0
     energy_source: str = ""  # an EnergySource value; empty when the shard's energy was not measured
     energy_scope: str = ""
+    # The part of energy_j above the device's idle draw read on the same meter (what lending it cost its owner);
+    # None where the agent read no idle draw on that meter.
+    marginal_j: float | None = None
     device: str = ""
     peak_memory_bytes: int = 0
 

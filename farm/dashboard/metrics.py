@@ -97,6 +97,10 @@ class FarmCollector(Collector):
 
         energy = CounterMetricFamily("farm_node_energy_joules", "Energy of the shards the node finished.",
                                      labels=[*node_labels, "source", "scope"])
+        marginal = CounterMetricFamily(
+            "farm_node_marginal_energy_joules",
+            "Of farm_node_energy_joules, what is above the devices' idle draw read on the same meter.",
+            labels=[*node_labels, "source", "scope"])
         items = CounterMetricFamily("farm_node_items", "Items the node's finished shards processed.",
                                     labels=node_labels)
         items_of: Counter[tuple[str, str]] = Counter()
@@ -104,9 +108,12 @@ class FarmCollector(Collector):
             items_of[(work.node_id, work.node_name)] += work.items
             if work.energy_source:  # an unmeasured shard has no energy to count
                 energy.add_metric([work.node_id, work.node_name, work.energy_source, work.energy_scope], work.energy_j)
+                if work.marginal_j is not None:
+                    marginal.add_metric([work.node_id, work.node_name, work.energy_source, work.energy_scope],
+                                        work.marginal_j)
         for (node_id, name), count in items_of.items():
             items.add_metric([node_id, name], count)
-        yield from (energy, items)
+        yield from (energy, marginal, items)
 
         job_labels = ["job_id", "name"]
         job_info = GaugeMetricFamily("farm_job_info", "1 per job; its kind and state as labels.",
@@ -116,6 +123,10 @@ class FarmCollector(Collector):
         job_shards = GaugeMetricFamily("farm_job_shards_running", "The job's shards running now.", labels=job_labels)
         job_energy = GaugeMetricFamily("farm_job_energy_joules", "Energy of the job's finished shards.",
                                        labels=[*job_labels, "source"])
+        job_marginal = GaugeMetricFamily(
+            "farm_job_marginal_energy_joules",
+            "Of farm_job_energy_joules, what is above the devices' idle draw (shards with that figure only).",
+            labels=[*job_labels, "source"])
         for job in [*unfinished, *finished]:
             labels = [job.id, job.name]
             job_info.add_metric([*labels, job.kind, job.state.value], 1)
@@ -123,9 +134,14 @@ class FarmCollector(Collector):
             job_items.add_metric(labels, job.items)
             job_shards.add_metric(labels, sum(1 for s in job.shards if s.state is ShardState.RUNNING))
             joules: Counter[str] = Counter()
+            above: Counter[str] = Counter()
             for shard in job.shards:
                 if shard.state is ShardState.SUCCEEDED and shard.energy_source:
                     joules[shard.energy_source] += shard.energy_j
+                    if shard.marginal_j is not None:
+                        above[shard.energy_source] += shard.marginal_j
             for source, value in joules.items():
                 job_energy.add_metric([*labels, source], value)
-        yield from (job_info, progress, job_items, job_shards, job_energy)
+            for source, value in above.items():
+                job_marginal.add_metric([*labels, source], value)
+        yield from (job_info, progress, job_items, job_shards, job_energy, job_marginal)

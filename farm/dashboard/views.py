@@ -57,12 +57,14 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
     energy_sources = [w.energy_source for w in work if w.energy_source]
     measured = [w for w in work if w.energy_source]  # perf/W only over shards whose energy was measured
     measured_items, measured_j = sum(w.items for w in measured), sum(w.energy_j for w in measured)
+    marginal_j = _marginal(measured)
     return {
         "id": node.id, "name": node.name, "state": node.state.value, "activity": activity(node, shards_running),
         "busy": node.busy, "drain": node.drain,
         "backends": [
             {"name": b.name.value, "device": b.device, "available": b.available, "reason": b.reason,
-             "detail": b.detail}
+             "detail": b.detail, "idle_w": b.idle_w if b.idle_source else None, "idle_source": b.idle_source,
+             "idle_estimate": is_estimate(b.idle_source), "meter_step_s": b.meter_step_s}
             for b in node.backends
         ],
         "cpu_percent": node.cpu_percent, "memory_percent": node.memory_percent,
@@ -74,6 +76,8 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
         "energy_j": energy_j, "energy_source": combined_source(energy_sources),
         "energy_estimate": _mixed_estimate(energy_sources),
         "items_per_j": measured_items / measured_j if measured_j > 0 else None,
+        "marginal_j": marginal_j,
+        "items_per_marginal_j": measured_items / marginal_j if marginal_j else None,
         "last_heartbeat": node.last_heartbeat,
         "hardware": {"cpu_model": node.hardware.cpu_model, "cpu_cores": node.hardware.cpu_cores,
                      "gpus": [g.name for g in node.hardware.gpus], "apple_chip": node.hardware.apple_chip,
@@ -122,6 +126,7 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork])
             "energy_source": combined_source(energy_sources),
             "energy_estimate": _mixed_estimate(energy_sources),
             "items_per_j": measured_items / measured_j if measured_j > 0 else None,
+            "marginal_j": _marginal(measured),
         },
     }
 
@@ -136,7 +141,7 @@ def job_summary(job: Job) -> JSON:
         "shards": len(job.shards), "shards_done": done,
         "shards_running": sum(1 for s in job.shards if s.state is ShardState.RUNNING),
         "energy_j": job.energy_j, "energy_sources": job.energy_sources,
-        "energy_estimate": _mixed_estimate(job.energy_sources),
+        "energy_estimate": _mixed_estimate(job.energy_sources), "marginal_j": job.marginal_j,
         "items_per_s": job.metrics.get("items_per_s"), "items_per_j": job.metrics.get("items_per_j"),
         "created_at": job.created_at, "started_at": job.started_at, "finished_at": job.finished_at,
         "finished": job.state.finished,
@@ -154,8 +159,16 @@ def job_view(job: Job) -> JSON:
              "backend": s.backend, "device": s.device, "items": s.items if s.items else s.stop - s.start,
              "seconds": s.seconds, "energy_j": s.energy_j, "energy_source": s.energy_source,
              "energy_scope": s.energy_scope, "energy_estimate": is_estimate(s.energy_source),
+             "marginal_j": s.marginal_j,
              "peak_memory_bytes": s.peak_memory_bytes, "attempts": s.attempts, "error": s.error}
             for s in job.shards
         ],
     }
 
+
+
+def _marginal(work: list[NodeWork]) -> float | None:
+    """The energy above idle of measured work; None unless all of it has that figure."""
+    if not work or any(w.marginal_j is None for w in work):
+        return None
+    return sum(w.marginal_j or 0.0 for w in work)

@@ -74,6 +74,7 @@ CREATE TABLE IF NOT EXISTS shards (
     energy_j REAL NOT NULL DEFAULT 0,
     energy_source TEXT NOT NULL DEFAULT '',
     energy_scope TEXT NOT NULL DEFAULT '',
+    marginal_j REAL,
     peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
     finished_at REAL NOT NULL DEFAULT 0,
     error TEXT NOT NULL DEFAULT '',
@@ -133,6 +134,14 @@ class Job:
     def energy_sources(self) -> list[str]:
         return sorted({s.energy_source for s in self.shards if s.state is ShardState.SUCCEEDED and s.energy_source})
 
+    @property
+    def marginal_j(self) -> float | None:
+        """The finished shards' energy above their devices' idle draw; None unless every measured one has it."""
+        measured = [s for s in self.shards if s.state is ShardState.SUCCEEDED and s.energy_source]
+        if not measured or any(s.marginal_j is None for s in measured):
+            return None
+        return sum(s.marginal_j or 0.0 for s in measured)
+
 
 @dataclass(frozen=True)
 class NodeWork:
@@ -146,6 +155,7 @@ class NodeWork:
     items: int
     seconds: float
     energy_j: float
+    marginal_j: float | None  # None unless every one of these shards has a marginal figure
 
 
 @functools.lru_cache(maxsize=65536)
@@ -177,6 +187,9 @@ class Store:
         node_columns = {r["name"] for r in self._db.execute("PRAGMA table_info(nodes)")}
         if "drain" not in node_columns:
             self._db.execute("ALTER TABLE nodes ADD COLUMN drain INTEGER NOT NULL DEFAULT 0")
+        shard_columns = {r["name"] for r in self._db.execute("PRAGMA table_info(shards)")}
+        if "marginal_j" not in shard_columns:
+            self._db.execute("ALTER TABLE shards ADD COLUMN marginal_j REAL")
 
     def close(self) -> None:
         self._db.close()
@@ -384,6 +397,7 @@ class Store:
                 node_name=r["node_name"], backend=r["backend"], items=r["items"], seconds=r["seconds"],
                 error=r["error"], attempts=r["attempts"], energy_j=r["energy_j"], energy_source=r["energy_source"],
                 energy_scope=r["energy_scope"], device=r["device"], peak_memory_bytes=r["peak_memory_bytes"],
+                marginal_j=r["marginal_j"],
             )
             for r in rows
         ]
@@ -438,17 +452,20 @@ class Store:
 
     def shard_succeeded(
         self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None,
-        peak_memory_bytes: int = 0,
+        peak_memory_bytes: int = 0, marginal_j: float | None = None,
     ) -> None:
+        """`marginal_j`: the part of `energy` above the device's idle draw (farm.core.energy.marginal_joules)."""
         joules, source, scope = (energy.joules, energy.source.value, energy.scope.value) if energy else (0.0, "", "")
         with self._tx() as db:
             db.execute(
                 """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?, energy_scope=?,
-                   peak_memory_bytes=?, finished_at=? WHERE job_id=? AND idx=?""",
-                (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope, peak_memory_bytes,
-                 time.time(), job_id, index),
+                   marginal_j=?, peak_memory_bytes=?, finished_at=? WHERE job_id=? AND idx=?""",
+                (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope,
+                 marginal_j if energy else None, peak_memory_bytes, time.time(), job_id, index),
             )
             spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
+            if energy and marginal_j is not None:
+                spent += f", {marginal_j:.3f} J above idle"
             self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s{spent}")
 
     def shard_requeued(self, job_id: str, index: int, error: str) -> None:
@@ -470,7 +487,7 @@ class Store:
     def samples(self, model_key: str, per_device: int = RECENT) -> list[Sample]:
         """The latest finished shards of a model, per (node, device): what calibration learns from."""
         rows = self._db.execute(
-            """SELECT node_id, device, items, seconds, energy_j, energy_source, finished_at FROM (
+            """SELECT node_id, device, items, seconds, energy_j, energy_source, marginal_j, finished_at FROM (
                  SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.node_id, s.device ORDER BY s.finished_at DESC) AS n
                  FROM shards s JOIN jobs j ON j.id = s.job_id
                  WHERE j.model_key = ? AND s.state = ? AND s.seconds > 0)
@@ -479,7 +496,8 @@ class Store:
         ).fetchall()
         return [
             Sample(node_id=r["node_id"], device=r["device"], items=r["items"], seconds=r["seconds"],
-                   energy_j=r["energy_j"], energy_source=r["energy_source"], finished_at=r["finished_at"])
+                   energy_j=r["energy_j"], energy_source=r["energy_source"], marginal_j=r["marginal_j"],
+                   finished_at=r["finished_at"])
             for r in rows
         ]
 
@@ -497,7 +515,8 @@ class Store:
         energy counters (read-only)."""
         rows = self._db.execute(
             """SELECT node_id, MAX(node_name) AS node_name, energy_source, energy_scope, COUNT(*) AS shards,
-                      SUM(items) AS items, SUM(seconds) AS seconds, SUM(energy_j) AS energy_j
+                      SUM(items) AS items, SUM(seconds) AS seconds, SUM(energy_j) AS energy_j,
+                      CASE WHEN COUNT(marginal_j) = COUNT(*) THEN SUM(marginal_j) END AS marginal_j
                FROM shards WHERE state = ? GROUP BY node_id, energy_source, energy_scope""",
             (ShardState.SUCCEEDED.value,),
         ).fetchall()

@@ -117,7 +117,7 @@ def a_job_half_done(store: Store) -> None:
     store.shard_started("j-1", 0, gpu, "cuda", "cuda:0")
     store.shard_started("j-1", 1, gpu, "cuda", "cuda:0")
     store.shard_succeeded("j-1", 0, 50, 0.5, None, energy(25.0, EnergySource.COUNTER, EnergyScope.DEVICE),
-                          peak_memory_bytes=3 * 2**30)
+                          peak_memory_bytes=3 * 2**30, marginal_j=10.0)
     store.set_explanation("j-1", "round 1: efficiency; gpu-box cuda:0 2.0 items/J (counter)")
 
 
@@ -227,6 +227,9 @@ def test_metrics_scrape_cleanly_with_each_figure_labelled(tmp_path: Path) -> Non
         assert value("farm_node_busy", node="n-cpu", name="laptop") == 1
         assert value("farm_job_progress_ratio", job_id="j-1", name="digits") == 0.5
         assert value("farm_job_energy_joules", job_id="j-1", name="digits", source="counter") == 25.0
+        # Above the GPU's idle draw, beside the total: the efficiency policy ranks by it by default.
+        assert value("farm_node_marginal_energy_joules_total", **gpu, source="counter", scope="device") == 10.0
+        assert value("farm_job_marginal_energy_joules", job_id="j-1", name="digits", source="counter") == 10.0
         assert value("farm_job_info", job_id="j-3", name="queued-one", kind="inference", state="queued") == 1
         assert any(name == "process_resident_memory_bytes" for name, _ in samples)  # the head process's health
 

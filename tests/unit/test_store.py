@@ -126,3 +126,31 @@ def test_a_models_memory_need_is_its_size_until_shards_measure_it_per_backend(tm
         store.shard_succeeded("j-1", index, 5, 0.1, None, None, peak_memory_bytes=peak)
     assert store.peak_memory("m") == {"cuda": 30_000}
     assert store.peak_memory("other") == {}
+
+
+def test_a_shard_keeps_its_energy_above_idle_and_the_job_adds_it_up(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)
+    store.upsert_node("n-1", "a", HW, [BackendOffer(name=BackendName.CUDA, device="cuda:0")], "127.0.0.1", "hash")
+    node = store.nodes()[0]
+    counter = Energy(joules=2040.0, seconds=3.0, source=EnergySource.COUNTER, scope=EnergyScope.DEVICE)
+    store.shard_started("j-1", 0, node, "cuda", "cuda:0")
+    store.shard_succeeded("j-1", 0, 5, 3.0, None, counter, marginal_j=1665.0)
+    job = store.job("j-1")
+    assert job.shards[0].marginal_j == 1665.0 and job.marginal_j == 1665.0
+    assert store.samples(store.job("j-1").model_key)[0].marginal_j == 1665.0
+    assert store.work_by_node()[0].marginal_j == 1665.0
+    store.shard_started("j-1", 1, node, "cuda", "cuda:0")
+    store.shard_succeeded("j-1", 1, 5, 3.0, None, counter)  # no idle draw read on that meter
+    assert store.job("j-1").marginal_j is None and store.work_by_node()[0].marginal_j is None
+    assert any("1665.000 J above idle" in line["message"] for line in store.logs("j-1"))
+
+
+def test_a_store_written_before_marginal_energy_gains_the_column(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("CREATE TABLE shards (job_id TEXT, idx INTEGER, start INTEGER, stop INTEGER, state TEXT)")
+    db.commit()
+    db.close()
+    Store(tmp_path / "state.db").close()
+    columns = {r[1] for r in sqlite3.connect(tmp_path / "state.db").execute("PRAGMA table_info(shards)")}
+    assert "marginal_j" in columns

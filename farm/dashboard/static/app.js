@@ -144,7 +144,8 @@ function renderFleet() {
          "live nodes, latest heartbeats", "total-power"),
     card("Shards running", num(totals.shards_running), null, "total-shards"),
     card("Energy spent", figure(joules(totals.energy_j), totals.energy_estimate, totals.energy_source),
-         `${num(totals.items_done)} items done`, "total-energy"),
+         `${num(totals.items_done)} items done` + (totals.marginal_j == null ? "" :
+           ` · ${joules(totals.marginal_j)} above idle`), "total-energy"),
     card("Perf/W", totals.items_per_j == null ? "-" :
          figure(`${num(totals.items_per_j, 1)} items/J`, totals.energy_estimate, totals.energy_source),
          "items per joule (items/s per W)", "total-perf"));
@@ -165,7 +166,9 @@ function renderFleet() {
     h("td", {class: "node-activity", title: n.busy ? `owner busy: ${n.busy}` : null},
       stateCell(n.activity, "act"), n.busy ? h("div", {class: "dim"}, n.busy) : null),
     h("td", {}, n.backends.map(b => h("div", {class: b.available ? null : "dim",
-      title: b.available ? b.detail : b.reason}, `${b.name} (${b.device})${b.available ? "" : ": unavailable"}`))),
+      title: b.available ? b.detail : b.reason}, `${b.name} (${b.device})${b.available ? "" : ": unavailable"}`,
+      b.idle_w == null ? null : h("span", {class: "dim"}, " idle ", figure(watts(b.idle_w), b.idle_estimate,
+        b.idle_source))))),
     // An offline node's last figures are stale: they are not shown as if current.
     h("td", {class: "num node-cpu"}, live ? `${num(n.cpu_percent)}%` : "-"),
     h("td", {class: "num"}, live ? `${num(n.memory_percent)}%` : "-"),
@@ -173,7 +176,8 @@ function renderFleet() {
       n.power_source, n.power.length === 1 ? n.power[0].scope : "") : "-"),
     h("td", {class: "num node-shards"}, num(n.shards_running)),
     h("td", {class: "num node-items"}, num(n.items_done)),
-    h("td", {class: "num"}, n.energy_source ? figure(joules(n.energy_j), n.energy_estimate, n.energy_source) : "-"),
+    h("td", {class: "num"}, n.energy_source ? figure(joules(n.energy_j), n.energy_estimate, n.energy_source) : "-",
+      n.marginal_j == null ? null : h("div", {class: "dim node-marginal"}, `${joules(n.marginal_j)} above idle`)),
     h("td", {class: "num"}, n.items_per_j == null ? "-" :
       figure(num(n.items_per_j, 1), n.energy_estimate, n.energy_source)),
     h("td", {}, ago(n.last_heartbeat)),
@@ -219,7 +223,8 @@ function renderJobs() {
     h("td", {class: "num"}, `${j.shards_done}/${j.shards}`, j.shards_running ?
       h("div", {class: "dim"}, `${j.shards_running} running`) : null),
     h("td", {class: "num"}, j.energy_sources.length ? figure(joules(j.energy_j), j.energy_estimate,
-      j.energy_sources.join(", ")) : "-"),
+      j.energy_sources.join(", ")) : "-", j.marginal_j == null ? null :
+      h("div", {class: "dim"}, `${joules(j.marginal_j)} above idle`)),
     h("td", {class: "num"}, j.items_per_s ? num(j.items_per_s) : "-"),
     h("td", {class: "num"}, j.items_per_j ? figure(num(j.items_per_j, 1), j.energy_estimate,
       j.energy_sources.join(", ")) : "-"),
@@ -327,6 +332,8 @@ function renderJob() {
     ["State", stateCell(job.state)], ["Kind", job.kind], ["Items", `${num(job.items_done)}/${num(job.items)}`],
     ["Energy", job.energy_sources.length ? figure(joules(job.energy_j), job.energy_estimate,
       job.energy_sources.join(", ")) : "-"],
+    ["Above idle", job.marginal_j == null ? null : figure(joules(job.marginal_j), job.energy_estimate,
+      job.energy_sources.join(", "))],
     ["Items/s", job.items_per_s ? num(job.items_per_s) : "-"],
     ["Items/J", job.items_per_j ? figure(num(job.items_per_j, 1), job.energy_estimate,
       job.energy_sources.join(", ")) : "-"],
@@ -334,8 +341,8 @@ function renderJob() {
     ["Accuracy", job.metrics.accuracy != null ? `${num(job.metrics.accuracy * 100, 1)}%` : null],
     ["Output", job.output],
   ].filter(([, value]) => value !== null);
-  const head = h("tr", {}, ["#", "State", "Node", "Device", "Items", "Seconds", "Energy", "Items/J", "Peak memory",
-    "Tries", "Error"].map((c, i) => h("th", {class: i >= 4 && i < 10 ? "num" : null}, c)));
+  const head = h("tr", {}, ["#", "State", "Node", "Device", "Items", "Seconds", "Energy", "Above idle", "Items/J",
+    "Peak memory", "Tries", "Error"].map((c, i) => h("th", {class: i >= 4 && i < 11 ? "num" : null}, c)));
   const rows = job.shards_detail.map(s => h("tr", {"data-shard": s.index, "data-node": s.node_name},
     h("td", {}, s.index),
     h("td", {}, stateCell(s.state)),
@@ -345,6 +352,8 @@ function renderJob() {
     h("td", {class: "num"}, s.seconds ? num(s.seconds, 3) : "-"),
     h("td", {class: "num shard-energy"}, s.energy_source ? figure(joules(s.energy_j), s.energy_estimate,
       s.energy_source, s.energy_scope) : "-"),
+    h("td", {class: "num shard-marginal"}, s.energy_source && s.marginal_j != null ? figure(joules(s.marginal_j),
+      s.energy_estimate, s.energy_source, s.energy_scope) : "-"),
     h("td", {class: "num"}, s.energy_source && s.energy_j > 0 ? num(s.items / s.energy_j, 1) : "-"),
     h("td", {class: "num"}, s.peak_memory_bytes ? `${num(s.peak_memory_bytes / 2 ** 20)} MiB` : "-"),
     h("td", {class: "num"}, s.attempts),

@@ -27,7 +27,7 @@ class SubmitReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes")
+    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes", "marginal_j")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class Shard(_message.Message):
     ENERGY_SCOPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MARGINAL_J_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     node_id: str
@@ -60,10 +61,11 @@ class Shard(_message.Message):
     energy_scope: str
     device: str
     peak_memory_bytes: int
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ...) -> None: ...
+    marginal_j: float
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources")
+    __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources", "marginal_j")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +89,7 @@ class Job(_message.Message):
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    MARGINAL_J_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     kind: str
@@ -103,7 +106,8 @@ class Job(_message.Message):
     spec_yaml: str
     energy_j: float
     energy_sources: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., items: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., explanation: _Optional[str] = ..., spec_yaml: _Optional[str] = ..., energy_j: _Optional[float] = ..., energy_sources: _Optional[_Iterable[str]] = ...) -> None: ...
+    marginal_j: float
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., items: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., explanation: _Optional[str] = ..., spec_yaml: _Optional[str] = ..., energy_j: _Optional[float] = ..., energy_sources: _Optional[_Iterable[str]] = ..., marginal_j: _Optional[float] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
