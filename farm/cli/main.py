@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, top
+from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, results, top
 from farm.cli.render import fail
 from farm.core.errors import FarmError
 
@@ -24,6 +24,7 @@ app.command("undrain")(nodes.undrain)
 jobs.register(app)
 app.command("demo")(demo.demo)
 app.command("top")(top.top)
+app.command("results")(results.results)
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from farm.proto.v1 import fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
 
 if TYPE_CHECKING:
     from farm.client.kernels import Candidates, Problems
+    from farm.client.results import ResultBatches
 
 MAX_MESSAGE = 256 * 1024 * 1024
 
@@ -153,6 +154,12 @@ class Client:
 
         return kernels.evaluate(self, problems, candidates, reward=reward, backends=tuple(backends),
                                 timeout_s=timeout_s, memory_mb=memory_mb, runs=runs, atol=atol, rtol=rtol)
+
+    def results(self, job_id: str) -> ResultBatches:
+        """The job's results so far as Arrow record batches (iterate), or `.to_table()` / `.to_pandas()`."""
+        from farm.client.results import stream
+
+        return stream(self, job_id)
 
     def watch(self, job_id: str) -> Iterator[job_pb2.Job]:
         """The job's record now and after each change, until it finishes."""
