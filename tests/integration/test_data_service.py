@@ -86,3 +86,24 @@ def test_a_dataset_inside_the_state_folder_is_refused(head: Head) -> None:
     with pytest.raises(SpecError, match="inside the head's state folder"):
         datasets.check_location(DatasetSpec(location=str(head.settings.state_dir / "secrets.json"), format="text"),
                                 head.settings.state_dir)
+
+
+def test_every_format_reads_through_the_head(head: Head, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from farm.data.batches import numpy_batch
+
+    (tmp_path / "imgs").mkdir()
+    for i in range(5):
+        Image.fromarray(np.full((2, 2), i, np.uint8)).save(tmp_path / "imgs" / f"{i}.png")
+    np.save(tmp_path / "a.npy", np.arange(40, dtype=np.float32).reshape(20, 2))
+    (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(30)))
+    access, plan = add_job(head, "j-i", DatasetSpec(location=str(tmp_path / "imgs"), format="images"))
+    batch = next(data.read(plan, 1, 4, None, 8, access))
+    assert numpy_batch(batch, ["image"], plan.format, plan.location)["image"][:, 0, 0].tolist() == [1, 2, 3]
+    access, plan = add_job(head, "j-n", DatasetSpec(location=str(tmp_path / "a.npy")))
+    rows = [r for b in data.read(plan, 5, 15, None, 4, access) for r in b.column("data").to_pylist()]
+    assert rows == [[2.0 * i, 2.0 * i + 1] for i in range(5, 15)]
+    access, plan = add_job(head, "j-l", DatasetSpec(location=str(tmp_path / "a.jsonl"), inputs=["x"]))
+    values = [v for b in data.read(plan, 0, plan.size, ["x"], 7, access) for v in b.column("x").to_pylist()]
+    assert values == list(range(30))
