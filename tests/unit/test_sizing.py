@@ -167,3 +167,46 @@ def test_line_files_are_cut_in_bytes_at_the_jobs_bytes_per_row() -> None:
     sizes = {(c.node_id, c.device): c.size for c in decided.cuts}
     assert sizes == {("h200", "cuda:0"): 54_016 * 50, ("h200", "cpu"): 1_856 * 50, ("laptop", "cpu"): 4 * 64 * 50}
     assert any(line.endswith("2,700,800 bytes at 50 bytes a row") for line in decided.explanation)
+
+
+def simulate(speeds: dict[tuple[str, str], float], rows: int, batch_size: int = 64) -> tuple[float, dict, list]:
+    """Rounds of size_round over FLEET as a head would run them, each device running at its true speed and measured
+    by its finished shards: (makespan, each device's finish, the cuts in order)."""
+    import heapq
+
+    now, cut_to, finished_rows = 0.0, 0, 0
+    running: dict[tuple[str, str], tuple[float, int]] = {}  # device -> (ends at, rows)
+    done: dict[tuple[str, str], list[int]] = {}
+    events: list[tuple[float, tuple[str, str]]] = []
+    cuts, ends = [], {}
+    while finished_rows < rows:
+        rates = {k: Rate(items_per_s=speeds[k], max_items=max(v), samples=len(v)) for k, v in done.items()}
+        decided = size_round(job(), FLEET, busy={k: 1 for k in running}, rates=rates,
+                             running={k: [RunningShard(items=n, elapsed_s=now - (end - n / speeds[k]))]
+                                      for k, (end, n) in running.items()},
+                             pool=uncut(cut_to, rows) if cut_to < rows else [], batch_size=batch_size, rules=RULES)
+        for cut in decided.cuts:
+            key = (cut.node_id, cut.device)
+            assert cut.start == cut_to
+            cut_to = cut.stop
+            running[key] = (now + cut.size / speeds[key], cut.size)
+            heapq.heappush(events, (running[key][0], key))
+            cuts.append((key, cut.size))
+        now, key = heapq.heappop(events)
+        finished_rows += running.pop(key)[1]
+        done.setdefault(key, []).append(next(size for k, size in reversed(cuts) if k == key))
+        ends[key] = now
+    return now, ends, cuts
+
+
+def test_a_simulated_job_ends_near_the_ideal_with_every_device_finishing_together() -> None:
+    speeds = {("h200", "cuda:0"): 18_000.0, ("h200", "cpu"): 600.0, ("laptop", "cpu"): 300.0}
+    rows = 2_000_000
+    makespan, ends, cuts = simulate(speeds, rows)
+    ideal = rows / sum(speeds.values())
+    assert makespan <= ideal * 1.03  # the calibration shards and the tail cost under 3 %
+    assert max(ends.values()) - min(ends.values()) < 2.0  # nobody holds up the tail by more than a short shard
+    gpu = [size for key, size in cuts if key == ("h200", "cuda:0")]
+    assert gpu[:5] == [256, 1024, 4096, 16384, 54016] and max(gpu) == 54016  # small first, then its 3 s target
+    # Shards of about 3 s each (3 devices over ~106 s), the first few and the tail's smaller: not thousands.
+    assert len(cuts) <= 3 * ideal / 3.0 + 15
