@@ -5,6 +5,7 @@ Shared by the head, the agent and the CLI; none of it is domain logic.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import os
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -96,14 +98,33 @@ def local_ip_towards(host: str) -> str:
     return primary_ip()
 
 
-def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a process in its own session (it outlives the terminal), output appended to `log`."""
+def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
+                   die_with_parent: bool = False) -> subprocess.Popen[bytes]:
+    """Start a process in its own session (it outlives the terminal), output appended to `log`. With
+    `die_with_parent` (Linux), it gets SIGTERM when the calling thread dies, however it dies."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(
             list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(env) if env is not None else None,
+            preexec_fn=_term_on_parent_death if die_with_parent and _PRCTL is not None else None,
         )
+
+
+# prctl(2), looked up before any fork: the child between fork and exec runs only this C call.
+_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_on_parent_death() -> None:
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def python_command(module: str, *args: str) -> list[str]:
+    """`python -P -m MODULE ARGS`: this interpreter, never importing from the current folder (a folder that holds a
+    `farm/` of its own, as a checkout of Farm does, would shadow the installed package)."""
+    return [sys.executable, "-P", "-m", module, *args]
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
@@ -192,12 +213,18 @@ def ray_temp_dir(node_id: str) -> Path:
 
 
 class RayProcess:
-    """A Ray node (`ray start --block`) owned by this process: it lives in its own session and dies with `stop`."""
+    """A Ray node (`ray start --block`) owned by this process: it lives in its own session and dies with `stop`.
 
-    def __init__(self, args: Sequence[str], token_path: Path, log: Path) -> None:
+    A head or agent killed outright (SIGKILL, the out-of-memory killer) cannot stop it, and its GCS would hold the
+    port the next start needs: so `ray start` gets SIGTERM when the thread that started it dies (Linux), and its
+    session's processes, with their start times, are recorded in `record`, from which the next start of the same
+    head or agent clears them (see clear_left_behind)."""
+
+    def __init__(self, args: Sequence[str], token_path: Path, log: Path, record: Path | None = None) -> None:
         self.args = [ray_executable(), "start", "--block", "--disable-usage-stats", *args]
         self.token_path = token_path
         self.log = log
+        self.record = record
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False  # set by stop(), possibly from another thread while start() waits
 
@@ -207,6 +234,8 @@ class RayProcess:
         Ray nodes starting side by side on one host race for the same local ports, so starts are serialised by a
         host-wide lock; once up, a node keeps its ports.
         """
+        if self.record is not None:
+            clear_left_behind(self.record)
         RAY_START_LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(RAY_START_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -214,10 +243,13 @@ class RayProcess:
                 if self.stopped:
                     return
                 offset = self.log.stat().st_size if self.log.exists() else 0
-                self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path))
+                self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path),
+                                           die_with_parent=threading.current_thread() is threading.main_thread())
                 wait_for(lambda: self.stopped or not self.running or self._started(offset), timeout, interval=0.2)
                 if self.stopped:  # stop() ran while this node was being spawned: finish its work
                     self.stop()
+                elif self.running and self.record is not None:
+                    record_session(self.record, self.proc.pid)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -243,10 +275,49 @@ class RayProcess:
             pass
         stop_session(self.proc.pid, grace=5)
         self.proc.wait()
+        if self.record is not None:
+            self.record.unlink(missing_ok=True)
 
     def failure(self) -> AgentError:
         tail = self.log.read_text(errors="replace").strip().splitlines()[-5:] if self.log.exists() else []
         return AgentError(f"Ray exited with {self.proc.returncode if self.proc else '?'}: " + " | ".join(tail))
+
+
+def record_session(record: Path, leader: int) -> None:
+    """Write down the session of a Ray node this process started, and its processes with their start times: what
+    clear_left_behind needs to find exactly these processes again, and never another farm's."""
+    members = []
+    for proc in psutil.process_iter(["pid", "create_time"]):
+        if _session(proc) == leader:
+            members.append([proc.info["pid"], proc.info["create_time"]])
+    write_json(record, {"session": leader, "processes": members})
+
+
+def clear_left_behind(record: Path) -> list[int]:
+    """SIGKILL what is left of a Ray node recorded by record_session whose owner was killed outright; return the
+    pids ended. A session is this farm's while one of its recorded processes still runs with its recorded start
+    time: a session id cannot be taken by another process while any member of it lives, so all its members are the
+    ones Ray started for us (a pid reused since by something else has another start time, and is left alone)."""
+    saved = read_json(record)
+    if saved is None:
+        return []
+    session = int(saved.get("session", 0))
+    ours = False
+    for pid, started in saved.get("processes", []):
+        try:
+            proc = psutil.Process(int(pid))
+            ours = ours or (abs(proc.create_time() - float(started)) < 0.01 and _session(proc) == session)
+        except psutil.Error:
+            continue
+    ended = []
+    if ours and session > 1:
+        members = [p for p in psutil.process_iter(["pid"]) if _session(p) == session and p.pid != os.getpid()]
+        for proc in members:
+            _signal(proc, signal.SIGKILL)
+        psutil.wait_procs(members, timeout=10)
+        ended = [p.pid for p in members]
+    record.unlink(missing_ok=True)
+    return ended
 
 
 def sessions_of(pids: list[int]) -> set[int]:

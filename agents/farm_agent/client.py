@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import grpc
 from farm import __version__
 from farm.core.errors import AgentError, AuthError, UserError
 from farm.core.models import BackendOffer, Hardware
-from farm.local import write_private
+from farm.local import python_command, write_private
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls_pin import ca_hash, fetch_ca, parse_ca_hash
@@ -46,7 +45,10 @@ def pin_head_ca(settings: AgentSettings) -> bytes | None:
     return pem
 
 
-NODE_KEY_FILE = "node.key"  # in the agent's state folder: the private key of the node's client certificate
+NODE_KEY_FILE = "node.key"  # in the agent's state folder: a new private key, until the head has certified it
+# ... then the node's identity: that key and its client certificate in one file, replaced in one step, so that a
+# machine killed at any moment keeps a key and certificate that match (its proof of being this node at Register).
+NODE_IDENTITY_FILE = "node.pem"
 
 
 async def new_node_key(key_path: Path) -> tuple[bytes, bytes]:
@@ -54,7 +56,7 @@ async def new_node_key(key_path: Path) -> tuple[bytes, bytes]:
     fills in the subject), as PEM. A child, because making them needs `cryptography`, which would otherwise stay
     resident in the daemon."""
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "farm_agent", "--csr", str(key_path)], capture_output=True,
+        subprocess.run, python_command("farm_agent", "--csr", str(key_path)), capture_output=True,
         timeout=120, check=False,
     )
     csr_pem = done.stdout.strip()
@@ -90,26 +92,41 @@ class HeadClient:
             await self.node_channel.close()
 
     async def register(
-        self, join_token: str, name: str, hardware: Hardware, offers: list[BackendOffer], address: str, node_id: str
+        self, join_token: str, name: str, hardware: Hardware, offers: list[BackendOffer], address: str, node_id: str,
+        node_token: str = "", mtls_port: int = 0,
     ) -> agent_pb2.RegisterReply:
+        """Join, or join again as `node_id`: a node that exists proves it is itself, over mutual TLS (`mtls_port`)
+        with its certificate from the last Register (a TLS head), or with its last `node_token` (a head without)."""
         key_pem, csr_pem = b"", b""
+        stub, proof = self.stub, None
+        host = self.head.rpartition(":")[0]
         if self.ca_pem is not None and self.key_path is not None:
+            identity = self.key_path.with_name(NODE_IDENTITY_FILE)
+            if node_id and mtls_port and identity.exists():
+                held = identity.read_bytes()
+                cert_at = held.find(b"-----BEGIN CERTIFICATE-----")
+                proof = self._channel(f"{host}:{mtls_port}", held[:cert_at], held[cert_at:])
+                stub = agent_pb2_grpc.AgentServiceStub(proof)
             key_pem, csr_pem = await new_node_key(self.key_path)
         request = agent_pb2.RegisterRequest(
             join_token=join_token, name=name, hardware=convert.hardware_to_pb(hardware),
             backends=[convert.offer_to_pb(o) for o in offers], agent_version=__version__, address=address,
-            node_id=node_id, csr_pem=csr_pem,
+            node_id=node_id, csr_pem=csr_pem, node_token=node_token,
         )
         try:
-            reply: agent_pb2.RegisterReply = await self.stub.Register(request, timeout=30, wait_for_ready=True)
+            reply: agent_pb2.RegisterReply = await stub.Register(request, timeout=30, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
-                raise AuthError(f"the head at {self.head} refused the join token: {exc.details()}") from None
+                raise AuthError(f"the head at {self.head} refused to register this node: {exc.details()}") from None
             raise AgentError(f"cannot register with the head at {self.head}: {exc.details()}") from None
-        if reply.client_cert_pem and reply.mtls_port:
+        finally:
+            if proof is not None:
+                await proof.close()
+        if reply.client_cert_pem and reply.mtls_port and self.key_path is not None:
+            write_private(self.key_path.with_name(NODE_IDENTITY_FILE), key_pem + reply.client_cert_pem)
+            self.key_path.unlink(missing_ok=True)
             if self.node_channel is not None:
                 await self.node_channel.close()
-            host = self.head.rpartition(":")[0]
             self.node_channel = self._channel(f"{host}:{reply.mtls_port}", key_pem, reply.client_cert_pem)
             self.node_stub = agent_pb2_grpc.AgentServiceStub(self.node_channel)
         return reply

@@ -16,17 +16,17 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 import grpc
 import psutil
 
-from farm.core.errors import AgentError
+from farm.core.errors import AgentError, FarmError
 from farm.core.models import BackendName, BackendOffer, Hardware
-from farm.local import RayProcess, local_ip_towards, ray_temp_dir, read_json, write_json, write_private
+from farm.local import RayProcess, local_ip_towards, python_command, ray_temp_dir, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
 from farm_agent.idle import IdlePolicy
@@ -42,9 +42,17 @@ RECONNECT_S = 2.0
 # tasks go on (~20 s here); the owner wants the machine back now and the shards had their grace: what is left of the
 # node is killed, and the head re-queues its shards.
 PAUSE_STOP_S = 2.0
+# A Ray node that exits on its own is started again (after a new Register) this many times within the window; then
+# the agent leaves and says why.
+REJOINS_ALLOWED = 3
+REJOIN_WINDOW_S = 600.0
 
 
 class Agent:
+    hardware: Hardware  # found by run(), before the first Register
+    offers: list[BackendOffer]
+    address: str  # the address this machine's Ray node binds
+
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         # TLS, with the head's CA pinned; the node's key is made by a child (no `cryptography` in the daemon).
@@ -57,6 +65,7 @@ class Agent:
         self.ray_args: list[str] = []
         self.ray_failure: AgentError | None = None
         self.ray_paused = False  # the agent stopped its Ray node on purpose (the owner busy past the grace)
+        self.ray_rejoins: deque[float] = deque()  # time.monotonic() of each start of a node after one died
         self.ray_change: asyncio.Task[None] | None = None  # a stop or restart of the Ray node under way
         self.busy_since: float | None = None  # time.monotonic() when the owner became busy; None while idle
         self.meters: dict[str, PowerMeter] = {}
@@ -69,34 +78,15 @@ class Agent:
         offers = lent_offers(offers, settings.backends)
         # Before the Ray node starts, so that nothing of Farm's runs on the devices while their idle draw is read.
         self.meters = {o.device: meter_for(o.device) for o in offers if o.available}
-        offers = await with_meter_facts(offers, self.meters)
+        self.hardware, self.offers = hardware, await with_meter_facts(offers, self.meters)
         host = urlsplit(f"//{settings.head}").hostname or "127.0.0.1"
-        address = local_ip_towards(host)
-        identity = read_json(settings.identity_path) or {}
-        reply = await self.client.register(
-            settings.token, settings.name, hardware, offers, address, str(identity.get("node_id", ""))
-        )
-        self.node_id, self.node_token, self.interval = reply.node_id, reply.node_token, reply.heartbeat_interval_s
-        write_json(settings.identity_path, {"node_id": self.node_id})
-        write_private(settings.ray_token_path, reply.ray_token.encode())
-        log.info("registered with %s as node %s", settings.head, self.node_id)
+        self.address = local_ip_towards(host)
+        await self._register()
         if not hardware.gpus:
             log.info("no NVIDIA GPUs: %s", no_gpus_because)
-
         for meter in self.meters.values():
             if meter.reason:
                 log.info("%s power: %s", meter.device, meter.reason)
-        resources: dict[str, int] = {}  # summed per backend: a 2-GPU node offers farm.cuda=2
-        for o in offers:
-            if o.available and o.slots:
-                resources[f"farm.{o.name.value}"] = resources.get(f"farm.{o.name.value}", 0) + o.slots
-        self.ray_args = [
-            "--address", reply.ray_address, "--node-ip-address", address, "--num-cpus", str(settings.cpus),
-            "--num-gpus", str(len(hardware.gpus)), "--resources", json.dumps(resources),
-            "--labels", f"{NODE_LABEL}={self.node_id}",
-            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
-            "--temp-dir", str(ray_temp_dir(self.node_id)),  # not the head's: see ray_temp_dir
-        ]
         self.ray = self._new_ray()
         try:
             # In a thread, so that a SIGTERM during Ray's start-up is heard and the half-started node is stopped.
@@ -125,8 +115,35 @@ class Agent:
             settings.status_path.unlink(missing_ok=True)
             log.info("stopped")
 
+    async def _register(self) -> None:
+        """Register (again: as the node this machine is, proven by its certificate) and note how to join Ray."""
+        settings = self.settings
+        identity = read_json(settings.identity_path) or {}
+        reply = await self.client.register(
+            settings.token, settings.name, self.hardware, self.offers, self.address,
+            str(identity.get("node_id", "")), str(identity.get("node_token", "")), int(identity.get("mtls_port", 0)),
+        )
+        self.node_id, self.node_token, self.interval = reply.node_id, reply.node_token, reply.heartbeat_interval_s
+        # 0600: the node token (its proof at the next Register to a head without TLS) and where to prove it with TLS
+        write_json(settings.identity_path, {"node_id": self.node_id, "node_token": self.node_token,
+                                            "mtls_port": reply.mtls_port})
+        write_private(settings.ray_token_path, reply.ray_token.encode())
+        log.info("registered with %s as node %s", settings.head, self.node_id)
+        resources: dict[str, int] = {}  # summed per backend: a 2-GPU node offers farm.cuda=2
+        for o in self.offers:
+            if o.available and o.slots:
+                resources[f"farm.{o.name.value}"] = resources.get(f"farm.{o.name.value}", 0) + o.slots
+        self.ray_args = [
+            "--address", reply.ray_address, "--node-ip-address", self.address, "--num-cpus", str(settings.cpus),
+            "--num-gpus", str(len(self.hardware.gpus)), "--resources", json.dumps(resources),
+            "--labels", f"{NODE_LABEL}={self.node_id}",
+            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
+            "--temp-dir", str(ray_temp_dir(self.node_id)),  # not the head's: see ray_temp_dir
+        ]
+
     def _new_ray(self) -> RayProcess:
-        return RayProcess(self.ray_args, self.settings.ray_token_path, self.settings.state_dir / "ray.log")
+        return RayProcess(self.ray_args, self.settings.ray_token_path, self.settings.state_dir / "ray.log",
+                          record=self.settings.state_dir / "ray-node.json")
 
     async def _heartbeat_until_stopped(self) -> None:
         while not self.stopping.is_set():
@@ -140,6 +157,11 @@ class Agent:
                 if self.stopping.is_set():
                     return
                 log.warning("heartbeat stream lost (%s); retrying in %.0f s", exc.code().name, RECONNECT_S)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise
+                continue  # not this task: a new Register closed the stream's channel; beat on the new one
             try:
                 await asyncio.wait_for(self.stopping.wait(), RECONNECT_S)
             except asyncio.TimeoutError:
@@ -148,10 +170,10 @@ class Agent:
     async def _beats(self) -> AsyncIterator[agent_pb2.HeartbeatRequest]:
         while not self.stopping.is_set():
             ray = self.ray
-            if ray is not None and not self.ray_paused and not ray.running:  # no work without it: leave, say why
-                self.ray_failure = ray.failure()
-                self.stopping.set()
-                return
+            if ray is not None and not self.ray_paused and not ray.running:
+                self._ray_died(ray)
+                if self.stopping.is_set():
+                    return
             busy = self.idle.busy()
             if busy != self.status.get("busy", ""):
                 log.info("owner %s", f"busy: {busy}; taking no new shards" if busy else "idle again; offering work")
@@ -166,6 +188,33 @@ class Agent:
                 await asyncio.wait_for(self.stopping.wait(), self.interval)
             except asyncio.TimeoutError:
                 pass
+
+    def _ray_died(self, ray: RayProcess) -> None:
+        """The Ray node exited on its own. Its cluster's head was most often restarted (a raylet whose GCS came
+        back without it exits): register again and start a new node, a few times a while; past that, leave and
+        say why (no work without it)."""
+        now = time.monotonic()
+        while self.ray_rejoins and self.ray_rejoins[0] < now - REJOIN_WINDOW_S:
+            self.ray_rejoins.popleft()
+        if len(self.ray_rejoins) >= REJOINS_ALLOWED or self.ray_change is not None and not self.ray_change.done():
+            if len(self.ray_rejoins) >= REJOINS_ALLOWED:
+                self.ray_failure = ray.failure()
+                self.stopping.set()
+            return
+        self.ray_rejoins.append(now)
+        log.warning("the Ray node exited (%s); registering again and starting a new one", ray.failure().message)
+        self.ray_paused = True  # until the new node runs: beats say so, and the owner's logic leaves it alone
+        self.ray_change = asyncio.create_task(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        try:
+            await self._register()
+        except FarmError as exc:
+            self.ray_failure = AgentError(f"the Ray node exited and registering again failed: {exc.message}")
+            self.stopping.set()
+            return
+        self.ray = self._new_ray()
+        await self._restart_ray(self.ray)
 
     def _follow_owner(self, busy: str) -> None:
         """Stop the Ray node once the owner has been busy for the grace; start it again once they are idle. Each
@@ -250,7 +299,7 @@ async def probe_machine(cpus: int) -> tuple[Hardware, list[BackendOffer], str]:
     (`python -m farm_agent --probe`): the backend modules imported to find the offers (numpy, and torch where a
     backend checks its device) would otherwise stay resident in the daemon for its whole life."""
     done = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "farm_agent", "--probe", "--cpus", str(cpus)], capture_output=True,
+        subprocess.run, python_command("farm_agent", "--probe", "--cpus", str(cpus)), capture_output=True,
         text=True, timeout=300, check=False,
     )
     if done.returncode != 0:

@@ -15,7 +15,7 @@ from farm.cli.options import Json, StateDir, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.core.models import BackendName
-from farm.local import pid_alive, read_json, spawn_detached, terminate, wait_for, write_private
+from farm.local import pid_alive, python_command, read_json, spawn_detached, terminate, wait_for, write_private
 
 if TYPE_CHECKING:
     from farm_agent.service import Plan
@@ -150,15 +150,15 @@ def _start_detached(settings: AgentSettings) -> None:
     log = settings.state_dir / "agent.log"
     token_file = settings.state_dir / "join.token"  # 0600; on the command line the token would show in `ps`
     write_private(token_file, settings.token.encode())
-    proc = spawn_detached([  # --option=value: a value may start with "-"
-        sys.executable, "-m", "farm_agent", f"--head={settings.head}", f"--token-file={token_file}",
+    proc = spawn_detached(python_command(  # --option=value: a value may start with "-"
+        "farm_agent", f"--head={settings.head}", f"--token-file={token_file}",
         *([f"--ca-hash={settings.ca_hash}"] if settings.ca_hash else []), *(["--insecure"] if settings.insecure else []),
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
         f"--drain-grace-s={settings.drain_grace_s}",
         *([f"--busy-file={settings.busy_file}"] if settings.busy_file else []),
-    ], log)
+    ), log)
 
     def ready() -> bool:  # a node drained by an operator, or whose owner is busy, has joined all the same
         return (read_json(settings.status_path) or {}).get("state") in ("ready", "draining")

@@ -1,4 +1,4 @@
-"""`farm head start|stop` and `farm head token create|list|revoke`."""
+"""`farm head start|stop|forget-node` and `farm head token create|list|revoke`."""
 
 from __future__ import annotations
 
@@ -130,6 +130,19 @@ def stop(state: StateDir = None) -> None:
         raise UserError(f"no head running from {directory}")
     terminate(int(info["pid"]))
     console.print(f"head {info['pid']} stopped")
+
+
+@app.command("forget-node")
+def forget_node(node: Annotated[str, typer.Argument(help="The node's id or name (`farm nodes`).")],
+                state: StateDir = None) -> None:
+    """Let a node's machine join again under its id without its identity (a machine that lost its state folder).
+    Until then only the node itself, with its client certificate, may register under an existing id."""
+    store = _token_store(state)
+    try:
+        node_id = store.forget_node_identity(node)
+    finally:
+        store.close()
+    console.print(f"node {node_id} forgotten: its next Register takes the id back", highlight=False)
 
 
 token_app = typer.Typer(help="Join tokens: each lets agents join this head until it expires or is revoked.",

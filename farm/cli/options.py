@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -12,7 +11,7 @@ import typer
 
 from farm.client import Client, find_head
 from farm.core.errors import UserError
-from farm.local import default_state_dir, spawn_detached, terminate, wait_for
+from farm.local import default_state_dir, python_command, spawn_detached, terminate, wait_for
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 Head = Annotated[str | None, typer.Option("--head", help="HOST:PORT of the head; default: the local head.")]
@@ -25,7 +24,7 @@ StateDir = Annotated[
 def start_in_background(argv: list[str], log: Path, ready: Callable[[], bool], what: str) -> subprocess.Popen[bytes]:
     """Re-run this `farm` command without --detach in its own session; return once `ready()` holds. If the process
     dies or never gets ready, stop it and say why with the last line of its log."""
-    proc = spawn_detached([sys.executable, "-m", "farm.cli.main", *[a for a in argv if a != "--detach"]], log)
+    proc = spawn_detached(python_command("farm.cli.main", *[a for a in argv if a != "--detach"]), log)
     wait_for(lambda: proc.poll() is not None or ready(), timeout=120)
     if proc.poll() is not None or not ready():
         if proc.poll() is None:

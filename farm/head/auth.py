@@ -170,11 +170,28 @@ class Tokens:
         peer = self._gate(context)
         if stored_hash is None or not hmac.compare_digest(hash_token(token), stored_hash):
             raise self._refuse(peer, "unknown node or invalid node token", token)
-        if self.node_certs:
-            names = (context.auth_context() or {}).get("x509_common_name") or []
-            if [n.decode(errors="replace") for n in names] != [node_id]:
-                raise self._refuse(peer, f"node {node_id}'s calls need its client certificate "
-                                   "(mutual TLS on the head's mTLS port)", token)
+        if self.node_certs and certificate_names(context) != [node_id]:
+            raise self._refuse(peer, f"node {node_id}'s calls need its client certificate "
+                               "(mutual TLS on the head's mTLS port)", token)
+
+    def check_returning_node(self, context: grpc.aio.ServicerContext, node_id: str, token: str,
+                             stored_hash: str) -> None:
+        """Register with the id of a node that exists: only that node may. Node ids are public (the dashboard shows
+        them), so the join token alone never makes a caller an existing node. With TLS the proof is the call made
+        over mutual TLS with the certificate the head issued to that node (not its node token, which each Register
+        replaces: a machine killed before it saved the new one would be locked out); without TLS, its node token."""
+        if not self.node_certs:
+            self.check_node(context, node_id, token, stored_hash)
+            return
+        peer = self._gate(context)
+        if certificate_names(context) != [node_id]:
+            raise self._refuse(peer, f"node {node_id} exists: re-registering it needs its client certificate "
+                               "(mutual TLS on the head's mTLS port)", token)
+
+
+def certificate_names(context: grpc.aio.ServicerContext) -> list[str]:
+    """The common names of the client certificate this call came with (a node's id), if any."""
+    return [n.decode(errors="replace") for n in (context.auth_context() or {}).get("x509_common_name") or []]
 
 
 def new_join_token() -> tuple[str, str, str]:

@@ -28,7 +28,7 @@ from farm.head.jobs import Jobs
 from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import RayProcess, free_port, pid_alive, ray_env, read_json, write_json
+from farm.local import RayProcess, clear_left_behind, free_port, pid_alive, ray_env, read_json, write_json
 from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
 from farm.tls import HeadTLS, join_command
 
@@ -58,6 +58,10 @@ def check_can_start(settings: HeadSettings) -> None:
     info = read_json(settings.info_path)
     if info and pid_alive(int(info.get("pid", 0))):
         raise UserError(f"a head is already running from {settings.state_dir} (pid {info['pid']})")
+    ended = clear_left_behind(settings.ray_record_path)  # the Ray head of a head killed outright holds its ports
+    if ended:
+        log.warning("ended %d Ray processes left running by a head that was killed (pids %s)", len(ended),
+                    " ".join(map(str, ended)))
     ports = [(settings.port, "--port"), (settings.ray_port, "--ray-port")]
     if not settings.insecure:
         ports.append((settings.mtls_listen_port, "--mtls-port"))
@@ -77,13 +81,18 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     tokens = Tokens.load_or_create(settings.state_dir, settings.ray_token_path)
     use_ray_token(settings.ray_token_path)
+    # Ray refuses `--head` at an address its folder names as the current cluster while a raylet on this host still
+    # names it (the agents' nodes of a head killed outright, trying to reach it): the head's own folder, whose
+    # note of the dead cluster is removed here, keeps that check to this head.
+    (settings.ray_temp_dir / "ray_current_cluster").unlink(missing_ok=True)
     ray_head = RayProcess(
         [
             "--head", "--port", str(settings.ray_port), "--node-ip-address", settings.advertise, "--num-cpus", "0",
             "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
-            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), *ray_port_args(settings),
+            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), "--temp-dir",
+            str(settings.ray_temp_dir), *ray_port_args(settings),
         ],
-        settings.ray_token_path, settings.state_dir / "ray-head.log",
+        settings.ray_token_path, settings.state_dir / "ray-head.log", record=settings.ray_record_path,
     )
     ray_head.start()
     try:

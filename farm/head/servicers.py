@@ -10,7 +10,7 @@ import grpc
 from pydantic import ValidationError
 
 from farm.core.energy import DevicePower
-from farm.core.errors import FarmError
+from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
 from farm.core.models import NodeState
 from farm.head.auth import Tokens, new_node_token
@@ -57,8 +57,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
                        ) -> agent_pb2.RegisterReply:
         self.tokens.check_join(request.join_token, self.store, context)
-        known = request.node_id and self.store.node_token_hash(request.node_id) is not None
-        node_id = request.node_id if known else new_id("n")
+        stored = self.store.node_token_hash(request.node_id) if request.node_id else None
+        if stored:  # a known node: only itself (or an operator's `farm head forget-node`) takes its id again
+            try:
+                self.tokens.check_returning_node(context, request.node_id, request.node_token, stored)
+            except AuthError as exc:
+                raise AuthError(f"{exc.message}; if this machine lost its identity, an operator can let it join "
+                                f"afresh with `farm head forget-node {request.node_id}`") from None
+        node_id = request.node_id if stored is not None else new_id("n")
         token, token_hash = new_node_token()
         client_cert = self.tls.sign_node(request.csr_pem, node_id) if self.tls and request.csr_pem else b""
         self.store.upsert_node(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from farm.local import ray_temp_dir
 
 
 class HeadSettings(BaseModel):
@@ -66,3 +69,15 @@ class HeadSettings(BaseModel):
     @property
     def ray_token_path(self) -> Path:
         return self.state_dir / "ray.token"
+
+    @property
+    def ray_record_path(self) -> Path:
+        """The running Ray head's processes (farm.local.record_session): cleared at the next start if the head
+        was killed outright."""
+        return self.state_dir / "ray-head.json"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        """The head's own Ray folder (not /tmp/ray, which every Ray on the host shares), one per state folder.
+        Short: Ray's socket paths under it must fit in 107 bytes."""
+        return ray_temp_dir("head-" + hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:10])

@@ -261,6 +261,13 @@ class Store:
         row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
         return None if row is None else str(row["token_hash"])
 
+    def forget_node_identity(self, id_or_name: str) -> str:
+        """An operator's word that the machine of this node lost its identity: its token no longer counts, and the
+        next Register with its id needs no proof (farm.head.auth.Tokens.check_returning_node). The node's id."""
+        node_id = self.node_id(id_or_name)
+        self._db.execute("UPDATE nodes SET token_hash='' WHERE id=?", (node_id,))
+        return node_id
+
     def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: tuple[DevicePower, ...],
                   busy: str = "") -> None:
         """Kept in memory (self.liveness) until the next save_heartbeats: no SQL per beat."""

@@ -45,11 +45,14 @@ class Head:
                         ca_pem=ca_pem or self.ca_pem)
         return Client(info, timeout=5)
 
-    def register(self, join_token: str, name: str = "box") -> tuple[agent_pb2.RegisterReply, bytes]:
+    def register(self, join_token: str, name: str = "box", node_id: str = "", node_token: str = "",
+                 identity: tuple[bytes, bytes] | None = None) -> tuple[agent_pb2.RegisterReply, bytes]:
+        """Register (as `node_id`, if given); with `identity` (key, certificate) over mutual TLS."""
         key_pem, csr_pem = new_node_key()
         request = agent_pb2.RegisterRequest(join_token=join_token, name=name, hardware=convert.hardware_to_pb(HW),
-                                            csr_pem=csr_pem)
-        with self.channel() as channel:
+                                            csr_pem=csr_pem, node_id=node_id, node_token=node_token)
+        port = self.settings.mtls_listen_port if identity else None
+        with self.channel(*(identity or (None, None)), port=port) as channel:
             return agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=5), key_pem
 
 

@@ -184,6 +184,49 @@ def test_node_calls_need_the_node_s_own_client_certificate(head: Head) -> None:
         assert heartbeat(own) == ["joining"]
 
 
+def test_a_lender_with_a_join_token_cannot_take_over_another_node(head: Head) -> None:
+    """Node ids are public (the dashboard): Register with one must not hand the caller that node's token and
+    certificate. Only the node itself, over mutual TLS with its certificate, or after an operator's forget-node."""
+    alice, alice_key = head.register(head.tokens.join, "alice")
+    mallory, mallory_key = head.register(head.tokens.join, "mallory")
+    with pytest.raises(grpc.RpcError) as plain:  # the join token and alice's id
+        head.register(head.tokens.join, "alice", node_id=alice.node_id)
+    assert plain.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert "forget-node" in str(plain.value.details())
+    with pytest.raises(grpc.RpcError) as other_cert:  # over mutual TLS, with another node's certificate
+        head.register(head.tokens.join, "alice", node_id=alice.node_id,
+                      identity=(mallory_key, mallory.client_cert_pem))
+    assert other_cert.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+    beat = agent_pb2.HeartbeatRequest(node_id=alice.node_id, node_token=alice.node_token)
+    with head.channel(alice_key, alice.client_cert_pem, alice.mtls_port) as own:  # alice's token still holds
+        assert [r.state for r in agent_pb2_grpc.AgentServiceStub(own).Heartbeat(iter([beat]), timeout=5)]
+    again, _ = head.register(head.tokens.join, "alice", node_id=alice.node_id,
+                             identity=(alice_key, alice.client_cert_pem))
+    assert again.node_id == alice.node_id  # alice herself, with her certificate
+
+    forgot = CliRunner().invoke(head_cli.app, ["forget-node", "alice", "--state-dir", str(head.settings.state_dir)])
+    assert forgot.exit_code == 0, forgot.output
+    lost, _ = head.register(head.tokens.join, "alice", node_id=alice.node_id)  # the operator said so
+    assert lost.node_id == alice.node_id
+
+
+def test_an_insecure_head_takes_a_known_node_id_only_with_its_node_token(tmp_path: Path) -> None:
+    with running_head(tmp_path, insecure=True) as head, grpc.insecure_channel(head.settings.address) as channel:
+        agents = agent_pb2_grpc.AgentServiceStub(channel)
+
+        def register(node_id: str = "", node_token: str = "") -> agent_pb2.RegisterReply:
+            return agents.Register(agent_pb2.RegisterRequest(
+                join_token=head.tokens.join, name="box", hardware=convert.hardware_to_pb(HW), node_id=node_id,
+                node_token=node_token), timeout=5)
+
+        first = register()
+        with pytest.raises(grpc.RpcError) as refused:
+            register(first.node_id)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert register(first.node_id, first.node_token).node_id == first.node_id
+
+
 def test_failures_are_limited_per_peer_and_logged_without_the_secret(tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id", "csr_pem")
+    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id", "csr_pem", "node_token")
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class RegisterRequest(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CSR_PEM_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     join_token: str
     name: str
     hardware: _common_pb2.Hardware
@@ -25,7 +26,8 @@ class RegisterRequest(_message.Message):
     address: str
     node_id: str
     csr_pem: bytes
-    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., csr_pem: _Optional[bytes] = ...) -> None: ...
+    node_token: str
+    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., node_token: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "node_token", "ray_address", "ray_token", "heartbeat_interval_s", "client_cert_pem", "mtls_port")
