@@ -128,7 +128,7 @@ async def _beat(stub: Any, node_id: str, node_token: str, interval_s: float, win
                                          ray_running=True, power=[power])
     slot = time.monotonic() + random.uniform(0.0, interval_s)
     while slot < window.end:
-        call = stub.Heartbeat()
+        call = stub.Heartbeat(metadata=(("authorization", f"Bearer {node_token}"), ("farm-node-id", node_id)))
         try:
             while slot < window.end:
                 await asyncio.sleep(max(0.0, slot - time.monotonic()))
@@ -176,7 +176,8 @@ async def _generate(args: argparse.Namespace) -> None:
             async with limit:
                 started = time.monotonic()
                 reply = await stub.Register(
-                    _register_request(args.join_token, f"sim-{args.first + i:05d}"), timeout=60, wait_for_ready=True)
+                    _register_request(args.join_token, f"sim-{args.first + i:05d}"), timeout=60, wait_for_ready=True,
+                    metadata=(("authorization", f"Bearer {args.join_token}"),))
                 stats.register_s.append(time.monotonic() - started)
             stats.interval_s = reply.heartbeat_interval_s
             stats.registered += 1

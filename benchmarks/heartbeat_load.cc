@@ -58,6 +58,9 @@ class Agent : public grpc::ClientBidiReactor<HeartbeatRequest, HeartbeatReply> {
     power->set_watts(12.5);
     power->set_source("model-estimate");
     power->set_scope("package");
+    // The credential in the metadata too: the head's gate refuses a call without it before reading it.
+    context_.AddMetadata("authorization", "Bearer " + token);
+    context_.AddMetadata("farm-node-id", node_id);
     stub->async()->Heartbeat(&context_, this);
     StartCall();
   }

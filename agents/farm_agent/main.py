@@ -147,7 +147,7 @@ class Agent:
 
     async def _heartbeat_until_stopped(self) -> None:
         while not self.stopping.is_set():
-            call = self.client.heartbeats(self._beats())
+            call = self.client.heartbeats(self._beats(), self.node_id, self.node_token)
             try:
                 async for reply in call:
                     if reply.state != self.status["state"]:  # `farm agent start --detach` waits on this

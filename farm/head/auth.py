@@ -128,6 +128,14 @@ class Tokens:
             raise AuthError(f"too many failed authentications from {peer}: refused for another {left:.0f} s")
         return peer
 
+    def refuse(self, context: grpc.aio.ServicerContext, reason: str, secret: str) -> AuthError:
+        """The error for a call refused before its servicer ran (farm.head.gate), counted and logged alike."""
+        try:
+            peer = self._gate(context)
+        except AuthError as blocked:
+            return blocked
+        return self._refuse(peer, reason, secret)
+
     def _refuse(self, peer: str, reason: str, secret: str) -> AuthError:
         self.limiter.failed(peer)
         log.warning("refused a call from %s: %s (credential hash %s)", peer, reason, fingerprint(secret))

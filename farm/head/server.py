@@ -24,6 +24,7 @@ from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
 from farm.head.data_service import DataServicer
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
+from farm.head.gate import AuthGate
 from farm.head.jobs import Jobs
 from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
@@ -138,7 +139,7 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
         tls = head_tls(settings)
     tokens = tokens.for_server(settings)
     store.keep_join_token(DEFAULT_JOIN_TOKEN_ID, hash_token(tokens.join))
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(tokens, store)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
         AgentServicer(store, tokens, settings, dispatcher.wake, tls), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)

@@ -24,6 +24,7 @@ from farm.local import free_port
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import new_node_key
+from farm_agent.client import credentials
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 
@@ -53,7 +54,9 @@ class Head:
                                             csr_pem=csr_pem, node_id=node_id, node_token=node_token)
         port = self.settings.mtls_listen_port if identity else None
         with self.channel(*(identity or (None, None)), port=port) as channel:
-            return agent_pb2_grpc.AgentServiceStub(channel).Register(request, timeout=5), key_pem
+            reply = agent_pb2_grpc.AgentServiceStub(channel).Register(request, metadata=credentials(join_token),
+                                                                      timeout=5)
+            return reply, key_pem
 
 
 @contextmanager
@@ -85,3 +88,11 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
     finally:
         loop.call_soon_threadsafe(stopping.set)  # type: ignore[union-attr]
         thread.join(10)
+
+
+if __name__ == "__main__":  # `python -m tests.integration.inprocess_head STATE`: a head in a process of its own
+    import sys
+
+    with running_head(Path(sys.argv[1])) as served:
+        print(served.settings.port, flush=True)
+        sys.stdin.read()  # until the test closes our stdin

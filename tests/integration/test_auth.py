@@ -32,6 +32,7 @@ from farm.local import read_json
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import HeadTLS, ca_hash, fetch_ca
+from farm_agent.client import credentials
 from tests.conftest import ROOT, Cluster
 from tests.integration.inprocess_head import HW, Head, running_head
 
@@ -167,7 +168,8 @@ def test_node_calls_need_the_node_s_own_client_certificate(head: Head) -> None:
     beat = agent_pb2.HeartbeatRequest(node_id=reply.node_id, node_token=reply.node_token)
 
     def heartbeat(channel: grpc.Channel) -> list[str]:
-        return [r.state for r in agent_pb2_grpc.AgentServiceStub(channel).Heartbeat(iter([beat]), timeout=5)]
+        return [r.state for r in agent_pb2_grpc.AgentServiceStub(channel).Heartbeat(
+            iter([beat]), metadata=credentials(reply.node_token, reply.node_id), timeout=5)]
 
     with head.channel() as no_cert, pytest.raises(grpc.RpcError) as refused:  # the node token alone
         heartbeat(no_cert)
@@ -200,7 +202,8 @@ def test_a_lender_with_a_join_token_cannot_take_over_another_node(head: Head) ->
 
     beat = agent_pb2.HeartbeatRequest(node_id=alice.node_id, node_token=alice.node_token)
     with head.channel(alice_key, alice.client_cert_pem, alice.mtls_port) as own:  # alice's token still holds
-        assert [r.state for r in agent_pb2_grpc.AgentServiceStub(own).Heartbeat(iter([beat]), timeout=5)]
+        assert [r.state for r in agent_pb2_grpc.AgentServiceStub(own).Heartbeat(
+            iter([beat]), metadata=credentials(alice.node_token, alice.node_id), timeout=5)]
     again, _ = head.register(head.tokens.join, "alice", node_id=alice.node_id,
                              identity=(alice_key, alice.client_cert_pem))
     assert again.node_id == alice.node_id  # alice herself, with her certificate
@@ -218,7 +221,7 @@ def test_an_insecure_head_takes_a_known_node_id_only_with_its_node_token(tmp_pat
         def register(node_id: str = "", node_token: str = "") -> agent_pb2.RegisterReply:
             return agents.Register(agent_pb2.RegisterRequest(
                 join_token=head.tokens.join, name="box", hardware=convert.hardware_to_pb(HW), node_id=node_id,
-                node_token=node_token), timeout=5)
+                node_token=node_token), metadata=credentials(head.tokens.join), timeout=5)
 
         first = register()
         with pytest.raises(grpc.RpcError) as refused:
@@ -249,10 +252,12 @@ def test_an_insecure_head_speaks_plaintext_and_asks_no_certificate(tmp_path: Pat
     with running_head(tmp_path, insecure=True) as head, grpc.insecure_channel(head.settings.address) as channel:
         agents = agent_pb2_grpc.AgentServiceStub(channel)
         reply = agents.Register(agent_pb2.RegisterRequest(join_token=head.tokens.join, name="box",
-                                                          hardware=convert.hardware_to_pb(HW)), timeout=5)
+                                                          hardware=convert.hardware_to_pb(HW)),
+                                metadata=credentials(head.tokens.join), timeout=5)
         assert (reply.mtls_port, reply.client_cert_pem) == (0, b"")
         beat = agent_pb2.HeartbeatRequest(node_id=reply.node_id, node_token=reply.node_token)
-        assert [r.state for r in agents.Heartbeat(iter([beat]), timeout=5)] == ["joining"]
+        assert [r.state for r in agents.Heartbeat(iter([beat]), metadata=credentials(reply.node_token, reply.node_id),
+                                                  timeout=5)] == ["joining"]
         codes = call_every_rpc(channel, (), "forged")  # the tokens are still checked
     assert set(codes.values()) == {grpc.StatusCode.UNAUTHENTICATED}
     assert not (tmp_path / "tls").exists()

@@ -16,6 +16,7 @@ from farm.core.models import BackendName, BackendOffer
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import new_node_key
+from farm_agent.client import credentials
 from tests.integration.inprocess_head import HW, Head, running_head
 
 SPEC = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
@@ -103,18 +104,19 @@ def test_agents_register_heartbeat_and_leave(head: Head) -> None:
         csr_pem=csr_pem,
     )
     with pytest.raises(grpc.RpcError) as refused:
-        agents.Register(request, timeout=5)
+        agents.Register(request, metadata=credentials("forged"), timeout=5)
     assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
     request.join_token = head.tokens.join
-    reply = agents.Register(request, timeout=5)
+    reply = agents.Register(request, metadata=credentials(head.tokens.join), timeout=5)
     assert reply.node_id.startswith("n-") and reply.ray_address == head.settings.ray_address
     assert reply.ray_token == head.settings.ray_token_path.read_text()
     assert reply.mtls_port == head.settings.mtls_listen_port
     agents = agent_pb2_grpc.AgentServiceStub(head.channel(key_pem, reply.client_cert_pem, reply.mtls_port))
 
     beats = agents.Heartbeat(iter([agent_pb2.HeartbeatRequest(
-        node_id=reply.node_id, node_token=reply.node_token, cpu_percent=42.0, memory_percent=7.0)]), timeout=5)
+        node_id=reply.node_id, node_token=reply.node_token, cpu_percent=42.0, memory_percent=7.0)]),
+        metadata=credentials(reply.node_token, reply.node_id), timeout=5)
     assert [b.state for b in beats] == ["joining"]  # the Ray node has not been seen yet
     with head.client() as c:
         (node,) = c.nodes()
@@ -122,14 +124,15 @@ def test_agents_register_heartbeat_and_leave(head: Head) -> None:
 
     with pytest.raises(grpc.RpcError) as forged:
         list(agents.Heartbeat(iter([agent_pb2.HeartbeatRequest(node_id=reply.node_id, node_token="forged")]),
-                              timeout=5))
+                              metadata=credentials("forged", reply.node_id), timeout=5))
     assert forged.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
-    request.node_id = reply.node_id  # an agent restarted: same node id, new node token
-    again = agents.Register(request, timeout=5)
+    request.node_id = reply.node_id  # an agent restarted: same node id (its certificate proves it), new node token
+    again = agents.Register(request, metadata=credentials(head.tokens.join), timeout=5)
     agents = agent_pb2_grpc.AgentServiceStub(head.channel(key_pem, again.client_cert_pem, again.mtls_port))
     assert again.node_id == reply.node_id and again.node_token != reply.node_token
 
-    agents.Deregister(agent_pb2.DeregisterRequest(node_id=again.node_id, node_token=again.node_token), timeout=5)
+    agents.Deregister(agent_pb2.DeregisterRequest(node_id=again.node_id, node_token=again.node_token),
+                      metadata=credentials(again.node_token, again.node_id), timeout=5)
     with head.client() as c:
         assert [n.state for n in c.nodes()] == ["offline"]

@@ -1,0 +1,91 @@
+"""The gate in front of every RPC: a call whose metadata carries no credential of the kind its method needs is refused
+before gRPC reads its body, so that a caller with nothing can make the head hold nothing (a unary handler's request
+is read whole before any servicer code runs; the refusing handler here is a streaming one, which reads nothing).
+
+The servicers still check each call in full (a node's certificate, a job's own read credential, a token in a body):
+this only keeps the unauthenticated out early. Each refusal counts against the peer, as the servicers' do.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Mapping
+from enum import Enum
+from typing import Any
+
+import grpc
+
+from farm.head.auth import Tokens, hash_token
+from farm.head.store import Store
+
+NODE_ID_KEY = "farm-node-id"  # metadata: the node a node call is for (its node token is the bearer)
+
+
+class Needs(Enum):
+    """What a method's metadata must carry."""
+
+    API = "the API token"
+    READ = "the API token, unless the head was started with --open-read"
+    JOIN = "a join token"
+    NODE = "the node's token, and its id as farm-node-id"
+    BEARER = "a credential (a job's read credential, checked in full by DataService with the job's id)"
+
+
+# What a refusal says: as the servicers' own checks say it.
+REFUSAL = {Needs.API: "invalid or missing API token", Needs.READ: "invalid or missing API token",
+           Needs.JOIN: "invalid join token", Needs.NODE: "unknown node or invalid node token",
+           Needs.BEARER: "invalid or missing read credential for this job"}
+
+
+# Every method not named here needs the API token.
+NEEDS = {
+    "/farm.v1.AgentService/Register": Needs.JOIN,
+    "/farm.v1.AgentService/Heartbeat": Needs.NODE,
+    "/farm.v1.AgentService/Deregister": Needs.NODE,
+    "/farm.v1.DataService/Stat": Needs.BEARER,
+    "/farm.v1.DataService/Read": Needs.BEARER,
+    **{f"/farm.v1.{service}/{method}": Needs.READ for service, method in (
+        ("FleetService", "ListNodes"), ("JobService", "Get"), ("JobService", "List"), ("JobService", "Watch"),
+        ("JobService", "Logs"))},
+}
+
+
+def bearer(metadata: Mapping[str, Any]) -> str:
+    return str(metadata.get("authorization", "")).removeprefix("Bearer ")
+
+
+class AuthGate(grpc.aio.ServerInterceptor):
+    def __init__(self, tokens: Tokens, store: Store) -> None:
+        self.tokens = tokens
+        self.store = store
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
+        presented = bearer(metadata)
+        needs = NEEDS.get(details.method, Needs.API)  # type: ignore[attr-defined]
+        if self.admits(needs, presented, str(metadata.get(NODE_ID_KEY, ""))):
+            return await continuation(details)
+        return self._refusing(REFUSAL[needs], presented)
+
+    def admits(self, needs: Needs, presented: str, node_id: str) -> bool:
+        if not presented:
+            return needs is Needs.READ and self.tokens.open_read
+        if needs is Needs.JOIN:  # a known one: revoked or expired, Register says which, in words
+            return self.store.join_token(hash_token(presented)) is not None
+        if needs is Needs.NODE:
+            stored = self.store.node_token_hash(node_id) if node_id else None
+            return bool(stored) and hmac.compare_digest(hash_token(presented), str(stored))
+        if needs is Needs.BEARER:
+            return True
+        return self.tokens.open_read and needs is Needs.READ or \
+            hmac.compare_digest(presented.encode(), self.tokens.api.encode())
+
+    def _refusing(self, reason: str, presented: str) -> grpc.RpcMethodHandler:
+        async def refuse(requests: object, context: grpc.aio.ServicerContext) -> None:
+            error = self.tokens.refuse(context, reason, presented)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
+
+        return grpc.stream_unary_rpc_method_handler(refuse)
