@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.energy import DevicePower, Energy
-from farm.core.errors import NotFoundError
+from farm.core.errors import ConflictError, NotFoundError
 from farm.core.models import BackendOffer, Hardware, JobState, Node, NodeState, Shard, ShardState
 from farm.head.liveness import Beat, Liveness, NodeLiveness
 from farm.scheduler.calibration import RECENT, Sample
@@ -482,6 +482,21 @@ class Store:
                 (ShardState.PENDING.value, error, job_id, index),
             )
             self._log(db, job_id, "warning", f"shard {index} goes back to the queue: {error}")
+
+    def split_shard(self, job_id: str, index: int, at: int) -> int:
+        """A pending shard [start, stop) becomes [start, at), and [at, stop) a new pending shard after the job's
+        last: an auto-sized job's device takes the front of a range that never ran. The new shard's index."""
+        with self._tx() as db:
+            row = db.execute("SELECT start, stop, state FROM shards WHERE job_id=? AND idx=?", (job_id, index)).fetchone()
+            if row is None or row["state"] != ShardState.PENDING.value or not row["start"] < at < row["stop"]:
+                raise ConflictError(f"shard {index} of job {job_id} cannot be split at {at}")
+            (last,) = db.execute("SELECT MAX(idx) FROM shards WHERE job_id=?", (job_id,)).fetchone()
+            db.execute("UPDATE shards SET stop=? WHERE job_id=? AND idx=?", (at, job_id, index))
+            db.execute("INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
+                       (job_id, last + 1, at, row["stop"], ShardState.PENDING.value))
+            self._log(db, job_id, "info", f"shard {index} cut at {at}: its rest [{at}, {row['stop']}) is shard "
+                                          f"{last + 1}")
+            return int(last + 1)
 
     def shard_failed(self, job_id: str, index: int, error: str) -> None:
         with self._tx() as db:

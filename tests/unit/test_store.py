@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from farm.core.energy import Energy, EnergyScope, EnergySource
-from farm.core.errors import NotFoundError
+from farm.core.errors import ConflictError, NotFoundError
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.head.store import Store
 
@@ -154,3 +154,16 @@ def test_a_store_written_before_marginal_energy_gains_the_column(tmp_path: Path)
     Store(tmp_path / "state.db").close()
     columns = {r[1] for r in sqlite3.connect(tmp_path / "state.db").execute("PRAGMA table_info(shards)")}
     assert "marginal_j" in columns
+
+
+def test_a_pending_shard_splits_into_its_front_and_a_new_shard_for_its_rest(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)  # shards 0: [0, 5), 1: [5, 10)
+    assert store.split_shard("j-1", 1, 7) == 2
+    assert [(s.index, s.start, s.stop, s.state) for s in store.job("j-1").shards] == [
+        (0, 0, 5, ShardState.PENDING), (1, 5, 7, ShardState.PENDING), (2, 7, 10, ShardState.PENDING)]
+    store.upsert_node("n-1", "a", HW, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.1", "hash")
+    store.shard_started("j-1", 0, store.nodes()[0], "cpu", "cpu")
+    for index, at in ((0, 3), (2, 7), (2, 10), (9, 1)):  # running, an end, past the end, no such shard
+        with pytest.raises(ConflictError):
+            store.split_shard("j-1", index, at)
