@@ -1,7 +1,7 @@
 """Benchmark 1, scale: a Farm job over a Parquet dataset of a million rows against the same model's plain loop over the
 same rows on the same cores; and each worker's peak memory against a 10x smaller dataset.
 
-    python benchmarks/scale.py [--rows 1000000] [--batch-size 1024] [--data DIR]
+    python benchmarks/scale.py [--rows 3000000] [--batch-size 1024] [--data DIR]
 
 - Data: benchmarks/pixels.py writes --rows rows (scikit-learn's digits grown with seeded noise: offline) and a tenth
   of them into DIR (default: a temporary folder; kept with --data, and reused when already written).
@@ -68,7 +68,7 @@ def plain_loop(data: Path, out: Path, batch_size: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rows", type=int, default=3_000_000)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--data", type=Path, default=None, help="where the datasets are written (kept)")
     parser.add_argument("--plain-loop", type=Path, help=argparse.SUPPRESS)  # internal: DATA OUT, in a subprocess

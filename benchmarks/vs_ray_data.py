@@ -1,6 +1,6 @@
 """Benchmark 2: Farm side by side with Ray Data on the same rows, model and cores, in one run: rows/s and joules.
 
-    python benchmarks/vs_ray_data.py [--rows 1000000] [--batch-size 1024] [--data DIR]
+    python benchmarks/vs_ray_data.py [--rows 3000000] [--batch-size 1024] [--data DIR]
 
 - Data and model: benchmarks/pixels.py (scikit-learn's digits grown to --rows rows of Parquet; the digits CNN).
 - Farm: a head and two agents on 127.0.0.1, each `--cpus 1`, the job with `shards: auto`, `policy: throughput`,
@@ -47,7 +47,7 @@ def ray_data_run(data: Path, out: Path, batch_size: int) -> dict[str, Any]:
     import ray
 
     began = time.perf_counter()
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": f"{ROOT}:{ROOT / 'benchmarks'}"}})
     init_s = time.perf_counter() - began
 
@@ -92,7 +92,7 @@ def ray_data_run(data: Path, out: Path, batch_size: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--rows", type=int, default=3_000_000)
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--data", type=Path, default=None, help="where the dataset is written (kept)")
     parser.add_argument("--ray-data", type=Path, help=argparse.SUPPRESS)  # internal: DATA, in a subprocess
