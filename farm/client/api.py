@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from farm.client.results import ResultBatches
 
 MAX_MESSAGE = 256 * 1024 * 1024
+INLINE_CODE = 1024 * 1024  # a job's code up to this goes in its Submit; more in chunks of this (UploadCode)
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,17 @@ class Client:
         return error_class(str(exc.details()))  # type: ignore[attr-defined]
 
     def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
-        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, code_zip=code_zip, items=items, output=output,
-                                        model_bytes=model_bytes)
+        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, items=items, output=output, model_bytes=model_bytes)
+        if len(code_zip) <= INLINE_CODE:
+            request.code_zip = code_zip
+        else:  # the head takes no large message at once: the code goes ahead in chunks
+            chunks = (job_pb2.CodeChunk(data=code_zip[at:at + INLINE_CODE])
+                      for at in range(0, len(code_zip), INLINE_CODE))
+            try:
+                upload = self.jobs.UploadCode(chunks, metadata=self.metadata, timeout=max(self.timeout, 600.0))
+            except grpc.RpcError as exc:
+                raise self._error(exc) from None
+            request.code_upload = upload.upload_id
         reply = self._call(self.jobs.Submit, request)
         return str(reply.job_id)  # type: ignore[attr-defined]
 

@@ -20,6 +20,7 @@ import ray
 
 from farm import __version__
 from farm.core.errors import UserError
+from farm.head import uploads
 from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
 from farm.head.data_service import DataServicer
 from farm.head.dispatch import Dispatcher
@@ -35,8 +36,10 @@ from farm.tls import HeadTLS, join_command
 
 log = logging.getLogger("farm.head")
 
-MAX_MESSAGE = 256 * 1024 * 1024  # a Submit carries the job's zipped code
-GRPC_OPTIONS = [("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.max_send_message_length", MAX_MESSAGE)]
+# Received: small messages only, whoever sends them (a job's code comes in chunks: farm.head.uploads). Sent: a
+# listing of many jobs may be large.
+GRPC_OPTIONS = [("grpc.max_receive_message_length", uploads.MAX_MESSAGE),
+                ("grpc.max_send_message_length", 256 * 1024 * 1024)]
 
 
 class HeadService(Protocol):

@@ -13,6 +13,7 @@ from farm.core.energy import DevicePower
 from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
 from farm.core.models import NodeState
+from farm.head import uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
 from farm.head.jobs import Jobs
@@ -151,9 +152,27 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     @unary
     async def Submit(self, request: job_pb2.SubmitRequest, context: grpc.aio.ServicerContext) -> job_pb2.SubmitReply:
         self.tokens.check_api(context)
-        job_id = self.jobs.submit(request.spec_yaml, request.code_zip, request.items, request.output,
-                                  request.model_bytes)
+        code_zip = request.code_zip
+        if request.code_upload:
+            code_zip = await asyncio.to_thread(uploads.take, self.jobs.settings.state_dir, request.code_upload)
+        job_id = self.jobs.submit(request.spec_yaml, code_zip, request.items, request.output, request.model_bytes)
         return job_pb2.SubmitReply(job_id=job_id)
+
+    async def UploadCode(self, request_iterator: AsyncIterator[job_pb2.CodeChunk], context: grpc.aio.ServicerContext
+                         ) -> job_pb2.CodeUpload:
+        try:
+            self.tokens.check_api(context)
+
+            async def chunks() -> AsyncIterator[bytes]:
+                async for chunk in request_iterator:
+                    yield chunk.data
+
+            upload_id = await uploads.receive(self.jobs.settings.state_dir, chunks(),
+                                              self.jobs.settings.max_code_mb * 1024 * 1024)
+        except FarmError as exc:
+            log.info("UploadCode refused: %s", exc.message)
+            await context.abort(status_of(exc), exc.message)
+        return job_pb2.CodeUpload(upload_id=upload_id)
 
     @unary
     async def Get(self, request: job_pb2.GetJobRequest, context: grpc.aio.ServicerContext) -> job_pb2.Job:

@@ -3,8 +3,11 @@ The head runs in a process of its own here, so that its memory is its own to mea
 
 from __future__ import annotations
 
+import io
+import os
 import subprocess
 import sys
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -12,8 +15,12 @@ import grpc
 import psutil
 import pytest
 
-from farm.proto.v1 import job_pb2, job_pb2_grpc
+from farm.core.errors import UserError
+from farm.proto import convert
+from farm.proto.v1 import agent_pb2, agent_pb2_grpc, job_pb2, job_pb2_grpc
+from farm_agent.client import credentials
 from tests.conftest import ROOT
+from tests.integration.inprocess_head import HW, running_head
 
 MB = 1024 * 1024
 
@@ -55,3 +62,38 @@ def test_unauthenticated_calls_do_not_make_the_head_hold_their_bodies(tmp_path: 
     finally:
         head.stdin.close()  # type: ignore[union-attr]
         head.wait(30)
+
+
+def zipped(**members: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def test_a_lender_cannot_send_the_head_a_large_message(tmp_path: Path) -> None:
+    """Only a job's code may be large, and it comes in chunks under the API token: a lender's 10 MB Register is
+    refused by its size."""
+    with running_head(tmp_path) as head, head.channel() as channel:
+        huge = agent_pb2.RegisterRequest(join_token=head.tokens.join, name="x" * (10 * MB),
+                                         hardware=convert.hardware_to_pb(HW))
+        with pytest.raises(grpc.RpcError) as refused:
+            agent_pb2_grpc.AgentServiceStub(channel).Register(huge, metadata=credentials(head.tokens.join), timeout=10)
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        with pytest.raises(grpc.RpcError) as anonymous:  # nor an upload without the API token
+            job_pb2_grpc.JobServiceStub(channel).UploadCode(iter([job_pb2.CodeChunk(data=b"x")]), timeout=10)
+        assert anonymous.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_job_s_code_above_the_message_limit_goes_in_chunks_and_is_bounded(tmp_path: Path) -> None:
+    spec = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
+    with running_head(tmp_path, max_code_mb=8) as head, head.client() as client:
+        code = zipped(**{"toyjob.py": b"x", "w.pt": os.urandom(6 * MB)})
+        job_id = client.submit(spec, code, items=10, output=str(tmp_path / "out"))
+        assert (head.settings.state_dir / "jobs" / job_id / "code.zip").read_bytes() == code
+        assert list((head.settings.state_dir / "uploads").iterdir()) == []  # taken by the Submit
+        with pytest.raises(UserError, match="over 8 MB zipped"):
+            client.submit(spec, zipped(**{"toyjob.py": b"x", "w.pt": os.urandom(9 * MB)}), items=10,
+                          output=str(tmp_path / "out2"))
+        assert list((head.settings.state_dir / "uploads").iterdir()) == []

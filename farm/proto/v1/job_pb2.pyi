@@ -6,19 +6,33 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CodeChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class CodeUpload(_message.Message):
+    __slots__ = ("upload_id",)
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes")
+    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes", "code_upload")
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     CODE_ZIP_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CODE_UPLOAD_FIELD_NUMBER: _ClassVar[int]
     spec_yaml: str
     code_zip: bytes
     items: int
     output: str
     model_bytes: int
-    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ...) -> None: ...
+    code_upload: str
+    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ..., code_upload: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("job_id",)

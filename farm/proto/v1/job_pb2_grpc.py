@@ -64,6 +64,11 @@ class JobServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsReply.FromString,
                 _registered_method=True)
+        self.UploadCode = channel.stream_unary(
+                '/farm.v1.JobService/UploadCode',
+                request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeChunk.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeUpload.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -107,6 +112,13 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UploadCode(self, request_iterator, context):
+        """A job's zipped code in chunks, for a Submit that names the upload: the head takes no large message at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -139,6 +151,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.Logs,
                     request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsReply.SerializeToString,
+            ),
+            'UploadCode': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadCode,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeChunk.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeUpload.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -303,6 +320,33 @@ class JobService:
             '/farm.v1.JobService/Logs',
             farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.SerializeToString,
             farm_dot_proto_dot_v1_dot_job__pb2.LogsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadCode(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/farm.v1.JobService/UploadCode',
+            farm_dot_proto_dot_v1_dot_job__pb2.CodeChunk.SerializeToString,
+            farm_dot_proto_dot_v1_dot_job__pb2.CodeUpload.FromString,
             options,
             channel_credentials,
             insecure,
