@@ -1,0 +1,406 @@
+"""Convolution and transposed convolution (1-D, 2-D, 3-D; stride, padding, dilation, groups) as implicit GEMM.
+
+Every convolution is handled as a 3-D one (missing leading spatial dims have size 1). The GEMM view: rows are the
+output pixels (N * OD * OH * OW), columns a group's output channels, the reduction runs over taps and a group's
+input channels. The weight is laid out once as [groups, taps, in-channels, out-channels] so that a tile of it is
+one coalesced load; the input tile is gathered per tap (no im2col buffer): for a convolution the input coordinate
+of output o at tap k is o*s - p + k*d; for a transposed one (its gather form) it is (o + p - k*d) / s where that
+divides and lands inside the input. `gather_reference` computes exactly that in PyTorch, which the tests hold
+against F.conv*; the Triton kernel does the same arithmetic on tiles, with the epilogue chain before its store.
+
+Groups with few input channels per group (depthwise and the like, where a dot of 16-wide tiles would mostly multiply
+zeros) get the direct kernel instead: one lane per output element, a loop over its taps.
+
+precision: "ieee" (fp32 FMA: exact fp32), "tf32x3" (split-TF32 on tensor cores: three TF32 products that carry the
+low bits too, fp32-level error), "tf32" (one TF32 product: lowers precision).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.templates.epilogue import Step, tensor_operands, triton_lines
+
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def _three(values: Sequence[int], fill: int) -> tuple[int, int, int]:
+    values = tuple(int(v) for v in values)
+    return (fill,) * (3 - len(values)) + values  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A convolution's parameters, as nn.ConvNd / nn.ConvTransposeNd hold them (tuples of `dims` ints)."""
+
+    dims: int
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int = 1
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dims not in (1, 2, 3):
+            raise ValueError("dims must be 1, 2 or 3")
+        for name in ("stride", "padding", "dilation"):
+            if len(getattr(self, name)) != self.dims:
+                raise ValueError(f"{name} needs {self.dims} values")
+        if self.groups < 1 or min(self.stride) < 1 or min(self.dilation) < 1 or min(self.padding) < 0:
+            raise ValueError("groups, stride and dilation must be positive, padding non-negative")
+
+    @property
+    def out_pad(self) -> tuple[int, ...]:
+        return self.output_padding or (0,) * self.dims
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> ConvSpec:
+        """The spec of an nn.Conv{1,2,3}d or nn.ConvTranspose{1,2,3}d (zero padding only; 'same'/'valid' resolved)."""
+        conv = module
+        dims = len(conv.kernel_size)  # type: ignore[arg-type]
+        if getattr(conv, "padding_mode", "zeros") != "zeros":
+            raise ValueError("only zero padding")
+        padding = conv.padding  # type: ignore[assignment]
+        if isinstance(padding, str):
+            if padding == "valid":
+                padding = (0,) * dims
+            else:  # 'same' (stride 1): PyTorch pads the left by total // 2 and the right by the rest
+                totals = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size, strict=True)]  # type: ignore
+                if any(t % 2 for t in totals):
+                    raise ValueError("'same' padding with an odd total is asymmetric")
+                padding = tuple(t // 2 for t in totals)
+        transposed = isinstance(conv, torch.nn.modules.conv._ConvTransposeNd)
+        return cls(dims=dims, stride=tuple(conv.stride), padding=tuple(padding),  # type: ignore[arg-type]
+                   dilation=tuple(conv.dilation), groups=int(conv.groups),  # type: ignore[arg-type]
+                   transposed=transposed,
+                   output_padding=tuple(conv.output_padding) if transposed else ())  # type: ignore[arg-type]
+
+    def output_shape(self, x_shape: Sequence[int], w_shape: Sequence[int]) -> tuple[int, ...]:
+        """[N, C_out, *spatial] of this convolution of an input x_shape with a weight w_shape."""
+        n, c_in, *spatial = x_shape
+        kernel = w_shape[2:]
+        if len(spatial) != self.dims or len(kernel) != self.dims:
+            raise ValueError(f"a {self.dims}-d convolution needs a {self.dims + 2}-d input and weight")
+        if self.transposed:
+            if w_shape[0] != c_in:
+                raise ValueError(f"weight has {w_shape[0]} input channels, input {c_in}")
+            c_out = w_shape[1] * self.groups
+            out = [(size - 1) * s - 2 * p + d * (k - 1) + op + 1 for size, s, p, d, k, op
+                   in zip(spatial, self.stride, self.padding, self.dilation, kernel, self.out_pad, strict=True)]
+        else:
+            if w_shape[1] * self.groups != c_in:
+                raise ValueError(f"weight expects {w_shape[1] * self.groups} input channels, input has {c_in}")
+            c_out = w_shape[0]
+            out = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, s, p, d, k
+                   in zip(spatial, self.stride, self.padding, self.dilation, kernel, strict=True)]
+        if min(out) < 1:
+            raise ValueError("the output would be empty")
+        return (n, c_out, *out)
+
+    def flops(self, x_shape: Sequence[int], w_shape: Sequence[int]) -> int:
+        """Multiply-adds of the direct definition, times two (what FlopCounterMode counts)."""
+        out = self.output_shape(x_shape, w_shape)
+        taps = math.prod(w_shape[2:])
+        if self.transposed:  # each input element meets each tap once
+            return 2 * x_shape[0] * x_shape[1] * math.prod(x_shape[2:]) * taps * (out[1] // self.groups)
+        return 2 * math.prod(out) * (x_shape[1] // self.groups) * taps
+
+    def three(self) -> dict[str, tuple[int, int, int]]:
+        return {"stride": _three(self.stride, 1), "padding": _three(self.padding, 0),
+                "dilation": _three(self.dilation, 1)}
+
+
+def packed_weight(weight: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
+    """[groups, taps, in-channels per group, out-channels per group], contiguous: the kernel's B operand."""
+    g = spec.groups
+    taps = math.prod(weight.shape[2:])
+    if spec.transposed:  # [C_in, C_out / g, *k]
+        c_in, cog = weight.shape[0], weight.shape[1]
+        return weight.reshape(g, c_in // g, cog, taps).permute(0, 3, 1, 2).contiguous()
+    c_out, cg = weight.shape[0], weight.shape[1]
+    return weight.reshape(g, c_out // g, cg, taps).permute(0, 3, 2, 1).contiguous()
+
+
+def source_coords(out_index: torch.Tensor, tap: int, size: int, stride: int, padding: int, dilation: int,
+                  transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input coordinate, valid) of output coordinates `out_index` at tap `tap` along one spatial dim."""
+    if transposed:
+        num = out_index + padding - tap * dilation
+        index = torch.div(num, stride, rounding_mode="floor")
+        valid = (num >= 0) & (num % stride == 0) & (index < size)
+    else:
+        index = out_index * stride - padding + tap * dilation
+        valid = (index >= 0) & (index < size)
+    return index.clamp(0, size - 1), valid
+
+
+def gather_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: ConvSpec
+                     ) -> torch.Tensor:
+    """The implicit GEMM of the kernel, in PyTorch: per tap, gather the input at source_coords and multiply by that
+    tap's packed weight slice. Equal to F.conv*d / F.conv_transpose*d (the tests check it)."""
+    out_shape = spec.output_shape(x.shape, weight.shape)
+    n, c_in = x.shape[:2]
+    g = spec.groups
+    cg = c_in // g
+    x5 = x.reshape(n, c_in, *_three(x.shape[2:], 1)).reshape(n, g, cg, *_three(x.shape[2:], 1))
+    sizes = _three(x.shape[2:], 1)
+    outs = _three(out_shape[2:], 1)
+    kernel = _three(weight.shape[2:], 1)
+    packed = packed_weight(weight, spec).to(torch.float64)  # [g, taps, cg, cog]
+    cog = packed.shape[-1]
+    p3 = spec.three()
+    grids = [torch.arange(o, device=x.device) for o in outs]
+    acc = torch.zeros(n, g, cog, *outs, dtype=torch.float64, device=x.device)
+    tap = 0
+    for kd in range(kernel[0]):
+        for kh in range(kernel[1]):
+            for kw in range(kernel[2]):
+                coords = [source_coords(grids[i], k, sizes[i], p3["stride"][i], p3["padding"][i],
+                                        p3["dilation"][i], spec.transposed) for i, k in enumerate((kd, kh, kw))]
+                (di, dv), (hi, hv), (wi, wv) = coords
+                valid = dv[:, None, None] & hv[None, :, None] & wv[None, None, :]
+                patch = x5[:, :, :, di][:, :, :, :, hi][:, :, :, :, :, wi].to(torch.float64) * valid
+                acc += torch.einsum("ngcdhw,gco->ngodhw", patch, packed[:, tap])
+                tap += 1
+    y = acc.reshape(n, g * cog, *outs).reshape(out_shape)
+    if bias is not None:
+        y = y + bias.to(torch.float64).reshape(1, -1, *([1] * spec.dims))
+    return y.to(x.dtype)
+
+
+def torch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: ConvSpec) -> torch.Tensor:
+    fn = {(False, 1): F.conv1d, (False, 2): F.conv2d, (False, 3): F.conv3d, (True, 1): F.conv_transpose1d,
+          (True, 2): F.conv_transpose2d, (True, 3): F.conv_transpose3d}[(spec.transposed, spec.dims)]
+    if spec.transposed:
+        return fn(x, weight, bias, spec.stride, spec.padding, spec.out_pad, spec.groups, spec.dilation)
+    return fn(x, weight, bias, spec.stride, spec.padding, spec.dilation, spec.groups)
+
+
+# --- Triton ------------------------------------------------------------------------------------------------------
+
+_COORDS = '''
+        if TRANSPOSED:
+            nd = od + PD - kd * DD
+            nh = oh + PH - kh * DH
+            nw = ow + PW - kw * DW
+            id_ = nd // SD
+            ih = nh // SH
+            iw = nw // SW
+            ok = ((nd >= 0) & (nd - id_ * SD == 0) & (id_ < D) & (nh >= 0) & (nh - ih * SH == 0) & (ih < H)
+                  & (nw >= 0) & (nw - iw * SW == 0) & (iw < W))
+        else:
+            id_ = od * SD - PD + kd * DD
+            ih = oh * SH - PH + kh * DH
+            iw = ow * SW - PW + kw * DW
+            ok = (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+'''
+
+_GEMM_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
+           SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
+           PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KD: tl.constexpr,
+           KH: tl.constexpr, KW: tl.constexpr, TRANSPOSED: tl.constexpr, PRECISION: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    g = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    ow = rm % OW
+    t = rm // OW
+    oh = t % OH
+    t = t // OH
+    od = t % OD
+    nb = t // OD
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < COG
+    rk = tl.arange(0, BLOCK_K)
+    DHW = D * H * W
+    x_rows = X + (nb * C_IN + g * CG).to(tl.int64) * DHW
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    TAPS: tl.constexpr = KD * KH * KW
+    for tap in range(TAPS):
+        kd = tap // (KH * KW)
+        kh = (tap // KW) % KH
+        kw = tap % KW
+{coords}
+        ok = ok & m_ok
+        a_ptrs = x_rows[:, None] + ((id_ * H + ih) * W + iw)[:, None] + rk[None, :].to(tl.int64) * DHW
+        b_ptrs = Wp + ((g * TAPS + tap) * CG + rk)[:, None] * COG + rn[None, :]
+        for c0 in range(0, CG, BLOCK_K):
+            c_ok = (c0 + rk) < CG
+            a = tl.load(a_ptrs, mask=ok[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+            acc += tl.dot(a, b, input_precision=PRECISION)
+            a_ptrs += BLOCK_K * DHW
+            b_ptrs += BLOCK_K * COG
+    ODHW = OD * OH * OW
+    co = g * COG + rn
+    chan = co[None, :]
+    offs = (nb.to(tl.int64) * CO * ODHW + (od * OH + oh) * OW + ow)[:, None] + (co.to(tl.int64) * ODHW)[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+{epilogue}
+    tl.store(Y + offs, acc, mask=mask)
+'''
+
+_DIRECT_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(X, Wt, Y, {epi_params}TOTAL, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
+           SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
+           PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KD: tl.constexpr,
+           KH: tl.constexpr, KW: tl.constexpr, TRANSPOSED: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < TOTAL
+    ow = offs % OW
+    t = offs // OW
+    oh = t % OH
+    t = t // OH
+    od = t % OD
+    t = t // OD
+    co = t % CO
+    nb = t // CO
+    chan = co
+    g = co // COG
+    DHW = D * H * W
+    TAPS: tl.constexpr = KD * KH * KW
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for tap in tl.static_range(TAPS):
+        kd = tap // (KH * KW)
+        kh = (tap // KW) % KH
+        kw = tap % KW
+{coords}
+        ok = ok & mask
+        x_at = X + (nb * C_IN + g * CG) * DHW + (id_ * H + ih) * W + iw
+        for c in range(0, CG):
+            xv = tl.load(x_at + c * DHW, mask=ok, other=0.0)
+            if TRANSPOSED:  # weight [C_IN, COG, taps]
+                wv = tl.load(Wt + ((g * CG + c) * COG + (co - g * COG)) * TAPS + tap, mask=mask, other=0.0)
+            else:  # weight [CO, CG, taps]
+                wv = tl.load(Wt + (co * CG + c) * TAPS + tap, mask=mask, other=0.0)
+            acc += xv * wv
+{epilogue}
+    tl.store(Y + offs, acc, mask=mask)
+'''
+
+
+def uses_direct(spec: ConvSpec, x_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
+    """The direct kernel where a GEMM tile would be mostly padding: few input channels per group."""
+    cg = x_shape[1] // spec.groups
+    return cg < 8
+
+
+def gemm_configs(precision: str, cg: int, cog: int, m: int) -> list[Any]:
+    """The implicit GEMM's autotuning space, pruned to the problem: no tile wider than the channels it covers."""
+    import triton
+
+    if precision == "ieee":  # FMA: smaller tiles, fewer stages (no async tensor-core pipeline to feed)
+        shapes = [(64, 64, 16, 4, 2), (128, 64, 16, 8, 2), (64, 128, 16, 8, 2), (32, 64, 16, 4, 2), (128, 128, 16, 8, 2)]
+    else:
+        shapes = [(128, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 128, 32, 8, 3), (64, 64, 32, 4, 4),
+                  (128, 32, 32, 4, 4), (256, 64, 32, 8, 3)]
+    n_cap = max(16, triton.next_power_of_2(cog))
+    k_cap = max(16, triton.next_power_of_2(cg))
+    m_cap = max(16, triton.next_power_of_2(m))
+    seen: set[tuple[int, ...]] = set()
+    configs = []
+    for bm, bn, bk, warps, stages in shapes:
+        key = (min(bm, m_cap), min(bn, n_cap), min(bk, k_cap), warps, stages)
+        if key in seen:
+            continue
+        seen.add(key)
+        configs.append(triton.Config({"BLOCK_M": key[0], "BLOCK_N": key[1], "BLOCK_K": key[2]},
+                                     num_warps=warps, num_stages=stages))
+    return configs
+
+
+def direct_configs() -> list[Any]:
+    import triton
+
+    return [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (1024, 8), (128, 4))]
+
+
+class ConvKernel:
+    """One convolution region's compiled kernel (built on its first call, for its spec, epilogue and precision)."""
+
+    def __init__(self, spec: ConvSpec, chain: tuple[Step, ...], precision: str) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}")
+        self.spec, self.chain, self.precision = spec, chain, precision
+        self._kernels: dict[bool, Any] = {}
+
+    def _kernel(self, direct: bool, cg: int, cog: int, m: int) -> Any:
+        if direct not in self._kernels:
+            params, lines = triton_lines(self.chain)
+            template = _DIRECT_SOURCE if direct else _GEMM_SOURCE
+            source = template.format(epi_params="".join(f"{p}, " for p in params), coords=_COORDS,
+                                     epilogue="\n".join(lines))
+            module = codegen.load_source(source, "conv_direct" if direct else "conv_gemm")
+            configs = direct_configs() if direct else gemm_configs(self.precision, cg, cog, m)
+            key = ["TOTAL", "CG", "COG"] if direct else ["M", "CG", "COG"]
+            self._kernels[direct] = codegen.autotuned(module.kernel, configs, key)
+        return self._kernels[direct]
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
+                 operands: Sequence[torch.Tensor]) -> torch.Tensor:
+        spec = self.spec
+        out_shape = spec.output_shape(x.shape, weight.shape)
+        x = x.contiguous()
+        y = torch.empty(out_shape, device=x.device, dtype=torch.float32)
+        n, c_in = x.shape[:2]
+        d, h, w = _three(x.shape[2:], 1)
+        od, oh, ow = _three(out_shape[2:], 1)
+        kd, kh, kw = _three(weight.shape[2:], 1)
+        co = out_shape[1]
+        cg, cog = c_in // spec.groups, co // spec.groups
+        p3 = spec.three()
+        geometry = dict(SD=p3["stride"][0], SH=p3["stride"][1], SW=p3["stride"][2], PD=p3["padding"][0],
+                        PH=p3["padding"][1], PW=p3["padding"][2], DD=p3["dilation"][0], DH=p3["dilation"][1],
+                        DW=p3["dilation"][2], KD=kd, KH=kh, KW=kw, TRANSPOSED=spec.transposed)
+        direct = uses_direct(spec, x.shape, weight.shape)
+        if direct:
+            total = y.numel()
+            kernel = self._kernel(True, cg, cog, total)
+            kernel[lambda meta: (triton_cdiv(total, meta["BLOCK"]),)](
+                x, weight.contiguous(), y, *operands, total, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry)
+        else:
+            m = n * od * oh * ow
+            kernel = self._kernel(False, cg, cog, m)
+            assert packed is not None
+            kernel[lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), triton_cdiv(cog, meta["BLOCK_N"]), spec.groups)](
+                x, packed, y, *operands, m, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry,
+                PRECISION=self.precision)
+        return y
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kernel_operands(chain: Sequence[Step], operands: Sequence[torch.Tensor], out_shape: Sequence[int]
+                    ) -> list[torch.Tensor]:
+    """The epilogue's tensors as the kernel reads them: channel vectors flat, full tensors in the output's
+    contiguous layout (broadcast ones materialised)."""
+    found = []
+    for step, t in zip(tensor_operands(chain), operands, strict=True):
+        if step.operand == "channel":
+            found.append(t.reshape(-1).float().contiguous())
+        else:
+            found.append(t.float().expand(tuple(out_shape)).contiguous())
+    return found

@@ -1,0 +1,193 @@
+"""Max and average pooling, 1-D to 3-D (kernel, stride, padding, dilation for max, count_include_pad for average),
+one lane per output element with the window unrolled, and the epilogue chain before the store (`chan`: the
+channel). Like the convolutions, every pooling runs as a 3-D one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.templates.epilogue import Step, triton_lines
+
+
+def _three(values: Sequence[int], fill: int) -> tuple[int, int, int]:
+    values = tuple(int(v) for v in values)
+    return (fill,) * (3 - len(values)) + values  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    kind: str  # "max" | "avg"
+    dims: int
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    count_include_pad: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("max", "avg") or self.dims not in (1, 2, 3):
+            raise ValueError("a pool is max or avg over 1 to 3 dims")
+        for name in ("kernel", "stride", "padding", "dilation"):
+            if len(getattr(self, name)) != self.dims:
+                raise ValueError(f"{name} needs {self.dims} values")
+        if any(2 * p > k for p, k in zip(self.padding, self.kernel, strict=True)):
+            raise ValueError("padding must be at most half the kernel")
+        if self.kind == "avg" and set(self.dilation) != {1}:
+            raise ValueError("average pooling has no dilation")
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> PoolSpec:
+        """From nn.{Max,Avg}Pool{1,2,3}d (ceil_mode off, no divisor override, no indices)."""
+        name = type(module).__name__
+        kind = "max" if name.startswith("Max") else "avg"
+        dims = int(name[-2])
+        if getattr(module, "ceil_mode", False) or getattr(module, "return_indices", False) \
+                or getattr(module, "divisor_override", None):
+            raise ValueError("ceil_mode, return_indices and divisor_override are not covered")
+
+        def tup(value: Any, default: int) -> tuple[int, ...]:
+            if value is None:
+                return (default,) * dims
+            return tuple(value) if isinstance(value, (tuple, list)) else (int(value),) * dims
+
+        kernel = tup(module.kernel_size, 1)  # type: ignore[attr-defined]
+        stride = tup(module.stride, 1) if module.stride not in (None, [], ()) else kernel  # type: ignore[attr-defined]
+        return cls(kind=kind, dims=dims, kernel=kernel, stride=stride, padding=tup(module.padding, 0),  # type: ignore
+                   dilation=tup(getattr(module, "dilation", 1), 1),
+                   count_include_pad=bool(getattr(module, "count_include_pad", True)))
+
+    def output_shape(self, x_shape: Sequence[int]) -> tuple[int, ...]:
+        spatial = x_shape[-self.dims:]
+        out = [(size + 2 * p - d * (k - 1) - 1) // s + 1 for size, k, s, p, d
+               in zip(spatial, self.kernel, self.stride, self.padding, self.dilation, strict=True)]
+        if min(out) < 1:
+            raise ValueError("the output would be empty")
+        return (*x_shape[:-self.dims], *out)
+
+
+def torch_pool(x: torch.Tensor, spec: PoolSpec) -> torch.Tensor:
+    if spec.kind == "max":
+        fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[spec.dims - 1]
+        return fn(x, spec.kernel, spec.stride, spec.padding, spec.dilation)
+    fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[spec.dims - 1]
+    return fn(x, spec.kernel, spec.stride, spec.padding, count_include_pad=spec.count_include_pad)
+
+
+def window_reference(x: torch.Tensor, spec: PoolSpec) -> torch.Tensor:
+    """The kernel's arithmetic in PyTorch: for each tap, the shifted input where it is inside, reduced."""
+    out_shape = spec.output_shape(x.shape)
+    lead = x.shape[:-spec.dims]
+    sizes = _three(x.shape[-spec.dims:], 1)
+    outs = _three(out_shape[-spec.dims:], 1)
+    k3, s3, p3, d3 = (_three(spec.kernel, 1), _three(spec.stride, 1), _three(spec.padding, 0),
+                      _three(spec.dilation, 1))
+    x5 = x.reshape(-1, *sizes)
+    grids = [torch.arange(o, device=x.device) for o in outs]
+    acc = torch.full((x5.shape[0], *outs), -torch.inf if spec.kind == "max" else 0.0, dtype=torch.float64,
+                     device=x.device)
+    count = torch.zeros(outs, dtype=torch.float64, device=x.device)
+    for kd in range(k3[0]):
+        for kh in range(k3[1]):
+            for kw in range(k3[2]):
+                idx, ok = [], []
+                for i, k in enumerate((kd, kh, kw)):
+                    index = grids[i] * s3[i] - p3[i] + k * d3[i]
+                    ok.append((index >= 0) & (index < sizes[i]))
+                    idx.append(index.clamp(0, sizes[i] - 1))
+                valid = ok[0][:, None, None] & ok[1][None, :, None] & ok[2][None, None, :]
+                values = x5[:, idx[0]][:, :, idx[1]][:, :, :, idx[2]].to(torch.float64)
+                if spec.kind == "max":
+                    acc = torch.maximum(acc, torch.where(valid, values, -torch.inf))
+                else:
+                    acc = acc + values * valid
+                    count = count + (valid if not spec.count_include_pad else torch.ones_like(valid)).to(count.dtype)
+    if spec.kind == "avg":
+        acc = acc / count
+    return acc.reshape(*lead, *out_shape[-spec.dims:]).to(x.dtype)
+
+
+_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(X, Y, {epi_params}TOTAL, C, D, H, W, OD, OH, OW,
+           KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SD: tl.constexpr, SH: tl.constexpr,
+           SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DD: tl.constexpr,
+           DH: tl.constexpr, DW: tl.constexpr, IS_MAX: tl.constexpr, INCLUDE_PAD: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < TOTAL
+    ow = offs % OW
+    t = offs // OW
+    oh = t % OH
+    t = t // OH
+    od = t % OD
+    plane = t // OD
+    chan = plane % C
+    base = X + plane * D * H * W
+    if IS_MAX:
+        acc = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    count = tl.zeros((BLOCK,), dtype=tl.float32)
+    for kd in tl.static_range(KD):
+        id_ = od * SD - PD + kd * DD
+        for kh in tl.static_range(KH):
+            ih = oh * SH - PH + kh * DH
+            for kw in tl.static_range(KW):
+                iw = ow * SW - PW + kw * DW
+                ok = (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                v = tl.load(base + (id_ * H + ih) * W + iw, mask=mask & ok,
+                            other=float("-inf") if IS_MAX else 0.0)
+                if IS_MAX:
+                    acc = tl.maximum(acc, v)
+                else:
+                    acc += v
+                    count += tl.where(ok, 1.0, 0.0)
+    if not IS_MAX:
+        if INCLUDE_PAD:
+            acc = acc / (KD * KH * KW)
+        else:
+            acc = acc / count
+{epilogue}
+    tl.store(Y + offs, acc, mask=mask)
+'''
+
+
+class PoolKernel:
+    def __init__(self, spec: PoolSpec, chain: tuple[Step, ...]) -> None:
+        self.spec, self.chain = spec, chain
+        self._kernel: Any = None
+
+    def __call__(self, x: torch.Tensor, operands: Sequence[torch.Tensor]) -> torch.Tensor:
+        import triton
+
+        spec = self.spec
+        out_shape = spec.output_shape(x.shape)
+        if self._kernel is None:
+            params, lines = triton_lines(self.chain)
+            module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
+                                                        epilogue="\n".join(lines)), "pool")
+            configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (256, 2), (2048, 8))]
+            self._kernel = codegen.autotuned(module.kernel, configs, ["TOTAL"])
+        x = x.contiguous()
+        y = torch.empty(out_shape, device=x.device, dtype=torch.float32)
+        channels = x.shape[-spec.dims - 1] if x.dim() > spec.dims else 1
+        d, h, w = _three(x.shape[-spec.dims:], 1)
+        od, oh, ow = _three(out_shape[-spec.dims:], 1)
+        k3, s3, p3, d3 = (_three(spec.kernel, 1), _three(spec.stride, 1), _three(spec.padding, 0),
+                          _three(spec.dilation, 1))
+        total = y.numel()
+        self._kernel[lambda meta: (triton.cdiv(total, meta["BLOCK"]),)](
+            x, y, *operands, total, channels, d, h, w, od, oh, ow, KD=k3[0], KH=k3[1], KW=k3[2], SD=s3[0], SH=s3[1],
+            SW=s3[2], PD=p3[0], PH=p3[1], PW=p3[2], DD=d3[0], DH=d3[1], DW=d3[2], IS_MAX=spec.kind == "max",
+            INCLUDE_PAD=spec.count_include_pad)
+        return y

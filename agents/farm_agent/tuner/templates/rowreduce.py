@@ -1,0 +1,286 @@
+"""One-pass row reductions: softmax, log-softmax, logsumexp, LayerNorm, RMSNorm, GroupNorm, sum, mean, amax.
+
+The input is viewed as rows of length L (the reduced dims, contiguous): a LayerNorm's or softmax's last dim, a
+GroupNorm's (channels of a group x spatial), a global average pool's spatial dims. Rows that fit a block are read
+once and written once, ROWS of them per program; longer rows take two reads (statistics, then the result): the
+online softmax (running max, rescaled sum) and a shifted sum of squares for the norms. The affine of a norm and the
+epilogue chain run before the store; `chan` is the feature (layer/RMS norm, softmax), the channel (group norm) or
+the row's channel (row outputs: logsumexp, sum, mean, amax).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.templates.epilogue import Step, triton_lines
+
+OPS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "group_norm", "sum", "mean", "amax")
+ROW_OUTPUT = ("logsumexp", "sum", "mean", "amax")
+MAX_ONE_PASS = 16384
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """op over the trailing `reduced` dims of the input (group_norm: the channels and spatial dims, in `groups`)."""
+
+    op: str
+    reduced: int = 1  # how many trailing dims form a row
+    eps: float = 1e-5
+    groups: int = 1  # group_norm only
+    keepdim: bool = False  # row outputs: keep the reduced dims as size 1
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"unknown row op {self.op!r}")
+        if self.reduced < 1:
+            raise ValueError("a row spans at least one dim")
+
+    def rows(self, shape: Sequence[int]) -> tuple[int, int]:
+        """(rows, row length) of an input shape."""
+        if self.op == "group_norm":
+            n, c = shape[0], shape[1]
+            if c % self.groups:
+                raise ValueError(f"{c} channels do not split into {self.groups} groups")
+            spatial = 1
+            for s in shape[2:]:
+                spatial *= s
+            return n * self.groups, (c // self.groups) * spatial
+        length = 1
+        for s in shape[len(shape) - self.reduced:]:
+            length *= s
+        total = 1
+        for s in shape:
+            total *= s
+        return total // max(length, 1), length
+
+    def output_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        if self.op not in ROW_OUTPUT:
+            return tuple(shape)
+        lead = tuple(shape[:len(shape) - self.reduced])
+        return (*lead, *([1] * self.reduced)) if self.keepdim else lead
+
+
+def torch_rows(x: torch.Tensor, spec: RowSpec, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The op in PyTorch (weight/bias: the norm's affine)."""
+    dims = tuple(range(x.dim() - spec.reduced, x.dim()))
+    if spec.op == "softmax":
+        return torch.softmax(x, dim=-1)
+    if spec.op == "log_softmax":
+        return torch.log_softmax(x, dim=-1)
+    if spec.op == "logsumexp":
+        return torch.logsumexp(x, dim=dims, keepdim=spec.keepdim)
+    if spec.op == "layer_norm":
+        return F.layer_norm(x, x.shape[-spec.reduced:], weight, bias, spec.eps)
+    if spec.op == "rms_norm":
+        return F.rms_norm(x, x.shape[-spec.reduced:], weight, spec.eps)
+    if spec.op == "group_norm":
+        return F.group_norm(x, spec.groups, weight, bias, spec.eps)
+    if spec.op == "sum":
+        return x.sum(dim=dims, keepdim=spec.keepdim)
+    if spec.op == "mean":
+        return x.mean(dim=dims, keepdim=spec.keepdim)
+    return x.amax(dim=dims, keepdim=spec.keepdim)
+
+
+_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
+           OP: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_PASS: tl.constexpr,
+           ROW_OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    r_ok = rows < R
+    cols = tl.arange(0, BLOCK)
+    x_rows = X + rows.to(tl.int64)[:, None] * L
+    y_rows = Y + rows.to(tl.int64)[:, None] * L
+    if ONE_PASS:
+        m2 = r_ok[:, None] & (cols[None, :] < L)
+        x = tl.load(x_rows + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        if OP <= 2:
+            xm = tl.where(m2, x, float("-inf"))
+            mx = tl.max(xm, axis=1)
+            mx = tl.where(mx == float("-inf"), 0.0, mx)
+            e = tl.where(m2, tl.exp(xm - mx[:, None]), 0.0)
+            s = tl.sum(e, axis=1)
+            if OP == 0:
+                full = e / s[:, None]
+            elif OP == 1:
+                full = x - mx[:, None] - tl.log(s)[:, None]
+            else:
+                row = mx + tl.log(s)
+        elif OP <= 5:
+            if OP == 4:
+                inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / L + eps)
+                full = x * inv[:, None]
+            else:
+                mean = tl.sum(x, axis=1) / L
+                xc = tl.where(m2, x - mean[:, None], 0.0)
+                inv = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / L + eps)
+                full = xc * inv[:, None]
+        elif OP == 6:
+            row = tl.sum(x, axis=1)
+        elif OP == 7:
+            row = tl.sum(x, axis=1) / L
+        else:
+            row = tl.max(tl.where(m2, x, float("-inf")), axis=1)
+    else:
+        # pass 1: statistics per lane, combined per row
+        if OP <= 2:
+            run_max = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
+            run_sum = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+        else:
+            shift = tl.load(X + rows.to(tl.int64) * L, mask=r_ok, other=0.0).to(tl.float32)
+            if OP == 4 or OP >= 6:
+                shift = shift * 0.0
+            acc1 = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+            acc2 = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+            accm = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
+        for start in range(0, L, BLOCK):
+            m2 = r_ok[:, None] & ((start + cols)[None, :] < L)
+            if OP <= 2:
+                x = tl.load(x_rows + start + cols[None, :], mask=m2, other=float("-inf")).to(tl.float32)
+                new_max = tl.maximum(run_max, x)
+                scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(run_max - new_max))
+                run_sum = run_sum * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
+                run_max = new_max
+            else:
+                x = tl.load(x_rows + start + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+                d = tl.where(m2, x - shift[:, None], 0.0)
+                acc1 += d
+                acc2 += d * d
+                accm = tl.maximum(accm, tl.where(m2, x, float("-inf")))
+        if OP <= 2:
+            mx = tl.max(run_max, axis=1)
+            mx = tl.where(mx == float("-inf"), 0.0, mx)
+            s = tl.sum(run_sum * tl.where(run_max == float("-inf"), 0.0, tl.exp(run_max - mx[:, None])), axis=1)
+            row = mx + tl.log(s)
+        else:
+            s1 = tl.sum(acc1, axis=1) / L
+            s2 = tl.sum(acc2, axis=1) / L
+            if OP == 4:
+                inv = 1.0 / tl.sqrt(s2 + eps)
+                mean = shift
+            else:
+                mean = shift + s1
+                inv = 1.0 / tl.sqrt(tl.maximum(s2 - s1 * s1, 0.0) + eps)
+            if OP == 6:
+                row = s1 * L
+            elif OP == 7:
+                row = s1
+            elif OP == 8:
+                row = tl.max(accm, axis=1)
+    if ROW_OUT:
+        acc = row
+        offs = rows
+        chan = rows % CHANNELS
+        mask = r_ok
+{epilogue_row}
+        tl.store(Y + offs, acc, mask=mask)
+    elif ONE_PASS:
+        acc = full
+        mask = r_ok[:, None] & (cols[None, :] < L)
+        offs = rows.to(tl.int64)[:, None] * L + cols[None, :]
+        if OP == 5:
+            chan = (rows % G)[:, None] * (L // S) + cols[None, :] // S
+        else:
+            chan = cols[None, :] + rows[:, None] * 0
+        if HAS_W:
+            acc = acc * tl.load(Wt + chan, mask=mask, other=1.0)
+        if HAS_B:
+            acc = acc + tl.load(Bs + chan, mask=mask, other=0.0)
+{epilogue_full}
+        tl.store(Y + offs, acc, mask=mask)
+    else:
+        for start in range(0, L, BLOCK):
+            mask = r_ok[:, None] & ((start + cols)[None, :] < L)
+            x = tl.load(x_rows + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            if OP == 0:
+                acc = tl.exp(x - row[:, None])
+            elif OP == 1:
+                acc = x - row[:, None]
+            else:
+                acc = (x - mean[:, None]) * inv[:, None]
+            offs = rows.to(tl.int64)[:, None] * L + start + cols[None, :]
+            if OP == 5:
+                chan = (rows % G)[:, None] * (L // S) + (start + cols)[None, :] // S
+            else:
+                chan = (start + cols)[None, :] + rows[:, None] * 0
+            if HAS_W:
+                acc = acc * tl.load(Wt + chan, mask=mask, other=1.0)
+            if HAS_B:
+                acc = acc + tl.load(Bs + chan, mask=mask, other=0.0)
+{epilogue_loop}
+            tl.store(Y + offs, acc, mask=mask)
+'''
+
+OP_CODE = {op: i for i, op in enumerate(OPS)}
+
+
+def plan(length: int) -> list[tuple[int, int, int]]:
+    """(ROWS, BLOCK, num_warps) choices for a row length: the autotuning space. Short rows pack several rows per
+    program so that each program still moves a few KiB."""
+    import triton
+
+    if length <= MAX_ONE_PASS:
+        block = triton.next_power_of_2(length)
+        choices = []
+        for rows in (1, 2, 4, 8, 16):
+            tile = rows * block
+            if tile > 16384 or (rows > 1 and tile > 8192) or (rows > 1 and block >= 4096):
+                continue
+            warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+            choices.append((rows, block, warps))
+        return choices[-5:]
+    return [(1, 4096, 8), (1, 2048, 4), (1, 8192, 16), (2, 2048, 8)]
+
+
+class RowKernel:
+    def __init__(self, spec: RowSpec, chain: tuple[Step, ...]) -> None:
+        self.spec, self.chain = spec, chain
+        self._kernels: dict[bool, Any] = {}
+
+    def _kernel(self, one_pass: bool, length: int) -> Any:
+        import triton
+
+        if one_pass not in self._kernels:
+            params, _ = triton_lines(self.chain)
+            source = _SOURCE.format(
+                epi_params="".join(f"{p}, " for p in params),
+                epilogue_row="\n".join(triton_lines(self.chain, " " * 8)[1]),
+                epilogue_full="\n".join(triton_lines(self.chain, " " * 8)[1]),
+                epilogue_loop="\n".join(triton_lines(self.chain, " " * 12)[1]))
+            module = codegen.load_source(source, "rows")
+            configs = [triton.Config({"ROWS": r, "BLOCK": b}, num_warps=w) for r, b, w in plan(length)]
+            self._kernels[one_pass] = codegen.autotuned(module.kernel, configs, ["R", "L"])
+        return self._kernels[one_pass]
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                 operands: Sequence[torch.Tensor], channels: int = 1) -> torch.Tensor:
+        import triton
+
+        spec = self.spec
+        x = x.contiguous()
+        r, length = spec.rows(x.shape)
+        y = torch.empty(spec.output_shape(x.shape), device=x.device, dtype=torch.float32)
+        one_pass = length <= MAX_ONE_PASS
+        spatial = 1
+        if spec.op == "group_norm":
+            for s in x.shape[2:]:
+                spatial *= s
+        kernel = self._kernel(one_pass, length)
+        kernel[lambda meta: (triton.cdiv(r, meta["ROWS"]),)](
+            x, y, weight if weight is not None else x, bias if bias is not None else x, *operands, r, length,
+            channels, spec.groups, spatial, spec.eps, OP=OP_CODE[spec.op], HAS_W=weight is not None,
+            HAS_B=bias is not None, ONE_PASS=one_pass, ROW_OUT=spec.op in ROW_OUTPUT)
+        return y
