@@ -2,8 +2,14 @@
 
 A candidate is a named transform of the job's own model (no new code to trust): eager, torch.compile in three
 modes, CUDA graph capture, TF32 / bf16 / fp16 arithmetic (only offered when the tolerance allows, and marked
-`lowers_precision`), channels_last with cudnn.benchmark for convolutions, and Farm's Triton kernels
-(triton_kernels/). The evaluator's worker calls `build` in its own process, so building may compile and capture.
+`lowers_precision`), channels_last with cudnn.benchmark for convolutions, Farm's Triton kernels (triton_kernels/) and its template
+kernels (templates/: the fx matcher's regions, implicit-GEMM convolutions, GEMMs with epilogues, pooling, row
+reductions). The evaluator's worker calls `build` in its own process, so building may compile and capture.
+
+The template families' precisions: "ieee" is fp32 FMA arithmetic; "tf32x3" is split-TF32 on the tensor cores
+(each product as three TF32 products that keep the low bits: fp32-level error, so it does not lower precision,
+though the tables mark it with a dagger so that a reader can tell it from ieee); "tf32" is one TF32 product and
+lowers precision.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Family:
     needs_conv: bool = False
     needs_gemm: bool = False  # the lowered arithmetic (TF32, autocast) touches only matrix products and convolutions
     needs_triton_match: bool = False
+    needs_template: str | None = None  # a template region of these kinds: "any" or "dot" (conv and GEMM regions)
     params: tuple[tuple[str, Any], ...] = ()
 
 
@@ -50,10 +57,15 @@ FAMILIES: tuple[Family, ...] = (
     Family("cuda-graph", needs_cuda=True),
     Family("channels-last", needs_cuda=True, needs_conv=True),
     Family("triton-fused", needs_cuda=True, needs_triton_match=True, params=(("precision", "ieee"),)),
+    Family("triton-templates", needs_cuda=True, needs_template="any", params=(("precision", "ieee"),)),
+    Family("triton-templates-3xtf32", needs_cuda=True, needs_template="dot", params=(("precision", "tf32x3"),)),
+    Family("triton-templates-compile", needs_cuda=True, needs_template="any", params=(("precision", "ieee"),)),
     Family("tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
     Family("compile-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
     Family("triton-fused-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL,
            needs_triton_match=True, params=(("precision", "tf32"),)),
+    Family("triton-templates-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL,
+           needs_template="dot", params=(("precision", "tf32"),)),
     Family("autocast-bf16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL, needs_gemm=True),
     Family("autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL, needs_gemm=True),
     Family("compile-autocast-fp16", needs_cuda=True, lowers_precision=True, min_rtol=HALF_MIN_RTOL, needs_gemm=True),
@@ -62,6 +74,8 @@ FAMILIES: tuple[Family, ...] = (
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
+# Families whose fp32 result comes from split-TF32 products (see the module's docstring): marked in tables.
+EMULATED_FP32 = frozenset({"triton-templates-3xtf32"})
 
 
 def has_convolution(model: nn.Module) -> bool:
@@ -77,6 +91,7 @@ def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: f
     on_cuda = torch.device(device).type == "cuda"
     conv = has_convolution(model)
     gemm: bool | None = None  # found out (one forward pass) only if a family asks
+    regions: dict[str, dict[str, int]] = {}  # precision -> region kind -> count, found out only if a family asks
     found: list[Candidate] = []
     for family in FAMILIES:
         params = dict(family.params)
@@ -94,9 +109,28 @@ def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: f
             continue
         if family.needs_triton_match and count_matches(model, params.get("precision", "ieee")) == 0:
             continue
+        if family.needs_template:
+            precision = params["precision"]
+            if precision not in regions:
+                regions[precision] = template_regions(model, example_inputs, precision)
+            kinds = regions[precision]
+            wanted = sum(kinds.values()) if family.needs_template == "any" else kinds.get("conv", 0) + kinds.get(
+                "gemm", 0)
+            if not wanted:
+                continue
         found.append(Candidate(name=family.name, transform=family.name, params=params,
                                lowers_precision=family.lowers_precision))
     return found
+
+
+def template_regions(model: nn.Module, example_inputs: Sequence[Any], precision: str) -> dict[str, int]:
+    """How many regions of each kind the template matcher finds in `model` (none where it cannot run it)."""
+    from farm_agent.tuner.templates.matcher import rewrite as template_rewrite
+
+    try:
+        return dict(template_rewrite(model, list(example_inputs), precision)[1])
+    except Exception:  # a model the matcher cannot even run for its shapes: no template candidates
+        return {}
 
 
 def candidate(name: str) -> Candidate:
@@ -221,6 +255,15 @@ def _triton_fused(model: nn.Module, precision: str) -> Built:
     return rewritten
 
 
+def _templates(model: nn.Module, example_inputs: list[Any], precision: str) -> nn.Module:
+    from farm_agent.tuner.templates.matcher import rewrite as template_rewrite
+
+    rewritten, counts = template_rewrite(model, example_inputs, precision)
+    if counts.total() == 0:
+        raise ValueError("no region of this model matches a template")
+    return rewritten
+
+
 def build(transform: str, model: nn.Module, example_inputs: list[Any], params: dict[str, Any]) -> Built:
     """The candidate `transform` of `model`: something called like model(*inputs)."""
     model = model.eval()
@@ -236,6 +279,11 @@ def build(transform: str, model: nn.Module, example_inputs: list[Any], params: d
         "triton-fused": lambda: _with_fp32(_triton_fused(model, "ieee")),
         "triton-fused-tf32": lambda: _with_tf32(_triton_fused(model, "tf32")),
         "triton-fused-fp16": lambda: _triton_fused(model, "fp16"),
+        "triton-templates": lambda: _with_fp32(_templates(model, example_inputs, "ieee")),
+        "triton-templates-3xtf32": lambda: _with_fp32(_templates(model, example_inputs, "tf32x3")),
+        # The rest of the model to Inductor; each region is a graph break (TemplateRegion.forward).
+        "triton-templates-compile": lambda: _with_fp32(torch.compile(_templates(model, example_inputs, "ieee"))),
+        "triton-templates-tf32": lambda: _with_tf32(_templates(model, example_inputs, "tf32")),
         "tf32": lambda: _with_tf32(model),
         # Inductor reads the TF32 switch while it compiles: the wrapper keeps it on for the first call too.
         "compile-tf32": lambda: _with_tf32(torch.compile(model)),

@@ -1,0 +1,682 @@
+"""The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
+
+A region is an anchor (a convolution, a GEMM, a pooling, a row reduction or normalisation) and the elementwise chain
+that follows it: each next node is the previous one's only user and applies one elementwise op to it, with at most
+one other operand that is a number, a per-channel vector (a bias, a BatchNorm in eval, a learned scale) or a tensor
+of the output's own shape (a residual). The anchor can be a module (nn.Conv2d, nn.Linear, nn.MaxPool3d, nn.GroupNorm
+...), a function (F.linear, torch.matmul, torch.softmax, torch.logsumexp ...) or a method (x.softmax(-1), x.mean(...)),
+written anywhere in the forward: the graph is what is matched, not the module tree. Everything else stays as it was,
+for eager or Inductor to run.
+
+Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
+against the region's output. A model fx cannot trace as a whole has its children matched one by one.
+
+The rewritten regions (TemplateRegion) keep the original modules and parameters and run in PyTorch wherever Triton
+cannot (CPU tensors without TRITON_INTERPRET=1, other dtypes), and after a template failed to compile: so a
+rewritten model is always callable, and on a CPU it is checked against the original in the tests.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import operator
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+from farm_agent.tuner.templates import codegen, epilogue
+from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec, kernel_operands, packed_weight, torch_conv
+from farm_agent.tuner.templates.epilogue import Step
+from farm_agent.tuner.templates.gemm import GemmKernel
+from farm_agent.tuner.templates.pool import PoolKernel, PoolSpec, torch_pool
+from farm_agent.tuner.templates.rowreduce import ROW_OUTPUT, RowKernel, RowSpec, torch_rows
+
+PRECISIONS = ("ieee", "tf32x3", "tf32")
+
+
+def triton_runs_on(x: torch.Tensor) -> bool:
+    return codegen.triton_available() and (x.is_cuda or codegen.interpreting())
+
+
+# --- the rewritten regions ---------------------------------------------------------------------------------------
+
+
+class TemplateRegion(nn.Module):
+    """One matched region: the producer (self.produce) and its epilogue chain, through a template kernel where
+    Triton runs, else in PyTorch. forward(*inputs, *operands): the producer's tensor inputs, then one tensor per
+    graph operand of the chain (sources marked "arg"); other operands are computed from held modules."""
+
+    kind = "region"
+
+    def __init__(self, chain: Sequence[Step], sources: Sequence[tuple[str, Any]], inputs: int,
+                 channel_dim: int) -> None:
+        super().__init__()
+        self.chain = tuple(chain)
+        self.sources = list(sources)  # per tensor operand: ("arg", i) | ("bn_scale", k) | ("bn_shift", k) | ("param", name)
+        self.inputs = inputs
+        self.channel_dim = channel_dim
+        self.bns = nn.ModuleList()
+        self.failed = False
+
+    def operands(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        found = []
+        for kind, ref in self.sources:
+            if kind == "arg":
+                found.append(args[ref])
+            elif kind == "param":
+                found.append(self.get_parameter(ref))
+            else:
+                bn = self.bns[ref]
+                scale = bn.weight / torch.sqrt(bn.running_var + bn.eps) if bn.weight is not None else \
+                    1.0 / torch.sqrt(bn.running_var + bn.eps)
+                if kind == "bn_scale":
+                    found.append(scale)
+                else:
+                    shift = -bn.running_mean * scale
+                    found.append(shift + bn.bias if bn.bias is not None else shift)
+        return found
+
+    @torch.compiler.disable  # under torch.compile (the triton-templates-compile family) a region is a graph break
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        inputs, extra = args[:self.inputs], args[self.inputs:]
+        operands = self.operands(extra)
+        if not self.failed and all(t.dtype == torch.float32 for t in [*inputs, *operands]) \
+                and triton_runs_on(inputs[0]):
+            try:
+                return self.run_template(inputs, operands)
+            except Exception as exc:  # a template that does not compile here: this region runs in PyTorch
+                self.failed = True
+                codegen.record_failure(f"{self.kind}:{self.describe()}", exc)
+        return self.run_reference(inputs, operands)
+
+    def run_reference(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        y = self.produce(*inputs)
+        return epilogue.reference(y, self.chain, operands, self.channel_dim % y.dim())
+
+    def produce(self, *inputs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return epilogue.describe(self.chain) or "-"
+
+
+class ConvRegion(TemplateRegion):
+    kind = "conv"
+
+    def __init__(self, conv: nn.Module, chain: Sequence[Step], sources: Sequence[tuple[str, Any]],
+                 precision: str) -> None:
+        super().__init__(chain, sources, 1, 1)
+        self.conv = conv
+        self.spec = ConvSpec.of(conv)
+        self.precision = precision
+        self.kernel = ConvKernel(self.spec, self.chain, precision)
+        self._packed: tuple[Any, torch.Tensor] | None = None
+
+    def produce(self, x: torch.Tensor) -> torch.Tensor:
+        return torch_conv(x, self.conv.weight, None, self.spec)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        x = inputs[0]
+        w = self.conv.weight
+        key = (w.data_ptr(), w._version)
+        if self._packed is None or self._packed[0] != key:  # the weight laid out once, again only if it changed
+            self._packed = (key, packed_weight(w.detach(), self.spec))
+        out_shape = self.spec.output_shape(x.shape, w.shape)
+        return self.kernel(x, w.detach(), self._packed[1], kernel_operands(self.chain, operands, out_shape))
+
+    def describe(self) -> str:
+        s = self.spec
+        name = f"{'convT' if s.transposed else 'conv'}{s.dims}d s{s.stride} p{s.padding} d{s.dilation} g{s.groups}"
+        return f"{name} {self.precision} {super().describe()}"
+
+
+class GemmRegion(TemplateRegion):
+    """a @ bt, where bt is either the second input (matmul, bmm) or a held Linear's weight read as its transpose."""
+
+    kind = "gemm"
+
+    def __init__(self, linear: nn.Module | None, chain: Sequence[Step], sources: Sequence[tuple[str, Any]],
+                 precision: str) -> None:
+        super().__init__(chain, sources, 1 if linear is not None else 2, -1)
+        self.linear = linear
+        self.precision = precision
+        self.kernel = GemmKernel(self.chain, precision)
+
+    def produce(self, *inputs: torch.Tensor) -> torch.Tensor:
+        if self.linear is not None:
+            return inputs[0] @ self.linear.weight.t()
+        return torch.matmul(inputs[0], inputs[1])
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        a = inputs[0]
+        bt = self.linear.weight.detach().t() if self.linear is not None else inputs[1]
+        if bt.dim() == 1 or a.dim() == 1:
+            raise ValueError("vector operands are not covered")
+        out_shape = (*torch.broadcast_shapes(a.shape[:-2], bt.shape[:-2]), a.shape[-2], bt.shape[-1])
+        return self.kernel(a, bt, kernel_operands(self.chain, operands, out_shape))
+
+    def describe(self) -> str:
+        return f"gemm {self.precision} {super().describe()}"
+
+
+class PoolRegion(TemplateRegion):
+    kind = "pool"
+
+    def __init__(self, spec: PoolSpec, chain: Sequence[Step], sources: Sequence[tuple[str, Any]]) -> None:
+        super().__init__(chain, sources, 1, -(spec.dims + 1))
+        self.spec = spec
+        self.kernel = PoolKernel(spec, self.chain)
+
+    def produce(self, x: torch.Tensor) -> torch.Tensor:
+        return torch_pool(x, self.spec)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        x = inputs[0]
+        return self.kernel(x, kernel_operands(self.chain, operands, self.spec.output_shape(x.shape)))
+
+    def describe(self) -> str:
+        s = self.spec
+        return f"{s.kind}pool{s.dims}d k{s.kernel} s{s.stride} {super().describe()}"
+
+
+class RowRegion(TemplateRegion):
+    kind = "rows"
+
+    def __init__(self, spec: RowSpec, norm: nn.Module | None, chain: Sequence[Step],
+                 sources: Sequence[tuple[str, Any]], channel_dim: int) -> None:
+        super().__init__(chain, sources, 1, channel_dim)
+        self.spec = spec
+        self.norm = norm
+        self.kernel = RowKernel(spec, self.chain)
+
+    def _affine(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.norm is None:
+            return None, None
+        return getattr(self.norm, "weight", None), getattr(self.norm, "bias", None)
+
+    def produce(self, x: torch.Tensor) -> torch.Tensor:
+        weight, bias = self._affine()
+        return torch_rows(x, self.spec, weight, bias)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        x = inputs[0]
+        weight, bias = self._affine()
+        out_shape = self.spec.output_shape(x.shape)
+        channels = out_shape[self.channel_dim % len(out_shape)] if self.spec.op in ROW_OUTPUT and out_shape else 1
+        return self.kernel(x, weight.detach() if weight is not None else None,
+                           bias.detach() if bias is not None else None,
+                           kernel_operands(self.chain, operands, out_shape), channels=channels)
+
+    def describe(self) -> str:
+        return f"{self.spec.op} {super().describe()}"
+
+
+REGION_KINDS = (ConvRegion, GemmRegion, PoolRegion, RowRegion)
+
+
+# --- matching -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Anchor:
+    """A matched producer: how to build its region once the chain is known."""
+
+    kind: str
+    inputs: list[fx.Node]
+    channel_dim: int  # of its output (negative: from the end)
+    make: Callable[[tuple[Step, ...], list[tuple[str, Any]], list[nn.Module]], TemplateRegion]
+    chain: list[Step] = field(default_factory=list)
+    sources: list[tuple[str, Any]] = field(default_factory=list)
+    operand_nodes: list[fx.Node] = field(default_factory=list)
+    bns: list[nn.Module] = field(default_factory=list)
+    allows_channel: bool = True
+
+
+def _shape(node: Any) -> tuple[int, ...] | None:
+    meta = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
+    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+
+
+def _dtype(node: Any) -> torch.dtype | None:
+    meta = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
+    return getattr(meta, "dtype", None)
+
+
+def _ints(value: Any, n: int) -> tuple[int, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (int(value),) * n
+
+
+def _dim_list(value: Any, ndim: int) -> list[int] | None:
+    if isinstance(value, int):
+        value = [value]
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, int) for v in value):
+        return None
+    return sorted(v % ndim for v in value)
+
+
+ACT_MODULES: dict[type, str] = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh",
+                                nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid", nn.Mish: "mish"}
+ACT_FUNCTIONS: dict[Any, str] = {
+    F.relu: "relu", torch.relu: "relu", F.silu: "silu", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid",
+    torch.tanh: "tanh", F.tanh: "tanh", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid", F.mish: "mish",
+    torch.exp: "exp", torch.abs: "abs", torch.neg: "neg", operator.neg: "neg", torch.square: "square",
+}
+ACT_METHODS = {"relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "abs": "abs", "neg": "neg",
+               "square": "square"}
+BINARY_FUNCTIONS: dict[Any, str] = {operator.add: "add", torch.add: "add", operator.sub: "sub", torch.sub: "sub",
+                                    operator.mul: "mul", torch.mul: "mul", operator.truediv: "div", torch.div: "div"}
+BINARY_METHODS = {"add": "add", "sub": "sub", "mul": "mul", "div": "div"}
+REVERSED = {"add": "add", "mul": "mul", "sub": "rsub", "div": "rdiv"}
+
+
+class Matcher:
+    def __init__(self, gm: fx.GraphModule, precision: str) -> None:
+        self.gm = gm
+        self.precision = precision
+        self.modules = dict(gm.named_modules())
+
+    def module(self, node: fx.Node) -> nn.Module | None:
+        return self.modules.get(str(node.target)) if node.op == "call_module" else None
+
+    # anchors
+
+    def anchor(self, node: fx.Node) -> Anchor | None:
+        try:
+            return self._anchor(node)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return None  # a form the templates do not cover (asymmetric padding, ceil_mode ...)
+
+    def _anchor(self, node: fx.Node) -> Anchor | None:
+        mod = self.module(node)
+        out = _shape(node)
+        if out is None or _dtype(node) != torch.float32:
+            return None
+        precision = self.precision
+        one_input = len(node.args) == 1 and not node.kwargs and isinstance(node.args[0], fx.Node)
+        if isinstance(mod, nn.modules.conv._ConvNd) and one_input:
+            ConvSpec.of(mod)  # raises where the templates do not cover it
+            conv = mod
+
+            def make_conv(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
+                          ) -> TemplateRegion:
+                region = ConvRegion(conv, chain, sources, precision)
+                region.bns.extend(bns)
+                return region
+
+            anchor = Anchor("conv", [node.args[0]], 1, make_conv)  # type: ignore[list-item]
+            if conv.bias is not None:
+                anchor.chain.append(Step("add", "channel"))
+                anchor.sources.append(("param", "conv.bias"))
+            return anchor
+        if isinstance(mod, nn.Linear) and one_input and len(_shape(node.args[0]) or ()) >= 2:
+            linear = mod
+
+            def make_linear(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
+                            ) -> TemplateRegion:
+                region = GemmRegion(linear, chain, sources, precision)
+                region.bns.extend(bns)
+                return region
+
+            anchor = Anchor("gemm", [node.args[0]], -1, make_linear)  # type: ignore[list-item]
+            if linear.bias is not None:
+                anchor.chain.append(Step("add", "channel"))
+                anchor.sources.append(("param", "linear.bias"))
+            return anchor
+        is_matmul = (node.op == "call_function" and node.target in (torch.matmul, operator.matmul, torch.bmm)) or \
+            (node.op == "call_method" and node.target in ("matmul", "bmm"))
+        if is_matmul and len(node.args) == 2 and not node.kwargs and all(isinstance(a, fx.Node) for a in node.args):
+            a, b = node.args
+            sa, sb = _shape(a), _shape(b)
+            if sa is None or sb is None or len(sa) < 2 or len(sb) < 2 or _dtype(a) != torch.float32 \
+                    or _dtype(b) != torch.float32:
+                return None
+
+            def make_matmul(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
+                            ) -> TemplateRegion:
+                region = GemmRegion(None, chain, sources, precision)
+                region.bns.extend(bns)
+                return region
+
+            return Anchor("gemm", [a, b], -1, make_matmul)  # type: ignore[list-item]
+        pool = self._pool(node, mod)
+        if pool is not None:
+            spec = pool
+
+            def make_pool(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
+                          ) -> TemplateRegion:
+                region = PoolRegion(spec, chain, sources)
+                region.bns.extend(bns)
+                return region
+
+            return Anchor("pool", [node.args[0]], -(spec.dims + 1), make_pool)  # type: ignore[list-item]
+        return self._rows(node, mod, out)
+
+    def _pool(self, node: fx.Node, mod: nn.Module | None) -> PoolSpec | None:
+        pool_types = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
+        if isinstance(mod, pool_types) and len(node.args) == 1 and not node.kwargs:
+            return PoolSpec.of(mod)
+        functions = {F.max_pool1d: nn.MaxPool1d, F.max_pool2d: nn.MaxPool2d, F.max_pool3d: nn.MaxPool3d,
+                     F.avg_pool1d: nn.AvgPool1d, F.avg_pool2d: nn.AvgPool2d, F.avg_pool3d: nn.AvgPool3d}
+        if node.op == "call_function" and node.target in functions and isinstance(node.args[0], fx.Node):
+            if any(isinstance(a, fx.Node) for a in [*node.args[1:], *node.kwargs.values()]):
+                return None
+            return PoolSpec.of(functions[node.target](*node.args[1:], **node.kwargs))  # type: ignore[index]
+        return None
+
+    def _rows(self, node: fx.Node, mod: nn.Module | None, out: tuple[int, ...]) -> Anchor | None:
+        x = node.args[0] if node.args else None
+        if not isinstance(x, fx.Node):
+            return None
+        shape = _shape(x)
+        if shape is None or _dtype(x) != torch.float32 or not shape:
+            return None
+        ndim = len(shape)
+        norm: nn.Module | None = None
+        spec: RowSpec | None = None
+        channel_dim = -1
+        if isinstance(mod, nn.LayerNorm) and len(node.args) == 1:
+            spec = RowSpec("layer_norm", reduced=len(mod.normalized_shape), eps=mod.eps)
+            norm = mod
+        elif isinstance(mod, nn.RMSNorm) and len(node.args) == 1:
+            eps = mod.eps if mod.eps is not None else torch.finfo(torch.float32).eps
+            spec = RowSpec("rms_norm", reduced=len(mod.normalized_shape), eps=eps)
+            norm = mod
+        elif isinstance(mod, nn.GroupNorm) and len(node.args) == 1 and ndim >= 2:
+            spec = RowSpec("group_norm", eps=mod.eps, groups=mod.num_groups)
+            norm = mod if mod.affine else None
+            channel_dim = 1
+        elif isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)) and len(node.args) == 1:
+            dims = int(type(mod).__name__[-2])
+            if set(_ints(mod.output_size, dims)) != {1}:
+                return None
+            spec = RowSpec("mean", reduced=dims, keepdim=True)
+            channel_dim = ndim - dims - 1
+        elif isinstance(mod, (nn.Softmax, nn.LogSoftmax)) and len(node.args) == 1:
+            if mod.dim is None or mod.dim % ndim != ndim - 1:
+                return None
+            spec = RowSpec("softmax" if isinstance(mod, nn.Softmax) else "log_softmax")
+        else:
+            spec, channel_dim = self._row_call(node, ndim)
+        if spec is None:
+            return None
+        if spec.op == "group_norm" and ndim < 3:
+            return None
+        if spec.op in ROW_OUTPUT:
+            out_nd = len(spec.output_shape(shape))
+            if out_nd == 0:
+                return None
+            channel_dim = out_nd - 1 if not spec.keepdim else ndim - spec.reduced - 1
+            if channel_dim < 0:
+                return None
+        row_spec, row_norm, cd = spec, norm, channel_dim
+
+        def make_rows(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
+                      ) -> TemplateRegion:
+            region = RowRegion(row_spec, row_norm, chain, sources, cd)
+            region.bns.extend(bns)
+            return region
+
+        # a multi-dim LayerNorm's feature index spans several dims: a per-channel operand would not be one vector
+        allows = not (spec.op in ("layer_norm", "rms_norm") and spec.reduced > 1)
+        return Anchor("rows", [x], channel_dim, make_rows, allows_channel=allows)
+
+    def _row_call(self, node: fx.Node, ndim: int) -> tuple[RowSpec | None, int]:
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+        if node.op not in ("call_function", "call_method") or not isinstance(name, str):
+            return None, -1
+        if node.op == "call_function" and node.target not in (torch.softmax, F.softmax, torch.log_softmax,
+                                                                F.log_softmax, torch.logsumexp, torch.sum, torch.mean,
+                                                                torch.amax):
+            return None, -1
+        args, kwargs = list(node.args[1:]), dict(node.kwargs)
+        if set(kwargs) - {"dim", "keepdim"} or any(isinstance(a, fx.Node) for a in [*args, *kwargs.values()]):
+            return None, -1
+        dim = args[0] if args else kwargs.get("dim")
+        keepdim = bool(args[1] if len(args) > 1 else kwargs.get("keepdim", False))
+        dims = _dim_list(dim, ndim)
+        if dims is None:
+            return None, -1
+        reduced = len(dims)
+        if dims != list(range(ndim - reduced, ndim)):  # only trailing dims form contiguous rows
+            return None, -1
+        if name in ("softmax", "log_softmax"):
+            return (RowSpec(name) if reduced == 1 and len(args) <= 1 else None), -1
+        if name in ("logsumexp", "sum", "mean", "amax"):
+            return RowSpec(name, reduced=reduced, keepdim=keepdim), -1
+        return None, -1
+
+    # chains
+
+    def step(self, user: fx.Node, tail: fx.Node, anchor: Anchor) -> tuple[Step | None, Any]:
+        """The elementwise step `user` applies to `tail`, and its operand (a node, a BatchNorm, or None)."""
+        mod = self.module(user)
+        if user.args[:1] != (tail,) and not (user.op == "call_function" and user.target in BINARY_FUNCTIONS) \
+                and not (user.op == "call_method" and user.target in BINARY_METHODS):
+            return None, None
+        if mod is not None:
+            if len(user.args) != 1 or user.kwargs:
+                return None, None
+            if isinstance(mod, (nn.Identity, nn.Dropout)):  # the model runs in eval: Dropout is the identity
+                return Step("mul", "scalar", value=1.0), None
+            if type(mod) in ACT_MODULES:
+                return Step(ACT_MODULES[type(mod)]), None
+            if isinstance(mod, nn.GELU):
+                return Step("gelu_tanh" if mod.approximate == "tanh" else "gelu"), None
+            if isinstance(mod, nn.LeakyReLU):
+                return Step("leaky_relu", value=float(mod.negative_slope)), None
+            if isinstance(mod, nn.ELU):
+                return Step("elu", value=float(mod.alpha)), None
+            if isinstance(mod, nn.Softplus) and mod.beta == 1 and mod.threshold == 20:
+                return Step("softplus"), None
+            if isinstance(mod, nn.Hardtanh):  # ReLU6 too
+                return Step("clamp", lo=float(mod.min_val), hi=float(mod.max_val)), None
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm) and not mod.training and mod.track_running_stats \
+                    and anchor.allows_channel and self._channel_ok(tail, anchor, mod.num_features, bn=True):
+                return Step("mul", "channel"), mod
+            return None, None
+        if user.op == "call_function" and user.target in ACT_FUNCTIONS and len(user.args) == 1 \
+                and not set(user.kwargs) - {"inplace"}:
+            return Step(ACT_FUNCTIONS[user.target]), None
+        if user.op == "call_method" and user.target in ACT_METHODS and len(user.args) == 1 and not user.kwargs:
+            return Step(ACT_METHODS[str(user.target)]), None
+        if user.op == "call_function" and user.target is F.gelu and len(user.args) == 1:
+            if set(user.kwargs) - {"approximate", "inplace"}:
+                return None, None
+            return Step("gelu_tanh" if user.kwargs.get("approximate") == "tanh" else "gelu"), None
+        if user.op == "call_function" and user.target in (F.leaky_relu, F.elu):
+            value = user.args[1] if len(user.args) > 1 else user.kwargs.get(
+                "negative_slope" if user.target is F.leaky_relu else "alpha", 0.01 if user.target is F.leaky_relu
+                else 1.0)
+            if not isinstance(value, (int, float)) or set(user.kwargs) - {"negative_slope", "alpha", "inplace"}:
+                return None, None
+            return Step("leaky_relu" if user.target is F.leaky_relu else "elu", value=float(value)), None
+        if (user.op == "call_function" and user.target in (torch.clamp, F.hardtanh, F.relu6)) or \
+                (user.op == "call_method" and user.target in ("clamp", "clamp_min", "clamp_max")):
+            return self._clamp(user), None
+        if (user.op == "call_function" and user.target in (operator.pow, torch.pow)) or \
+                (user.op == "call_method" and user.target == "pow"):
+            if len(user.args) == 2 and user.args[0] is tail and user.args[1] == 2 and not user.kwargs:
+                return Step("square"), None
+            return None, None
+        op = BINARY_FUNCTIONS.get(user.target) if user.op == "call_function" else \
+            BINARY_METHODS.get(str(user.target)) if user.op == "call_method" else None
+        if op is None or len(user.args) != 2 or user.kwargs:
+            return None, None
+        a, b = user.args
+        if a is tail and b is tail:
+            return (Step("square"), None) if op == "mul" else (None, None)
+        if a is tail:
+            other = b
+        elif b is tail:
+            other, op = a, REVERSED[op]
+        else:
+            return None, None
+        if isinstance(other, (int, float)) and not isinstance(other, bool):
+            return Step(op, "scalar", value=float(other)), None
+        if not isinstance(other, fx.Node) or _dtype(other) != torch.float32:
+            return None, None
+        shape, out = _shape(other), _shape(tail)
+        if shape is None or out is None:
+            return None, None
+        if shape == out:
+            return Step(op, "full"), other
+        if anchor.allows_channel and self._channel_ok(tail, anchor, None, shape=shape):
+            return Step(op, "channel"), other
+        return None, None
+
+    def _clamp(self, user: fx.Node) -> Step | None:
+        target = user.target
+        if target is F.relu6:
+            return Step("clamp", lo=0.0, hi=6.0) if len(user.args) == 1 and not set(user.kwargs) - {"inplace"} else None
+        names = ("min_val", "max_val") if target is F.hardtanh else ("min", "max")
+        args = list(user.args[1:])
+        kw = {k: v for k, v in user.kwargs.items() if k != "inplace"}
+        if target == "clamp_min":
+            lo, hi = (args[0] if args else kw.get("min")), None
+        elif target == "clamp_max":
+            lo, hi = None, (args[0] if args else kw.get("max"))
+        else:
+            lo = args[0] if args else kw.get(names[0], -1.0 if target is F.hardtanh else None)
+            hi = args[1] if len(args) > 1 else kw.get(names[1], 1.0 if target is F.hardtanh else None)
+        if any(v is not None and not isinstance(v, (int, float)) for v in (lo, hi)) or (lo is None and hi is None):
+            return None
+        return Step("clamp", lo=None if lo is None else float(lo), hi=None if hi is None else float(hi))
+
+    def _channel_ok(self, tail: fx.Node, anchor: Anchor, features: int | None, shape: tuple[int, ...] | None = None,
+                    bn: bool = False) -> bool:
+        """Whether an operand of `shape` (or a BatchNorm of `features`) is one value per channel of the output."""
+        out = _shape(tail)
+        if out is None:
+            return False
+        cd = anchor.channel_dim % len(out)
+        if bn:  # BatchNorm normalises dim 1
+            return cd == 1 and out[1] == features
+        assert shape is not None
+        if len(shape) > len(out):
+            return False
+        aligned = (1,) * (len(out) - len(shape)) + shape
+        return all(s == (out[i] if i == cd else 1) for i, s in enumerate(aligned)) and math.prod(shape) == out[cd]
+
+    # the rewrite
+
+    def run(self) -> Counter[str]:
+        graph = self.gm.graph
+        count: Counter[str] = Counter()
+        erased: set[fx.Node] = set()
+        for node in list(graph.nodes):
+            if node in erased or node.op not in ("call_module", "call_function", "call_method"):
+                continue
+            anchor = self.anchor(node)
+            if anchor is None:
+                continue
+            chain_nodes = [node]
+            tail = node
+            while len(tail.users) == 1:
+                user = next(iter(tail.users))
+                step, operand = self.step(user, tail, anchor)
+                if step is None:
+                    break
+                if isinstance(operand, nn.modules.batchnorm._BatchNorm):
+                    index = len(anchor.bns)
+                    anchor.bns.append(operand)
+                    anchor.chain.extend([Step("mul", "channel"), Step("add", "channel")])
+                    anchor.sources.extend([("bn_scale", index), ("bn_shift", index)])
+                else:
+                    anchor.chain.append(step)
+                    if operand is not None:
+                        anchor.sources.append(("arg", len(anchor.operand_nodes)))
+                        anchor.operand_nodes.append(operand)
+                chain_nodes.append(user)
+                tail = user
+            if anchor.kind == "gemm" and self.precision == "ieee" and not _has_epilogue_work(anchor.chain):
+                continue  # a bare fp32 GEMM is cuBLAS's ground: only a fused epilogue or tensor cores can win it
+            region = anchor.make(tuple(anchor.chain), anchor.sources, anchor.bns)
+            name = f"farm_template_{sum(count.values())}"
+            self.gm.add_submodule(name, region)
+            count[region.kind] += 1
+            with graph.inserting_after(tail):
+                call = graph.call_module(name, (*anchor.inputs, *anchor.operand_nodes))
+            call.meta = dict(tail.meta)  # its shape, for the regions matched after it
+            tail.replace_all_uses_with(call)
+            for old in reversed(chain_nodes):
+                graph.erase_node(old)
+                erased.add(old)
+        graph.lint()
+        self.gm.recompile()
+        return count
+
+
+def _has_epilogue_work(chain: Sequence[Step]) -> bool:
+    """More than a bias add: the bias alone is what cuBLAS's addmm does too."""
+    return any(not (s.op == "add" and s.operand == "channel") for s in chain) or len(chain) > 1
+
+
+def _rewrite_traced(model: nn.Module, example_inputs: Sequence[Any], precision: str
+                    ) -> tuple[fx.GraphModule, Counter[str]]:
+    gm = fx.symbolic_trace(model)
+    with torch.no_grad():
+        ShapeProp(gm).propagate(*example_inputs)
+    return gm, Matcher(gm, precision).run()
+
+
+class _Recorder:
+    """Records each child module's inputs during one forward (for matching children of an untraceable model)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.seen: dict[str, tuple[Any, ...]] = {}
+        self.handles = [child.register_forward_pre_hook(self._hook(name))
+                        for name, child in model.named_children()]
+
+    def _hook(self, name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+            self.seen.setdefault(name, args)
+        return hook
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def rewrite(model: nn.Module, example_inputs: Sequence[Any], precision: str = "ieee"
+            ) -> tuple[nn.Module, Counter[str]]:
+    """A copy of `model` whose covered regions call template kernels, and how many regions of each kind (conv,
+    gemm, pool, rows) it has. `example_inputs`: on the model's device (one forward, for the shapes)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}")
+    model = copy.deepcopy(model).eval()
+    try:
+        return _rewrite_traced(model, example_inputs, precision)
+    except (fx.proxy.TraceError, TypeError, NotImplementedError, RuntimeError, AttributeError):
+        pass
+    # Not traceable as a whole (data-dependent control flow ...): its children, each with the inputs it was given.
+    recorder = _Recorder(model)
+    try:
+        with torch.no_grad():
+            model(*example_inputs)
+    finally:
+        recorder.close()
+    total: Counter[str] = Counter()
+    for name, args in recorder.seen.items():
+        child = getattr(model, name)
+        try:
+            rewritten, count = _rewrite_traced(child, args, precision)
+        except (fx.proxy.TraceError, TypeError, NotImplementedError, RuntimeError, AttributeError):
+            continue
+        if count:
+            setattr(model, name, rewritten)
+            total.update(count)
+    return model, total
+
+
+def regions(model: nn.Module) -> list[TemplateRegion]:
+    return [m for m in model.modules() if isinstance(m, TemplateRegion)]
