@@ -79,12 +79,15 @@ def row(problem: str, candidate: str, result: Result, eager_ms: float | None, co
     vs_eager = speedup(eager_ms, result.median_ms, result.correct)
     vs_compile = speedup(compile_ms, result.median_ms, result.correct)
     data = result.to_dict()  # infinities as None
+    sol = result.speed_of_light()
+    share = sol.share(result.median_ms) if sol is not None and result.correct else None
     return KernelResult(
         problem=problem, candidate=candidate, compiled=result.compiled, correct=result.correct,
         max_abs_err=data["max_abs_err"], rel_norm_err=data["rel_norm_err"], median_ms=result.median_ms,
         eager_ms=eager_ms, compile_ms=compile_ms, speedup_vs_eager=vs_eager, speedup_vs_compile=vs_compile,
         reward=reward(mode, result.correct, vs_eager, vs_compile, margin), error=result.error,
-        device=device, lowers_precision=result.lowers_precision,
+        device=device, lowers_precision=result.lowers_precision, sol_share=share,
+        sol_bound=sol.bound if sol is not None else "", sol_peaks=sol.peaks.describe() if sol is not None else "",
     )
 
 

@@ -66,22 +66,40 @@ def row(result: Result, results: list[Result]) -> dict[str, Any]:
         data[f"speedup_vs_{baseline.replace('-', '_')}"] = (
             base.median_ms / result.median_ms if fast else None  # type: ignore[union-attr,operator]
         )
+    sol = result.speed_of_light()
+    data["sol_share"] = sol.share(result.median_ms) if sol is not None and result.correct else None
+    data["sol_bound"] = sol.bound if sol is not None else ""
+    data["sol_peaks"] = sol.peaks.describe() if sol is not None else ""
     return data
 
 
 def results_table(title: str, rows: list[dict[str, Any]]) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("CANDIDATE", "COMPILED", "CORRECT", "MAX ERR", "REL NORM ERR", "MEDIAN MS", "VS EAGER",
-                   "VS COMPILE", "NOTE"):
+                   "VS COMPILE", "OF SOL", "NOTE"):
         table.add_column(column, justify="right" if column not in ("CANDIDATE", "NOTE") else "left")
     for r in rows:
         table.add_row(
             r["candidate"] + (" (lower precision)" if r["lowers_precision"] else ""),
             yes_no(r["compiled"]), yes_no(r["correct"]), number(r["max_abs_err"]), number(r["rel_norm_err"]),
             f"{r['median_ms']:.4f}" if r["median_ms"] is not None else "-",
-            speedup(r["speedup_vs_eager"]), speedup(r["speedup_vs_compile_default"]), r["error"],
+            speedup(r["speedup_vs_eager"]), speedup(r["speedup_vs_compile_default"]),
+            sol_share(r.get("sol_share"), r.get("sol_bound", "")), r["error"],
         )
+    peaks = sorted({r["sol_peaks"] for r in rows if r.get("sol_peaks")})
+    if peaks:
+        table.caption = sol_caption(peaks)
     return table
+
+
+def sol_share(share: float | None, bound: str) -> str:
+    """A share of the speed of light with the bound that set it: "41% mem"."""
+    return "-" if share is None else f"{share:.0%} {'mem' if bound == 'memory' else 'flop'}"
+
+
+def sol_caption(peaks: list[str]) -> str:
+    return ("OF SOL: the speed of light (max of FLOPs at the fp32 peak, bytes at the memory bandwidth; mem/flop: "
+            "which bound) over the median; peaks " + "; ".join(peaks))
 
 
 def yes_no(value: bool) -> str:
@@ -130,17 +148,23 @@ def tune_command(
         return
     table = Table(title=f"tuned on {device} (atol {atol:g}, rtol {rtol:g}, budget {budget_s:g} s per problem)",
                   title_justify="left")
-    for column in ("PROBLEM", "WINNER", "MS", "VS EAGER", "VS COMPILE", "TRIALS", "STOPPED"):
+    for column in ("PROBLEM", "WINNER", "MS", "VS EAGER", "VS COMPILE", "OF SOL", "TRIALS", "STOPPED"):
         table.add_column(column, justify="left" if column in ("PROBLEM", "WINNER", "STOPPED") else "right")
     for report in reports:
         r = table_row(report)
         winner = (r["winner"] or "none correct") + (" (lower precision)" if r["lowers_precision"] else "")
         table.add_row(r["problem"], winner, f"{r['winner_ms']:.4f}" if r["winner_ms"] else "-",
-                      speedup(r["vs_eager"]), speedup(r["vs_compile"]), str(r["trials"]), report.stop_reason)
+                      speedup(r["vs_eager"]), speedup(r["vs_compile"]), sol_share(r["sol_share"], r["sol_bound"]),
+                      str(r["trials"]), report.stop_reason)
+    peaks = sorted({sol.peaks.describe() for report in reports if (sol := report.speed_of_light()) is not None})
+    if peaks:
+        table.caption = sol_caption(peaks)
     console.print(table)
+    share = f"; geomean {summary.geomean_sol_share:.0%} of the speed of light" \
+        if summary.geomean_sol_share is not None else ""
     console.print(f"fast_{p:g}: {summary.fast_p:.0%} of {summary.problems} (correct and more than {p:.0%} faster than "
                   f"compile-default); geomean {speedup(summary.geomean_vs_eager)} vs eager, "
-                  f"{speedup(summary.geomean_vs_compile)} vs compile")
+                  f"{speedup(summary.geomean_vs_compile)} vs compile{share}")
 
 
 @app.command("results")
@@ -170,15 +194,18 @@ def results_command(
 def kernel_results_table(title: str, rows: list[KernelResult]) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("PROBLEM", "CANDIDATE", "NODE", "COMPILED", "CORRECT", "MAX ERR", "MEDIAN MS", "VS EAGER",
-                   "VS COMPILE", "REWARD", "NOTE"):
+                   "VS COMPILE", "OF SOL", "REWARD", "NOTE"):
         table.add_column(column, justify="left" if column in ("PROBLEM", "CANDIDATE", "NODE", "NOTE") else "right")
     for r in rows:
         table.add_row(
             r.problem, r.candidate + (" (lower precision)" if r.lowers_precision else ""),
             f"{r.node} {r.device}".strip(), yes_no(r.compiled), yes_no(r.correct), number(r.max_abs_err),
             f"{r.median_ms:.4f}" if r.median_ms is not None else "-", speedup(r.speedup_vs_eager),
-            speedup(r.speedup_vs_compile), f"{r.reward:g}", r.error,
+            speedup(r.speedup_vs_compile), sol_share(r.sol_share, r.sol_bound), f"{r.reward:g}", r.error,
         )
+    peaks = sorted({r.sol_peaks for r in rows if r.sol_peaks})
+    if peaks:
+        table.caption = sol_caption(peaks)
     return table
 
 

@@ -58,13 +58,14 @@ def test_precision_is_lowered_only_when_the_tolerance_allows_and_is_marked() -> 
     strict = candidates_for(model, inputs, 1e-4, "cuda")
     assert not any(c.lowers_precision for c in strict)
     assert [c.name for c in strict] == ["eager", "compile-default", "compile-max-autotune", "compile-reduce-overhead",
-                                        "cuda-graph", "triton-fused"]
+                                        "cuda-graph", "triton-fused", "triton-templates", "triton-templates-3xtf32",
+                                        "triton-templates-compile"]
     tf32_only = names(model, inputs, 1e-3, "cuda")
     assert "tf32" in tf32_only and "autocast-fp16" not in tf32_only
     loose = candidates_for(model, inputs, 1e-2, "cuda")
     lowered = {c.name for c in loose if c.lowers_precision}
-    assert lowered == {"tf32", "compile-tf32", "triton-fused-tf32", "autocast-bf16", "autocast-fp16",
-                       "compile-autocast-fp16", "triton-fused-fp16"}
+    assert lowered == {"tf32", "compile-tf32", "triton-fused-tf32", "triton-templates-tf32", "autocast-bf16",
+                       "autocast-fp16", "compile-autocast-fp16", "triton-fused-fp16"}
 
 
 def test_channels_last_only_for_convolutions_and_no_lowered_arithmetic_without_a_gemm() -> None:
@@ -72,7 +73,8 @@ def test_channels_last_only_for_convolutions_and_no_lowered_arithmetic_without_a
     assert "channels-last" not in names(Block().eval(), [torch.randn(4, 16)], 1e-4, "cuda")
     softmax_only = nn.Sequential(nn.Tanh(), nn.Softmax(dim=-1)).eval()
     assert names(softmax_only, [torch.randn(4, 16)], 1e-2, "cuda") == [
-        "eager", "compile-default", "compile-max-autotune", "compile-reduce-overhead", "cuda-graph", "triton-fused"]
+        "eager", "compile-default", "compile-max-autotune", "compile-reduce-overhead", "cuda-graph", "triton-fused",
+        "triton-templates", "triton-templates-compile"]  # no 3xtf32/tf32 templates: they change only dots
 
 
 def test_the_matcher_fuses_linear_with_its_activation_and_swaps_norms_and_softmax() -> None:

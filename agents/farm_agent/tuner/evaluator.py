@@ -89,6 +89,19 @@ class Result:
     min_ms: float | None = None
     speed_of_light_ms: float | None = None  # no implementation can be faster on this device
     lowers_precision: bool = False
+    # The problem's work as the reference did it (matrix/conv FLOPs; inputs, parameters and outputs in bytes) and the
+    # device: what the reports' fp32 speed of light is computed from (farm.core.kernels.speed_of_light).
+    flops: float | None = None
+    bytes: float | None = None
+    device_name: str = ""
+
+    def speed_of_light(self) -> Any:
+        """This problem's fp32 speed of light on the device (None: the device's peaks are not recorded)."""
+        from farm.core.kernels import speed_of_light
+
+        if self.flops is None or self.bytes is None:
+            return None
+        return speed_of_light(self.flops, self.bytes, self.device_name)
 
     def correct_under(self, atol: float, rtol: float) -> bool:
         """Whether this result is correct under another tolerance, from the recorded errors."""
@@ -237,7 +250,8 @@ def _judge(data: dict[str, Any], candidate: Candidate, atol: float, rtol: float,
         max_abs_err=None, rel_norm_err=None, max_scaled_err=None, median_ms=None, runs=0, compiled=False,
         sound=False, error="",
     ), **data, "correct": False, "atol": atol, "rtol": rtol, "speed_of_light_ms": sol_ms,
-        "lowers_precision": candidate.lowers_precision})
+        "lowers_precision": candidate.lowers_precision, "flops": float(info["flops"]),
+        "bytes": float(info["bytes"] + info.get("param_bytes", 0)), "device_name": str(info["device_name"])})
     error, sound = result.error, result.sound
     if sound and result.median_ms is not None and result.median_ms < sol_ms:
         sound = False

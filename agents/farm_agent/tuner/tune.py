@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
-from farm_agent.tuner.candidates import BASELINES, build, candidate, candidates_for
+from farm.core.kernels import SpeedOfLight, speed_of_light
+from farm_agent.tuner.candidates import BASELINES, EMULATED_FP32, build, candidate, candidates_for
 from farm_agent.tuner.evaluator import Candidate, Result, evaluate
 from farm_agent.tuner.features import model_features
 from farm_agent.tuner.policy import PRIOR_OTHER_TRIAL_S, Policy, reward
@@ -50,7 +51,8 @@ class Trial:
     error: str | None = None
 
     def correct_by(self, scoring: str) -> bool:
-        return {"run": self.correct, "strict": self.correct_strict, "loose": self.correct_loose}[scoring]
+        return {"run": self.correct, "strict": self.correct_strict, "strict-ieee": self.correct_strict,
+                "loose": self.correct_loose}[scoring]
 
 
 @dataclass(frozen=True)
@@ -70,15 +72,30 @@ class TuneReport:
     winner: str | None = None
     cache_path: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    flops: float | None = None  # the reference's matrix/conv FLOPs and its bytes (inputs, parameters, outputs)
+    nbytes: float | None = None
+
+    def speed_of_light(self) -> SpeedOfLight | None:
+        """The problem's fp32 speed of light on this device (farm.core.kernels.speed_of_light)."""
+        if self.flops is None or self.nbytes is None:
+            return None
+        return speed_of_light(self.flops, self.nbytes, self.device_name)
+
+    def sol_share(self, scoring: str = "run") -> float | None:
+        """The share of the speed of light that the pick under `scoring` reaches."""
+        best, sol = self.pick(scoring), self.speed_of_light()
+        return sol.share(best.median_ms) if best is not None and sol is not None else None
 
     def trial(self, name: str) -> Trial | None:
         return next((t for t in self.trials if t.candidate == name), None)
 
     def pick(self, scoring: str = "run") -> Trial | None:
-        """The fastest trial correct under `scoring` ("run", "strict" or "loose"); under strict, only candidates
-        that keep fp32 arithmetic qualify."""
+        """The fastest trial correct under `scoring` ("run", "strict", "strict-ieee" or "loose"); under strict, only
+        candidates that keep fp32 arithmetic qualify; under strict-ieee, only those whose products are fp32 too (no
+        split-TF32)."""
         ok = [t for t in self.trials if t.correct_by(scoring) and t.median_ms is not None
-              and not (scoring == "strict" and t.lowers_precision)]
+              and not (scoring.startswith("strict") and t.lowers_precision)
+              and not (scoring == "strict-ieee" and t.candidate in EMULATED_FP32)]
         return min(ok, key=lambda t: t.median_ms or math.inf, default=None)
 
     def baseline_ms(self, name: str) -> float | None:
@@ -99,8 +116,11 @@ class TuneReport:
         return searched.index(self.winner) + 1 if self.winner in searched else None
 
     def to_json(self) -> dict[str, Any]:
+        sol = self.speed_of_light()
         return {**asdict(self), "trials_to_winner": self.trials_to_winner,
-                "speedup_vs_eager": self.speedup("eager"), "speedup_vs_compile": self.speedup("compile-default")}
+                "speedup_vs_eager": self.speedup("eager"), "speedup_vs_compile": self.speedup("compile-default"),
+                "speed_of_light": asdict(sol) if sol is not None else None,
+                "sol_share": {s: self.sol_share(s) for s in ("run", "strict", "loose")}}
 
 
 def _trial(result: Result, cand: Candidate, seconds: float, searched: bool) -> Trial:
@@ -213,6 +233,7 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     measure = _evaluator_round(prob.path, device, atol, rtol, runs, candidate_timeout_s)
     order, measured, skipped, stop_reason = search(names, context, policy, budget_s, measure, exhaustive=exhaustive)
     trials = [_trial(m.result, candidate(m.name), m.seconds, m.searched) for m in measured]
+    eager_result = next((m.result for m in measured if m.name == "eager"), None)
 
     eager = next((t for t in trials if t.candidate == "eager"), None)
     eager_ms = eager.median_ms if eager is not None else None
@@ -225,7 +246,9 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     key = cache_key or make_key(model, inputs, atol, rtol, device)
     report = TuneReport(problem=prob.name, device=device, device_name=key.device_name, atol=atol, rtol=rtol,
                         budget_s=budget_s, features=features.to_json(), order=order, trials=trials,
-                        skipped=skipped, stop_reason=stop_reason, seconds=time.perf_counter() - started)
+                        skipped=skipped, stop_reason=stop_reason, seconds=time.perf_counter() - started,
+                        flops=eager_result.flops if eager_result else None,
+                        nbytes=eager_result.bytes if eager_result else None)
     best = report.pick("run")
     if best is None:
         return report
@@ -324,6 +347,7 @@ class Summary:
     p: float
     geomean_vs_eager: float | None
     geomean_vs_compile: float | None
+    geomean_sol_share: float | None = None  # over the problems whose device has recorded peaks
 
 
 def _geomean(values: Sequence[float]) -> float | None:
@@ -336,18 +360,21 @@ def summarize(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.
     vs_eager = [s for r in reports if (s := r.speedup("eager", scoring)) is not None]
     vs_compile = [s for r in reports if (s := r.speedup("compile-default", scoring)) is not None]
     fast = sum(1 for s in vs_compile if s > 1.0 + p)
+    shares = [s for r in reports if (s := r.sol_share(scoring)) is not None]
     return Summary(scoring=scoring, problems=len(reports), correct=sum(1 for r in reports if r.pick(scoring)),
                    fast_p=fast / len(reports) if reports else 0.0, p=p, geomean_vs_eager=_geomean(vs_eager),
-                   geomean_vs_compile=_geomean(vs_compile))
+                   geomean_vs_compile=_geomean(vs_compile), geomean_sol_share=_geomean(shares))
 
 
 def table_row(report: TuneReport, scoring: str = "run") -> dict[str, Any]:
     """One problem's line of the tune table under a scoring."""
     best = report.pick(scoring)
+    sol = report.speed_of_light()
     return {
         "problem": report.problem,
         "winner": best.candidate if best else None,
         "lowers_precision": bool(best and best.lowers_precision),
+        "emulated_fp32": bool(best and best.candidate in EMULATED_FP32),
         "winner_ms": best.median_ms if best else None,
         "eager_ms": report.baseline_ms("eager"),
         "compile_ms": report.baseline_ms("compile-default"),
@@ -355,6 +382,9 @@ def table_row(report: TuneReport, scoring: str = "run") -> dict[str, Any]:
         "vs_compile": report.speedup("compile-default", scoring),
         "trials": sum(1 for t in report.trials if t.searched),
         "seconds": report.seconds,
+        "sol_ms": sol.ms if sol is not None else None,
+        "sol_share": report.sol_share(scoring),
+        "sol_bound": sol.bound if sol is not None else None,
     }
 
 
@@ -363,17 +393,26 @@ def format_table(reports: Sequence[TuneReport], scoring: str = "run", p: float =
     def num(value: float | None, fmt: str) -> str:
         return format(value, fmt) if value is not None else "-"
 
-    header = (f"{'problem':<28} {'winner':<24} {'ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} "
-              f"{'vs compile':>10} {'trials':>6}")
+    header = (f"{'problem':<28} {'winner':<26} {'ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} "
+              f"{'vs compile':>10} {'SoL ms':>8} {'of SoL':>7} {'bound':<7} {'trials':>6} {'search s':>8}")
     lines = [header]
     for report in reports:
         row = table_row(report, scoring)
-        winner = (row["winner"] or "none correct") + (" *" if row["lowers_precision"] else "")
-        lines.append(f"{row['problem'][:28]:<28} {winner[:24]:<24} {num(row['winner_ms'], '9.3f')} "
+        mark = " *" if row["lowers_precision"] else " †" if row["emulated_fp32"] else ""
+        winner = (row["winner"] or "none correct") + mark
+        share = f"{row['sol_share']:.1%}" if row["sol_share"] is not None else "-"
+        lines.append(f"{row['problem'][:28]:<28} {winner[:26]:<26} {num(row['winner_ms'], '9.3f')} "
                      f"{num(row['eager_ms'], '9.3f')} {num(row['compile_ms'], '10.3f')} "
-                     f"{num(row['vs_eager'], '7.2f')}x {num(row['vs_compile'], '9.2f')}x {row['trials']:>6}")
+                     f"{num(row['vs_eager'], '7.2f')}x {num(row['vs_compile'], '9.2f')}x "
+                     f"{num(row['sol_ms'], '8.3f')} {share:>7} {row['sol_bound'] or '-':<7} {row['trials']:>6} "
+                     f"{row['seconds']:8.1f}")
     s = summarize(reports, scoring, p)
+    share = f"{s.geomean_sol_share:.1%}" if s.geomean_sol_share is not None else "-"
     lines.append(f"{scoring}: fast_{s.p:g} {s.fast_p:.1%} of {s.problems} (correct and >{s.p:.0%} faster than "
                  f"compile-default); geomean {num(s.geomean_vs_eager, '.2f')}x vs eager, "
-                 f"{num(s.geomean_vs_compile, '.2f')}x vs compile   (* lowers precision)")
+                 f"{num(s.geomean_vs_compile, '.2f')}x vs compile; geomean share of the speed of light {share}   "
+                 "(* lowers precision; † split-TF32 products, fp32-level error)")
+    peaks = {sol.peaks.describe() for r in reports if (sol := r.speed_of_light()) is not None}
+    if peaks:
+        lines.append("speed of light: max(FLOPs / fp32 peak, bytes / memory bandwidth) with " + "; ".join(sorted(peaks)))
     return "\n".join(lines)
