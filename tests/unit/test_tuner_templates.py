@@ -1,0 +1,353 @@
+"""The template kernels on a CPU: their PyTorch references (which do the kernels' index arithmetic) against PyTorch's
+own ops, their shape and parameter logic, the Triton source of the epilogue chains (run here on torch tensors
+through a stand-in for triton.language), and the fx matcher's rewrites (the rewritten model runs its regions'
+PyTorch path on a CPU and must equal the original).
+
+Where Triton is installed, the kernels themselves also run under its CPU interpreter (TRITON_INTERPRET=1); CI has
+no Triton, so those tests skip there, and the GPU benchmark (benchmarks/gpu/kernels_on_h200.sh) runs them compiled.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from farm_agent.tuner.candidates import build
+from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.templates.conv import ConvSpec, gather_reference, packed_weight, torch_conv, uses_direct
+from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
+from farm_agent.tuner.templates.matcher import ConvRegion, GemmRegion, PoolRegion, RowRegion, regions, rewrite
+from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
+from farm_agent.tuner.templates.rowreduce import RowSpec, torch_rows
+
+torch.manual_seed(0)
+
+CONVS = [  # (spec, input shape, weight shape)
+    (ConvSpec(1, (1,), (0,), (1,)), (2, 6, 17), (5, 6, 3)),
+    (ConvSpec(1, (3,), (2,), (2,), groups=2), (2, 6, 29), (4, 3, 4)),
+    (ConvSpec(2, (1, 1), (1, 1), (1, 1)), (2, 5, 9, 10), (7, 5, 3, 3)),
+    (ConvSpec(2, (2, 1), (2, 0), (2, 3), groups=3), (1, 6, 13, 14), (9, 2, 3, 2)),
+    (ConvSpec(2, (1, 1), (1, 1), (1, 1), groups=8), (2, 8, 7, 7), (8, 1, 3, 3)),  # depthwise
+    (ConvSpec(3, (2, 1, 2), (1, 0, 1), (1, 2, 1)), (1, 4, 6, 7, 8), (3, 4, 3, 2, 3)),
+    (ConvSpec(1, (4,), (2,), (1,), transposed=True, output_padding=(1,)), (2, 6, 9), (6, 3, 8)),
+    (ConvSpec(2, (2, 2), (1, 1), (1, 1), transposed=True), (2, 4, 5, 6), (4, 3, 4, 4)),
+    (ConvSpec(2, (3, 2), (1, 0), (2, 1), groups=2, transposed=True, output_padding=(2, 1)), (1, 4, 5, 4),
+     (4, 3, 3, 3)),
+    (ConvSpec(3, (2, 2, 2), (1, 1, 1), (1, 1, 1), transposed=True), (1, 3, 3, 4, 5), (3, 2, 4, 4, 4)),
+]
+
+
+@pytest.mark.parametrize(("spec", "x_shape", "w_shape"), CONVS, ids=[f"{'T' if s.transposed else ''}conv{s.dims}d-{i}"
+                                                                     for i, (s, _, _) in enumerate(CONVS)])
+def test_the_implicit_gemm_gather_is_the_convolution(spec: ConvSpec, x_shape: tuple, w_shape: tuple) -> None:
+    x, w, b = torch.randn(x_shape, dtype=torch.float64), torch.randn(w_shape, dtype=torch.float64), None
+    expected = torch_conv(x, w, b, spec)
+    assert spec.output_shape(x_shape, w_shape) == tuple(expected.shape)
+    torch.testing.assert_close(gather_reference(x, w, b, spec), expected)
+    with FlopCounterMode(display=False) as counter:
+        torch_conv(x, w, b, spec)
+    assert spec.flops(x_shape, w_shape) == counter.get_total_flops()
+
+
+def test_conv_specs_come_from_modules_and_refuse_what_the_kernel_does_not_do() -> None:
+    spec = ConvSpec.of(nn.Conv2d(4, 8, (3, 5), stride=2, padding="valid", dilation=(1, 2), groups=2))
+    assert (spec.dims, spec.stride, spec.padding, spec.dilation, spec.groups) == (2, (2, 2), (0, 0), (1, 2), 2)
+    assert ConvSpec.of(nn.Conv1d(3, 3, 5, padding="same")).padding == (2,)
+    t = ConvSpec.of(nn.ConvTranspose3d(4, 2, 3, stride=2, output_padding=1))
+    assert t.transposed and t.out_pad == (1, 1, 1)
+    with pytest.raises(ValueError, match="zero padding"):
+        ConvSpec.of(nn.Conv2d(3, 3, 3, padding=1, padding_mode="reflect"))
+    with pytest.raises(ValueError, match="asymmetric"):
+        ConvSpec.of(nn.Conv1d(3, 3, 4, padding="same"))
+    with pytest.raises(ValueError, match="input channels"):
+        ConvSpec(2, (1, 1), (0, 0), (1, 1), groups=2).output_shape((1, 6, 4, 4), (4, 2, 3, 3))
+    # few input channels per group go to the direct kernel, where a 16-wide dot would mostly multiply padding
+    assert uses_direct(ConvSpec(2, (1, 1), (1, 1), (1, 1), groups=32), (1, 32, 8, 8), (32, 1, 3, 3))
+    assert not uses_direct(ConvSpec(2, (1, 1), (1, 1), (1, 1)), (1, 64, 8, 8), (32, 64, 3, 3))
+
+
+def test_the_packed_weight_is_groups_taps_in_out() -> None:
+    w = torch.randn(6, 2, 3, 2)  # conv: [out 6, in/group 2, 3x2], 3 groups -> out/group 2
+    packed = packed_weight(w, ConvSpec(2, (1, 1), (0, 0), (1, 1), groups=3))
+    assert packed.shape == (3, 6, 2, 2) and packed.is_contiguous()
+    assert packed[2, 4, 1, 0] == w[2 * 2 + 0, 1].reshape(-1)[4]
+    wt = torch.randn(4, 3, 5)  # transposed: [in 4, out/group 3, 5], 2 groups -> in/group 2
+    packed_t = packed_weight(wt, ConvSpec(1, (1,), (0,), (1,), groups=2, transposed=True))
+    assert packed_t.shape == (2, 5, 2, 3)
+    assert packed_t[1, 3, 0, 2] == wt[1 * 2 + 0, 2, 3]
+
+
+POOLS = [
+    (PoolSpec("max", 1, (3,), (2,), (1,), (2,)), (2, 3, 21)),
+    (PoolSpec("avg", 1, (5,), (2,), (2,), (1,), count_include_pad=False), (2, 3, 19)),
+    (PoolSpec("max", 2, (3, 2), (2, 1), (1, 1), (1, 2)), (2, 3, 11, 9)),
+    (PoolSpec("avg", 2, (3, 3), (2, 2), (1, 1), (1, 1)), (3, 10, 12)),  # no batch dim
+    (PoolSpec("max", 3, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)), (1, 2, 7, 8, 9)),
+    (PoolSpec("avg", 3, (2, 3, 2), (2, 1, 2), (1, 1, 0), (1, 1, 1), count_include_pad=False), (1, 2, 5, 6, 7)),
+]
+
+
+@pytest.mark.parametrize(("spec", "shape"), POOLS, ids=[f"{s.kind}{s.dims}d-{i}" for i, (s, _) in enumerate(POOLS)])
+def test_the_pooling_window_walk_is_the_pooling(spec: PoolSpec, shape: tuple) -> None:
+    x = torch.randn(shape, dtype=torch.float64)
+    expected = torch_pool(x, spec)
+    assert spec.output_shape(shape) == tuple(expected.shape)
+    torch.testing.assert_close(window_reference(x, spec), expected)
+
+
+def test_pool_specs_come_from_modules_and_refuse_ceil_mode() -> None:
+    spec = PoolSpec.of(nn.MaxPool2d(3, padding=1, dilation=2))
+    assert (spec.kind, spec.kernel, spec.stride, spec.padding, spec.dilation) == ("max", (3, 3), (3, 3), (1, 1),
+                                                                                  (2, 2))
+    assert PoolSpec.of(nn.AvgPool3d((1, 2, 2), count_include_pad=False)).count_include_pad is False
+    with pytest.raises(ValueError, match="ceil_mode"):
+        PoolSpec.of(nn.MaxPool1d(2, ceil_mode=True))
+    with pytest.raises(ValueError, match="half the kernel"):
+        PoolSpec("max", 1, (3,), (1,), (2,), (1,))
+
+
+def test_row_specs_view_inputs_as_rows() -> None:
+    assert RowSpec("softmax").rows((4, 5, 6)) == (20, 6)
+    assert RowSpec("mean", reduced=2, keepdim=True).output_shape((2, 3, 4, 5)) == (2, 3, 1, 1)
+    assert RowSpec("logsumexp").output_shape((7, 9)) == (7,)
+    assert RowSpec("group_norm", groups=4).rows((2, 8, 3, 5)) == (8, 30)
+    with pytest.raises(ValueError, match="groups"):
+        RowSpec("group_norm", groups=3).rows((2, 8, 3))
+    x = torch.randn(3, 8, 5)
+    torch.testing.assert_close(torch_rows(x, RowSpec("group_norm", groups=2)), F.group_norm(x, 2))
+
+
+# --- epilogue chains ---------------------------------------------------------------------------------------------
+
+
+class _Pointer:
+    """A kernel pointer argument as the stand-in below reads it: base + index -> (tensor, index)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def __add__(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.tensor, index
+
+
+def _fake_tl() -> types.SimpleNamespace:
+    """The part of triton.language the epilogue source uses, on torch tensors."""
+    def load(where: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor, other: float) -> torch.Tensor:
+        tensor, index = where
+        return torch.where(mask, tensor.reshape(-1)[index.clamp(0, tensor.numel() - 1)], other)
+
+    return types.SimpleNamespace(
+        load=load, maximum=lambda a, b: torch.maximum(a, torch.as_tensor(b, dtype=a.dtype)),
+        minimum=lambda a, b: torch.minimum(a, torch.as_tensor(b, dtype=a.dtype)),
+        where=lambda c, a, b: torch.where(c, a, b), exp=torch.exp, log=torch.log, abs=torch.abs,
+        math=types.SimpleNamespace(erf=torch.erf), float32=torch.float32)
+
+
+CHAINS = [
+    (Step("add", "channel"), Step("gelu"), Step("mul", "scalar", value=0.5), Step("add", "full")),
+    (Step("mul", "channel"), Step("add", "channel"), Step("silu"), Step("clamp", lo=-1.0, hi=1.5)),
+    (Step("rsub", "scalar", value=1.0), Step("sigmoid"), Step("rdiv", "full"), Step("tanh")),
+    (Step("hardswish"), Step("leaky_relu", value=0.2), Step("gelu_tanh"), Step("div", "channel")),
+    (Step("mish"), Step("softplus"), Step("elu", value=0.7), Step("hardsigmoid"), Step("sub", "full")),
+    (Step("relu"), Step("square"), Step("neg"), Step("exp"), Step("abs"), Step("clamp", hi=0.9)),
+]
+
+
+@pytest.mark.parametrize("chain", CHAINS, ids=[describe(c) for c in CHAINS])
+def test_the_triton_epilogue_source_computes_the_reference_chain(chain: tuple[Step, ...]) -> None:
+    y = torch.randn(6, 5, dtype=torch.float64) * 3
+    channel = torch.rand(5, dtype=torch.float64) + 0.5
+    full = torch.rand(6, 5, dtype=torch.float64) + 0.5
+    operands = [channel if s.operand == "channel" else full for s in tensor_operands(chain)]
+    expected = reference(y, chain, operands, channel_dim=1)
+    params, lines = triton_lines(chain, indent="")
+    scope = {"tl": _fake_tl(), "acc": y.clone(), "chan": torch.arange(5).expand(6, 5),
+             "offs": torch.arange(30).reshape(6, 5), "mask": torch.ones(6, 5, dtype=torch.bool)}
+    scope.update({name: _Pointer(t) for name, t in zip(params, operands, strict=True)})
+    exec("\n".join(lines), {}, scope)  # noqa: S102 - the generated kernel lines, on torch tensors
+    torch.testing.assert_close(scope["acc"], expected)
+
+
+def test_bad_epilogue_steps_are_refused() -> None:
+    with pytest.raises(ValueError, match="operand"):
+        Step("add")
+    with pytest.raises(ValueError, match="scalar operand needs a value"):
+        Step("mul", "scalar")
+    with pytest.raises(ValueError, match="unknown"):
+        Step("softmax")
+    with pytest.raises(ValueError, match="clamp needs"):
+        Step("clamp")
+
+
+# --- the matcher -------------------------------------------------------------------------------------------------
+
+
+class Net(nn.Module):
+    """Every kind of region, written the ways models write them (modules, functions, methods, operators)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.up = nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1)
+        self.scale = nn.Parameter(torch.randn(8, 1, 1))
+        self.gn = nn.GroupNorm(4, 8)
+        self.fc = nn.Linear(8, 10)
+        self.ln = nn.LayerNorm(10)
+        with torch.no_grad():
+            self.bn.running_mean.normal_()
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = F.silu(self.bn(self.conv(x)))
+        y = F.max_pool2d(y, 2)
+        z = self.up(y) * self.scale + x  # per-channel parameter, then a residual
+        z = torch.clamp(self.gn(z), -1.0, 1.0)
+        h = z.mean(dim=(2, 3))
+        h = 2.0 * self.fc(h).relu()
+        return torch.log_softmax(self.ln(h), dim=-1), torch.logsumexp(z, dim=-1), z.cumsum(-1)
+
+
+def test_the_matcher_rewrites_every_region_kind_and_keeps_the_function() -> None:
+    model, x = Net().eval(), torch.randn(2, 8, 16, 16)
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert counts == {"conv": 2, "pool": 1, "rows": 5, "gemm": 1}
+    found = {r.describe() for r in regions(rewritten)}
+    assert "conv2d s(1, 1) p(1, 1) d(1, 1) g1 ieee add[channel]+mul[channel]+add[channel]+silu" in found  # BN folded
+    assert "convT2d s(2, 2) p(1, 1) d(1, 1) g1 ieee add[channel]+mul[channel]+add[full]" in found
+    assert "group_norm clamp" in found and "mean -" in found and "log_softmax -" in found
+    assert "gemm ieee add[channel]+relu+mul[scalar]" in found
+    assert "cumsum" in rewritten.code  # not covered: left as it was
+    assert isinstance(model.conv, nn.Conv2d)  # the original is left alone
+    with torch.no_grad():
+        for got, want in zip(rewritten(x), model(x), strict=True):
+            torch.testing.assert_close(got, want)
+        x2 = torch.randn(2, 8, 16, 16) * 3  # other inputs of the same shape
+        for got, want in zip(rewritten(x2), model(x2), strict=True):
+            torch.testing.assert_close(got, want)
+
+
+def test_bare_gemms_go_to_templates_only_with_tensor_core_products() -> None:
+    class Attention(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+            return torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+
+    q, k = torch.randn(3, 5, 4), torch.randn(3, 6, 4)
+    assert rewrite(Attention(), [q, k], "ieee")[1] == {"rows": 1}  # fp32 bmm alone: cuBLAS's ground
+    rewritten, counts = rewrite(Attention(), [q, k], "tf32x3")
+    assert counts == {"gemm": 1, "rows": 1}
+    torch.testing.assert_close(rewritten(q, k), Attention()(q, k))
+
+
+def test_chains_stop_where_an_op_is_not_one_elementwise_step_of_the_output() -> None:
+    class Forks(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+            self.bias = nn.Parameter(torch.randn(3, 6))  # neither per-channel nor the output's shape
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x).relu()
+            return (h + self.bias) * torch.sigmoid(h)  # h has two users: the chain ends at relu
+
+    model, x = Forks().eval(), torch.randn(5, 3, 6)
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert counts == {"gemm": 1}
+    assert [r.describe() for r in regions(rewritten)] == ["gemm ieee add[channel]+relu"]
+    torch.testing.assert_close(rewritten(x), model(x))
+
+
+def test_an_untraceable_model_has_its_children_matched() -> None:
+    class Branchy(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = nn.Sequential(nn.Conv1d(4, 4, 3, padding=1), nn.ReLU(), nn.AvgPool1d(2))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.block(x) if x.sum() > 0 else -self.block(-x)
+
+    model, x = Branchy().eval(), torch.randn(2, 4, 16).abs()
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert counts == {"conv": 1, "pool": 1}
+    torch.testing.assert_close(rewritten(x), model(x))
+    torch.testing.assert_close(rewritten(-x), model(-x))
+
+
+def test_template_candidates_build_and_compute_the_model_function_on_cpu() -> None:
+    model, x = Net().eval(), torch.randn(2, 8, 16, 16)
+    with torch.no_grad():
+        expected = model(x)
+        for transform in ("triton-templates", "triton-templates-3xtf32"):
+            params = {"precision": "ieee" if transform == "triton-templates" else "tf32x3"}
+            for got, want in zip(build(transform, model, [x], params)(x), expected, strict=True):
+                torch.testing.assert_close(got, want)
+    with pytest.raises(ValueError, match="no region"):
+        build("triton-templates", nn.Sequential(nn.Tanh()), [x], {})
+
+
+def test_a_region_whose_template_fails_falls_back_and_records_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, x = nn.Sequential(nn.Conv1d(3, 4, 3), nn.ReLU()).eval(), torch.randn(2, 3, 10)
+    rewritten, _ = rewrite(model, [x], "ieee")
+    region = regions(rewritten)[0]
+    assert isinstance(region, ConvRegion)
+
+    def broken(*args: object) -> torch.Tensor:
+        raise RuntimeError("PassManager::run failed")
+
+    monkeypatch.setattr("farm_agent.tuner.templates.matcher.triton_runs_on", lambda t: True)
+    monkeypatch.setattr(region, "run_template", broken)
+    monkeypatch.setattr(codegen, "FAILURES", {})
+    torch.testing.assert_close(rewritten(x), model(x))
+    assert region.failed
+    assert list(codegen.FAILURES.values()) == ["RuntimeError: PassManager::run failed"]
+
+
+# --- under Triton's CPU interpreter, where Triton is installed ---------------------------------------------------
+
+
+@pytest.fixture
+def interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton was imported without its interpreter (it decides when it is imported)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+
+
+def test_the_template_kernels_match_the_model_under_the_interpreter(interpreter: None) -> None:
+    model, x = Net().eval(), torch.randn(2, 8, 16, 16)
+    rewritten, _ = rewrite(model, [x], "ieee")
+    failures = dict(codegen.FAILURES)
+    with torch.no_grad():
+        for got, want in zip(rewritten(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert codegen.FAILURES == failures
+    assert not any(r.failed for r in regions(rewritten))
+    kinds = {type(r) for r in regions(rewritten)}
+    assert kinds == {ConvRegion, PoolRegion, RowRegion, GemmRegion}
+
+
+def test_every_conv_form_runs_under_the_interpreter(interpreter: None) -> None:
+    for spec, x_shape, w_shape in CONVS:
+        conv_type = {(False, 1): nn.Conv1d, (False, 2): nn.Conv2d, (False, 3): nn.Conv3d,
+                     (True, 1): nn.ConvTranspose1d, (True, 2): nn.ConvTranspose2d,
+                     (True, 3): nn.ConvTranspose3d}[(spec.transposed, spec.dims)]
+        kwargs = dict(stride=spec.stride, padding=spec.padding, dilation=spec.dilation, groups=spec.groups)
+        if spec.transposed:
+            kwargs["output_padding"] = spec.out_pad
+            conv = conv_type(x_shape[1], w_shape[1] * spec.groups, w_shape[2:], **kwargs)
+        else:
+            conv = conv_type(x_shape[1], w_shape[0], w_shape[2:], **kwargs)
+        model, x = nn.Sequential(conv, nn.GELU()).eval(), torch.randn(x_shape)
+        rewritten, counts = rewrite(model, [x], "ieee")
+        assert counts == {"conv": 1}
+        with torch.no_grad():
+            torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
+        assert not regions(rewritten)[0].failed, codegen.FAILURES
+
