@@ -34,8 +34,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from farm.core.errors import SpecError, UserError
 from farm_agent.tuner.problem import candidate_defines_model_new, load_problem, one_line
 
@@ -97,7 +95,7 @@ class Result:
 
     def speed_of_light(self) -> Any:
         """This problem's fp32 speed of light on the device (None: the device's peaks are not recorded)."""
-        from farm.core.kernels import speed_of_light
+        from farm.core.speed_of_light import speed_of_light
 
         if self.flops is None or self.bytes is None:
             return None
@@ -379,6 +377,8 @@ class Child:
             raise ChildFailed(self.death(), compiled=True) from None
 
     def rss(self) -> int:
+        import psutil  # only where a CPU memory limit is watched
+
         try:
             return psutil.Process(self.proc.pid).memory_info().rss
         except psutil.Error:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
-from farm.core.kernels import SpeedOfLight, speed_of_light
+from farm.core.speed_of_light import SpeedOfLight, speed_of_light
 from farm_agent.tuner.candidates import BASELINES, EMULATED_FP32, build, candidate, candidates_for
 from farm_agent.tuner.evaluator import Candidate, Result, evaluate
 from farm_agent.tuner.features import model_features
