@@ -58,12 +58,19 @@ def autotuned(jit_function: Any, configs: list[Any], key: list[str]) -> Any:
     """`jit_function` under triton.autotune: the configs' own timings choose among them (a search, not a verdict:
     the evaluator times the whole candidate). Under the CPU interpreter only the first config runs."""
     import triton
+    import triton.testing
 
     if interpreting():
         configs = configs[:1]
     if len(configs) == 1:
         return _Fixed(jit_function, configs[0])
-    return triton.autotune(configs=configs, key=key)(jit_function)
+
+    def bench(kernel_call: Any, quantiles: Any = None) -> Any:
+        # Short: a few milliseconds per config is enough to rank tiles, and every child process of the evaluator
+        # tunes again (what it picks is only a search; the evaluator's timing of the whole model is the verdict).
+        return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
+
+    return triton.autotune(configs=configs, key=key, do_bench=bench)(jit_function)
 
 
 class _Fixed:
