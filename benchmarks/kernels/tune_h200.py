@@ -46,6 +46,37 @@ SCORINGS = ("strict", "strict-ieee", "loose")
 # the loose column before (docs/kernels-h200.md); the rest cost compile time the ~9 minutes do not have.
 DEFAULT_FAMILIES = ("eager", "compile-default", "triton-templates", "triton-templates-3xtf32", "triton-templates-tf32",
                     "tf32", "autocast-fp16")
+FAMILY_PRECISION = {"triton-templates": "ieee", "triton-templates-compile": "ieee", "triton-templates-3xtf32": "tf32x3",
+                    "triton-templates-tf32": "tf32"}
+
+
+def region_count(path: Path) -> int:
+    """The problem's template regions, found on the meta device (no memory, no compute)."""
+    from farm_agent.tuner.problem import load_problem
+    from farm_agent.tuner.templates.matcher import rewrite
+
+    try:
+        problem = load_problem(path)
+        return sum(rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")[1].values())
+    except Exception:  # noqa: BLE001 - a problem the matcher cannot shape-propagate on meta: no regions
+        return 0
+
+
+def checked_families(name: str, families: list[str], check: dict[str, Any]) -> list[str]:
+    """The families to measure for a problem: a template family only where the check compiled its templates
+    (a template not yet compiled would be compiled inside the evaluator's timeout, where one model's dozens of
+    configs can use it all)."""
+    if not check:
+        return families
+    precisions = check.get("problems", {}).get(name, {}).get("precisions", {})
+    kept = []
+    for family in families:
+        precision = FAMILY_PRECISION.get(family)
+        entry = precisions.get(precision) if precision else None
+        if precision is None or (entry and entry.get("regions") and not entry.get("error")
+                                 and not entry.get("failed_regions")):
+            kept.append(family)
+    return kept
 
 
 def main() -> None:
@@ -71,7 +102,9 @@ def main() -> None:
         from template_check import check_all
 
         print(f"== template check: {len(paths)} problems, {args.check_workers} workers", flush=True)
-        check = check_all(paths, ["ieee", "tf32x3", "tf32"], args.check_workers, args.check_limit_s,
+        counts = {p.stem: region_count(p) for p in paths}
+        heaviest_first = sorted(paths, key=lambda p: -counts[p.stem])  # the longest compiles start first
+        check = check_all(heaviest_first, ["ieee", "tf32x3", "tf32"], args.check_workers, args.check_limit_s,
                           device=args.device)
         print(f"== template check done in {check['wall_s']:.0f} s", flush=True)
 
@@ -89,9 +122,13 @@ def main() -> None:
         if time.perf_counter() - started > args.time_limit_s:
             failures[path.stem] = "not run: time limit"
             continue
+        families = checked_families(path.stem, args.families, check)
+        if families != args.families:
+            print(f"{path.stem}: not measured (templates not checked): "
+                  f"{sorted(set(args.families) - set(families))}", flush=True)
         try:
             report = tune(path, budget_s=1e9, atol=LOOSE[0], rtol=LOOSE[1], device=args.device, policy=policy,
-                          runs=args.runs, exhaustive=True, candidates=args.families,
+                          runs=args.runs, exhaustive=True, candidates=families,
                           candidate_timeout_s=args.candidate_timeout_s)
         except Exception as exc:  # noqa: BLE001 - one broken problem must not cost the rest of the run
             failures[path.stem] = f"{type(exc).__name__}: {exc}"

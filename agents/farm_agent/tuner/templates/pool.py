@@ -145,11 +145,11 @@ def kernel(X, Y, {epi_params}TOTAL, C, D, H, W, OD, OH, OW,
             for kw in tl.static_range(KW):
                 iw = ow * SW - PW + kw * DW
                 ok = (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                v = tl.load(base + (id_ * H + ih) * W + iw, mask=mask & ok,
-                            other=float("-inf") if IS_MAX else 0.0)
                 if IS_MAX:
+                    v = tl.load(base + (id_ * H + ih) * W + iw, mask=mask & ok, other=float("-inf"))
                     acc = tl.maximum(acc, v)
                 else:
+                    v = tl.load(base + (id_ * H + ih) * W + iw, mask=mask & ok, other=0.0)
                     acc += v
                     count += tl.where(ok, 1.0, 0.0)
     if not IS_MAX:
@@ -176,7 +176,7 @@ class PoolKernel:
             params, lines = triton_lines(self.chain)
             module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
                                                         epilogue="\n".join(lines)), "pool")
-            configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (256, 2), (2048, 8))]
+            configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (256, 2))]
             self._kernel = codegen.autotuned(module.kernel, configs, ["TOTAL"])
         x = x.contiguous()
         y = torch.empty(out_shape, device=x.device, dtype=torch.float32)

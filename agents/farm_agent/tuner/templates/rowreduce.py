@@ -241,8 +241,8 @@ def plan(length: int) -> list[tuple[int, int, int]]:
                 continue
             warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16
             choices.append((rows, block, warps))
-        return choices[-5:]
-    return [(1, 4096, 8), (1, 2048, 4), (1, 8192, 16), (2, 2048, 8)]
+        return choices[-3:]
+    return [(1, 4096, 8), (1, 2048, 4), (1, 8192, 16)]
 
 
 class RowKernel:

@@ -1,0 +1,122 @@
+"""Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
+ptxas it ships, down to a cubin, for each template form (conv GEMM and direct, normal and transposed, each precision;
+GEMM; pooling max and average; each row op one-pass and looped), each with an epilogue chain of every operand kind.
+
+    python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
+
+Needs only the triton package (no CUDA device, no driver). What the CPU interpreter cannot show (the compiler's
+type and layout rules, tensor-core dot lowering per precision, register limits) shows here. Exit 1 if any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
+
+from farm_agent.tuner.templates import codegen, conv, gemm, pool, rowreduce  # noqa: E402
+from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
+
+CHAIN = (Step("add", "channel"), Step("mul", "scalar", value=0.5), Step("gelu"), Step("add", "full"),
+         Step("clamp", lo=-3.0, hi=3.0), Step("hardswish"))
+
+
+def compile_kernel(fn: Any, runtime: dict[str, str], constants: dict[str, Any], arch: int, warps: int,
+                   stages: int = 3) -> float:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {}
+    for name in fn.arg_names:
+        signature[name] = runtime[name] if name in runtime else "constexpr"
+    missing = [n for n in fn.arg_names if n not in runtime and n not in constants]
+    if missing:
+        raise ValueError(f"no value for {missing}")
+    started = time.perf_counter()
+    triton.compile(ASTSource(fn, signature, constexprs=constants), target=GPUTarget("cuda", arch, 32),
+                   options={"num_warps": warps, "num_stages": stages})
+    return time.perf_counter() - started
+
+
+def epi_types(params: list[str]) -> dict[str, str]:
+    return {p: "*fp32" for p in params}
+
+
+def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
+    found = []
+    params, lines = triton_lines(CHAIN)
+    epi = "".join(f"{p}, " for p in params)
+    ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
+    geometry = dict(SD=2, SH=2, SW=1, PD=1, PH=1, PW=0, DD=1, DH=1, DW=2, KD=3, KH=3, KW=2)
+    for transposed in (False, True):
+        src = conv._GEMM_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines))
+        module = codegen.load_source(src, "check_conv_gemm")
+        for precision, (bm, bn, bk, warps, stages) in (("ieee", (64, 64, 16, 4, 2)), ("tf32x3", (128, 64, 32, 4, 3)),
+                                                       ("tf32", (128, 128, 32, 8, 3))):
+            found.append((f"conv-gemm transposed={transposed} {precision}", module.kernel,
+                          {"X": "*fp32", "Wp": "*fp32", "Y": "*fp32", **epi_types(params),
+                           **ints("M", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
+                          {**geometry, "TRANSPOSED": transposed, "PRECISION": precision, "BLOCK_M": bm,
+                           "BLOCK_N": bn, "BLOCK_K": bk}, warps, stages))
+        src = conv._DIRECT_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines))
+        module = codegen.load_source(src, "check_conv_direct")
+        found.append((f"conv-direct transposed={transposed}", module.kernel,
+                      {"X": "*fp32", "Wt": "*fp32", "Y": "*fp32", **epi_types(params),
+                       **ints("TOTAL", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
+                      {**geometry, "TRANSPOSED": transposed, "BLOCK": 512}, 4, 2))
+    module = codegen.load_source(gemm._SOURCE.format(epi_params=epi, epilogue="\n".join(lines)), "check_gemm")
+    for precision, (bm, bn, bk, warps, stages) in (("ieee", (128, 128, 16, 8, 2)), ("tf32x3", (128, 128, 32, 8, 3)),
+                                                   ("tf32", (128, 256, 32, 8, 3))):
+        found.append((f"gemm {precision}", module.kernel,
+                      {"A": "*fp32", "B": "*fp32", "Y": "*fp32", **epi_types(params),
+                       **ints("M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn")},
+                      {"PRECISION": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, warps,
+                      stages))
+    module = codegen.load_source(pool._SOURCE.format(epi_params=epi, epilogue="\n".join(lines)), "check_pool")
+    for is_max in (True, False):
+        found.append((f"pool max={is_max}", module.kernel,
+                      {"X": "*fp32", "Y": "*fp32", **epi_types(params),
+                       **ints("TOTAL", "C", "D", "H", "W", "OD", "OH", "OW")},
+                      {**geometry, "IS_MAX": is_max, "INCLUDE_PAD": False, "BLOCK": 1024}, 4, 2))
+    src = rowreduce._SOURCE.format(epi_params=epi, epilogue_row="\n".join(triton_lines(CHAIN, " " * 8)[1]),
+                                   epilogue_full="\n".join(triton_lines(CHAIN, " " * 8)[1]),
+                                   epilogue_loop="\n".join(triton_lines(CHAIN, " " * 12)[1]))
+    module = codegen.load_source(src, "check_rows")
+    for op in rowreduce.OPS:
+        for one_pass, rows, block, warps in ((True, 4, 1024, 8), (False, 1, 4096, 8)):
+            found.append((f"rows {op} one_pass={one_pass}", module.kernel,
+                          {"X": "*fp32", "Y": "*fp32", "Wt": "*fp32", "Bs": "*fp32", **epi_types(params),
+                           **ints("R", "L", "CHANNELS", "G", "S"), "eps": "fp32"},
+                          {"OP": rowreduce.OP_CODE[op], "HAS_W": True, "HAS_B": True, "ONE_PASS": one_pass,
+                           "ROW_OUT": op in rowreduce.ROW_OUTPUT, "ROWS": rows, "BLOCK": block}, warps, 2))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability, e.g. 90 (H100/H200)")
+    parser.add_argument("--only", default="", help="run the cases whose name contains this")
+    args = parser.parse_args()
+    failed = 0
+    for name, fn, runtime, constants, warps, stages in cases():
+        if args.only not in name:
+            continue
+        try:
+            seconds = compile_kernel(fn, runtime, constants, args.arch, warps, stages)
+            print(f"ok   {name} ({seconds:.1f} s)", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            failed += 1
+            print(f"FAIL {name}: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+            traceback.print_exc(limit=3)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
