@@ -29,13 +29,13 @@ from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import RayProcess, local_ip_towards, python_command, ray_temp_dir, read_json, write_json, write_private
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
+from farm_agent.entry import NODE_LABEL
 from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, idle_power, meter_for
 from farm_agent.settings import AgentSettings
 
 log = logging.getLogger("farm.agent")
 
-NODE_LABEL = "farm.io/node"
 # How often the agent retries its heartbeat stream after losing the head, in seconds.
 RECONNECT_S = 2.0
 # How long Ray's own shutdown may take when the owner's grace has run out, in seconds. Ray's drain would let running

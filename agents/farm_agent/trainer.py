@@ -1,6 +1,6 @@
 """A training worker: a Ray actor on one device holding a replica of the job's model and its optimizer.
 
-The head's training driver (farm.head.training) starts one per chosen device, joins them in a collective group and
+The head's training kind (farm.head.kinds.training) starts one per chosen device, joins them in a collective group and
 calls `train` for each stretch of steps between checkpoints. Every worker walks the same sequence of global batches
 (one permutation of the dataset per epoch, from the job's seed) and takes its own slice of each:
 
@@ -264,15 +264,3 @@ def _loss(name: str, root: Path) -> Any:
     if name == "mse":
         return lambda out, target: functional.mse_loss(out, target.to(out.dtype).reshape(out.shape))
     return resolve(name, root, "loss")
-
-
-def energy_sum(energies: list[Energy | None]) -> Energy | None:
-    """The workers' energy over one stretch, where every worker measured it with one kind of meter."""
-    if not energies or any(e is None for e in energies):
-        return None
-    kinds = {(e.source, e.scope) for e in energies if e is not None}
-    if len(kinds) != 1:
-        return None  # a counter plus an estimate is no figure at all: only like adds to like
-    source, scope = kinds.pop()
-    return Energy(joules=sum(e.joules for e in energies if e is not None),
-                  seconds=max(e.seconds for e in energies if e is not None), source=source, scope=scope)

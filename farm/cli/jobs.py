@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -51,12 +52,20 @@ def submit(
         print_json(job_json(final))
     else:
         show_summary(final)
-        if final.kind == "kernel-eval" and final.state == "succeeded":  # its results table
-            from farm.cli.kernels import results_command
-
-            results_command(job_id, json=False, head=head, token=token)
+        if final.state == "succeeded" and final.kind in RESULTS:
+            RESULTS[final.kind](job_id, head, token)
     if final.state != "succeeded":
         raise typer.Exit(1)
+
+
+def _kernel_results(job_id: str, head: str | None, token: str | None) -> None:
+    from farm.cli.kernels import results_command
+
+    results_command(job_id, json=False, head=head, token=token)
+
+
+# What `farm submit --wait` prints after the summary of a job that succeeded, for kinds with a results table.
+RESULTS: dict[str, Callable[[str, str | None, str | None], None]] = {"kernel-eval": _kernel_results}
 
 
 def follow(client: Client, job_id: str, quiet: bool = False) -> job_pb2.Job:
@@ -78,14 +87,15 @@ def show_summary(job: job_pb2.Job) -> None:
     console.print(summary_table(job))
     metrics = dict(job.metrics)
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
+    trained = "step" in metrics and "loss" in metrics  # a training job's progress
     facts = [f"{job.items} items in {wall:.2f} s"]
-    if job.kind == "training" and "step" in metrics:
+    if trained:
         facts[0] = f"{metrics['step']:.0f} steps, {job.items} samples in {wall:.2f} s; final loss {metrics['loss']:.4f}"
     if job.energy_sources:
         above = f", {job.marginal_j:,.2f} J above idle" if job.HasField("marginal_j") else ""
         facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)}){above}")
     if "accuracy" in metrics:
-        against = "the eval set" if job.kind == "training" else "the dataset's labels"
+        against = "the eval set" if trained else "the dataset's labels"
         facts.append(f"accuracy {metrics['accuracy']:.2%} against {against}")
     facts.append(f"output: {job.output}")
     console.print("   ".join(facts), highlight=False)

@@ -22,7 +22,7 @@ import yaml
 from farm.client.preflight import EXCLUDED_DIRS, MAX_CODE_BYTES, PreparedJob
 from farm.core.errors import FarmError, SpecError
 from farm.core.kernels import KernelResult, RewardMode, kernel_pairs
-from farm.core.spec import JobSpec, parse_spec
+from farm.core.spec import JobSpec, KernelEvalSpec, parse_spec
 
 if TYPE_CHECKING:
     from farm.client.api import Client
@@ -33,9 +33,9 @@ Candidates = Mapping[str, Sequence[str | Path] | str | Path] | str | Path
 
 def prepare_kernel_eval(spec: JobSpec, spec_yaml: str, workdir: Path) -> PreparedJob:
     """Check the two folders and zip them; items are the (problem, candidate) pairs."""
+    if not isinstance(spec, KernelEvalSpec):
+        raise SpecError(f"kind '{spec.kind.value}' is not kernel-eval")
     section = spec.kernel_eval
-    if section is None:
-        raise SpecError("not a kernel-eval spec")
     workdir = workdir.resolve()
     buffer = io.BytesIO()
     total = 0

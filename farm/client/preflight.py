@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.core.errors import SpecError
-from farm.core.spec import JobKind, JobSpec, parse_spec
+from farm.core.spec import JobSpec, ModelJobSpec, parse_spec
 
 # Never shipped with a job: environments, caches, and hidden folders (VCS data, tool state).
 EXCLUDED_DIRS = {"venv", "__pycache__", "node_modules"}
@@ -48,7 +48,7 @@ def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     """Parse the spec, load its dataset (and its model, unless this code's model was measured here before) as a node
     would, and zip the working directory."""
     spec_yaml, spec = read_spec(spec_path, workdir)
-    if spec.kind is JobKind.KERNEL_EVAL:  # no model nor dataset: folders of problems and candidates
+    if not isinstance(spec, ModelJobSpec):  # no model nor dataset: kernel-eval's folders of problems and candidates
         from farm.client.kernels import prepare_kernel_eval
 
         return prepare_kernel_eval(spec, spec_yaml, workdir)
@@ -56,8 +56,8 @@ def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     from farm_agent.jobcode import build_model, load_dataset
 
     inputs, _ = load_dataset(spec.dataset, workdir)
-    if spec.training is not None and spec.training.eval_dataset:
-        load_dataset(spec.training.eval_dataset, workdir)
+    for extra in spec.datasets[1:]:  # training's eval set
+        load_dataset(extra, workdir)
     output = (workdir / spec.output_dir).resolve()
     code_zip = zip_code(workdir, skip=output)
     key = model_key(spec, code_zip)
@@ -69,7 +69,7 @@ def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
     return PreparedJob(spec, spec_yaml, code_zip, len(inputs), output, model_bytes)
 
 
-def model_key(spec: JobSpec, code_zip: bytes) -> str:
+def model_key(spec: ModelJobSpec, code_zip: bytes) -> str:
     """What a model's size depends on: its callable and weights, the job's code (weights included) and the Python
     environment it imports from (site-packages changes when a package is installed or removed)."""
     environment = Path(sysconfig.get_paths()["purelib"])

@@ -79,3 +79,15 @@ def marginal_joules(energy: Energy, idle_w: float | None, idle_source: str) -> f
     if idle_w is None or idle_source != energy.source.value:
         return None
     return max(energy.joules - idle_w * energy.seconds, MARGINAL_FLOOR * energy.joules)
+
+
+def energy_sum(energies: list[Energy | None]) -> Energy | None:
+    """The workers' energy over one stretch, where every worker measured it with one kind of meter."""
+    if not energies or any(e is None for e in energies):
+        return None
+    kinds = {(e.source, e.scope) for e in energies if e is not None}
+    if len(kinds) != 1:
+        return None  # a counter plus an estimate is no figure at all: only like adds to like
+    source, scope = kinds.pop()
+    return Energy(joules=sum(e.joules for e in energies if e is not None),
+                  seconds=max(e.seconds for e in energies if e is not None), source=source, scope=scope)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
 
 from farm.core.errors import SpecError
 from farm.core.frozen import Frozen
@@ -24,6 +24,9 @@ class JobKind(StrEnum):
     INFERENCE = "inference"
     TRAINING = "training"
     KERNEL_EVAL = "kernel-eval"
+
+
+KINDS = tuple(k.value for k in JobKind)
 
 
 class Policy(StrEnum):
@@ -111,32 +114,27 @@ class KernelEval(Frozen):
 KERNEL_EVAL_BACKENDS = ("cuda", "cpu")  # where the evaluator runs
 
 
-class JobSpec(Frozen):
+class SpecBase(Frozen):
+    """What every kind of job says: its name, how to shard it, where it may run and where its output goes."""
+
     name: str
-    kind: JobKind = JobKind.INFERENCE
-    model: str | None = None  # required by every kind but kernel-eval
-    weights: str | None = None
-    dataset: str | None = None  # required by every kind but kernel-eval
     shards: int = Field(default=1, ge=1, le=MAX_SHARDS)
     batch_size: int = Field(default=64, ge=1, le=1_000_000)
     backends: tuple[BackendName, ...] = tuple(BackendName)
     policy: Policy = Policy.EFFICIENCY
     deadline_s: float | None = Field(default=None, gt=0)
     tolerance: Tolerance = Tolerance()
-    # Tune the model's kernels on each GPU before its first shard there (farm kernels tune), within this budget;
-    # without it a GPU runs the tuner's cached winner when it has one, else eager PyTorch.
-    tune_budget_s: float | None = Field(default=None, gt=0, le=3600)
     output: str | None = None
-    training: Training | None = None  # kind: training only; batch_size is then the global batch
-    kernel_eval: KernelEval | None = None  # kind: kernel-eval only
 
     @model_validator(mode="before")
     @classmethod
-    def _model_and_dataset(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") != JobKind.KERNEL_EVAL.value:
-            for name in ("model", "dataset"):
-                if data.get(name) is None:
-                    raise ValueError(f"missing required field '{name}'")
+    def _sections_of_other_kinds(cls, data: Any) -> Any:
+        """A section another kind reads, named here, says so (rather than "unknown field")."""
+        if isinstance(data, dict):
+            for section in SECTIONS:
+                if section in data and section not in cls.model_fields:
+                    kind = data.get("kind", JobKind.INFERENCE.value)
+                    raise ValueError(f"a '{section}' section does not go with kind '{kind}'")
         return data
 
     @field_validator("name")
@@ -144,20 +142,6 @@ class JobSpec(Frozen):
     def _name(cls, value: str) -> str:
         if not NAME.match(value):
             raise ValueError("must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
-        return value
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, value: str | None) -> str | None:
-        if value is not None and not CALLABLE_PATH.match(value):
-            raise ValueError(f"{value!r} is not of the form package.module:callable")
-        return value
-
-    @field_validator("dataset")
-    @classmethod
-    def _dataset(cls, value: str | None) -> str | None:
-        if value is not None and not (CALLABLE_PATH.match(value) or value.endswith(DATA_FILE_SUFFIXES)):
-            raise ValueError(f"{value!r} is neither package.module:callable nor a .npy, .npz or .pt file")
         return value
 
     @field_validator("backends")
@@ -168,29 +152,91 @@ class JobSpec(Frozen):
         return tuple(dict.fromkeys(value))
 
     @model_validator(mode="after")
-    def _deadline(self) -> JobSpec:
+    def _deadline(self) -> SpecBase:
         if self.policy is Policy.DEADLINE and self.deadline_s is None:
             raise ValueError("policy 'deadline' needs deadline_s")
         return self
 
-    @model_validator(mode="after")
-    def _training(self) -> JobSpec:
-        if self.kind is JobKind.TRAINING and self.training is None:
+    @property
+    def output_dir(self) -> str:
+        return self.output or f"out/{self.name}"
+
+
+SECTIONS = ("training", "kernel_eval")  # the kind-specific sections
+
+
+class ModelJobSpec(SpecBase):
+    """A kind that runs a model over a dataset."""
+
+    model: str  # package.module:callable returning a torch.nn.Module
+    weights: str | None = None  # a state_dict inside the job's code
+    dataset: str  # package.module:callable, or a .npy, .npz or .pt file inside the job's code
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, value: str) -> str:
+        if not CALLABLE_PATH.match(value):
+            raise ValueError(f"{value!r} is not of the form package.module:callable")
+        return value
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, value: str) -> str:
+        if not (CALLABLE_PATH.match(value) or value.endswith(DATA_FILE_SUFFIXES)):
+            raise ValueError(f"{value!r} is neither package.module:callable nor a .npy, .npz or .pt file")
+        return value
+
+    @property
+    def dataset_is_file(self) -> bool:
+        return not CALLABLE_PATH.match(self.dataset)
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """Every dataset the job reads (a client checks each loads before submitting)."""
+        return (self.dataset,)
+
+
+class InferenceSpec(ModelJobSpec):
+    kind: Literal[JobKind.INFERENCE] = JobKind.INFERENCE
+    # Tune the model's kernels on each GPU before its first shard there (farm kernels tune), within this budget;
+    # without it a GPU runs the tuner's cached winner when it has one, else eager PyTorch.
+    tune_budget_s: float | None = Field(default=None, gt=0, le=3600)
+
+
+class TrainingSpec(ModelJobSpec):
+    """batch_size is the global batch, split over the workers by their measured speed."""
+
+    kind: Literal[JobKind.TRAINING]
+    training: Training
+
+    @model_validator(mode="before")
+    @classmethod
+    def _has_section(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("training") is None:
             raise ValueError("kind 'training' needs a 'training' section (loss, optimizer, steps or epochs, ...)")
-        if self.kind is not JobKind.TRAINING and self.training is not None:
-            raise ValueError(f"a 'training' section does not go with kind '{self.kind.value}'")
-        return self
+        return data
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        return (self.dataset, *([self.training.eval_dataset] if self.training.eval_dataset else []))
+
+
+class KernelEvalSpec(SpecBase):
+    kind: Literal[JobKind.KERNEL_EVAL]
+    kernel_eval: KernelEval
+
+    @model_validator(mode="before")
+    @classmethod
+    def _has_section(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kernel_eval") is None:
+            raise ValueError("kind 'kernel-eval' needs a 'kernel_eval' section (problems, candidates, ...)")
+        return data
 
     @model_validator(mode="after")
-    def _kernel_eval(self) -> JobSpec:
-        if self.kind is JobKind.KERNEL_EVAL:
-            if self.kernel_eval is None:
-                raise ValueError("kind 'kernel-eval' needs a 'kernel_eval' section (problems, candidates, ...)")
-            if not self.kernel_eval_backends:
-                raise ValueError(f"kind 'kernel-eval' runs on {' or '.join(KERNEL_EVAL_BACKENDS)}: "
-                                 "allow one of them in backends")
-        elif self.kernel_eval is not None:
-            raise ValueError(f"a 'kernel_eval' section does not go with kind '{self.kind.value}'")
+    def _runs_somewhere(self) -> KernelEvalSpec:
+        if not self.kernel_eval_backends:
+            raise ValueError(f"kind 'kernel-eval' runs on {' or '.join(KERNEL_EVAL_BACKENDS)}: "
+                             "allow one of them in backends")
         return self
 
     @property
@@ -198,13 +244,24 @@ class JobSpec(Frozen):
         """The allowed backends the kernel evaluator can run on."""
         return tuple(b for b in self.backends if b.value in KERNEL_EVAL_BACKENDS)
 
-    @property
-    def dataset_is_file(self) -> bool:
-        return self.dataset is not None and not CALLABLE_PATH.match(self.dataset)
 
-    @property
-    def output_dir(self) -> str:
-        return self.output or f"out/{self.name}"
+def _kind_of(data: Any) -> str | None:
+    """The union's tag: a spec's `kind`, inference when it gives none."""
+    if isinstance(data, dict):
+        kind = data.get("kind", JobKind.INFERENCE.value)
+        return kind if isinstance(kind, str) else None
+    return getattr(data, "kind", None)
+
+
+# A job spec: one model per kind, chosen by `kind`. Adding a kind: its JobKind member, its model here, a line below.
+JobSpec = Annotated[
+    Annotated[InferenceSpec, Tag(JobKind.INFERENCE.value)]
+    | Annotated[TrainingSpec, Tag(JobKind.TRAINING.value)]
+    | Annotated[KernelEvalSpec, Tag(JobKind.KERNEL_EVAL.value)],
+    Discriminator(_kind_of, custom_error_type="kind", custom_error_message="must be one of "
+                  + ", ".join(k.value for k in JobKind)),
+]
+_SPEC: TypeAdapter[JobSpec] = TypeAdapter(JobSpec)
 
 
 def parse_spec(text: str, source: str = "spec") -> JobSpec:
@@ -221,21 +278,24 @@ def parse_spec(text: str, source: str = "spec") -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
     try:
-        return JobSpec.model_validate(data)
+        return _SPEC.validate_python(data)
     except ValidationError as exc:
         raise SpecError(f"{source}: {_first_problem(exc)}") from None
 
 
 def _first_problem(exc: ValidationError) -> str:
     error = exc.errors()[0]
-    field = ".".join(str(part) for part in error["loc"]) or "spec"
+    loc = error["loc"][1:] if error["loc"] and error["loc"][0] in KINDS else error["loc"]  # the union's tag first
+    field = ".".join(str(part) for part in loc) or "spec"
     if error["type"] == "extra_forbidden":
         return f"unknown field '{field}'"
     if error["type"] == "missing":
         return f"missing required field '{field}'"
     message = str(error["msg"]).removeprefix("Value error, ")
     more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
-    return f"field '{field}': {message}{more}" if error["loc"] else f"{message}{more}"
+    if error["type"] == "kind":
+        return f"field 'kind': {message}{more}"
+    return f"field '{field}': {message}{more}" if loc else f"{message}{more}"
 
 
 def shard_ranges(items: int, shards: int) -> list[tuple[int, int]]:

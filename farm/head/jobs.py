@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import io
 import zipfile
 from collections.abc import AsyncIterator
@@ -11,9 +10,9 @@ from pathlib import Path
 
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
-from farm.core.spec import JobKind, JobSpec, parse_spec, shard_ranges
-from farm.head import kernel_jobs
+from farm.core.spec import parse_spec
 from farm.head.dispatch import Dispatcher
+from farm.head.kinds.base import Submission
 from farm.head.events import JobEvents
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -28,38 +27,25 @@ class Jobs:
         self.settings = settings
 
     def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
-        """Validate, then persist the job, its code and its shards before anyone is told it exists."""
+        """Validate, let the job's kind plan it, then persist the job, its code and its shards before anyone is told
+        it exists."""
         spec = parse_spec(spec_yaml, "spec")
-        if spec.kind is JobKind.KERNEL_EVAL:  # items are (problem, candidate) pairs, found in the code itself
-            pairs, ranges = kernel_jobs.plan(spec, _zip_names(code_zip))
-            items = len(pairs)
-        if items < 1:
-            raise SpecError("the dataset is empty")
-        if spec.kind is not JobKind.KERNEL_EVAL:
-            ranges = shard_ranges(items, spec.shards)
-        if spec.training is not None:  # shards are stretches of steps between checkpoints; items are samples
-            if spec.batch_size > items:
-                raise SpecError(f"batch_size {spec.batch_size} is larger than the dataset ({items} items)")
-            steps = spec.training.total_steps(items, spec.batch_size)
-            every = spec.training.checkpoint_every
-            ranges = [(start, min(start + every, steps)) for start in range(0, steps, every)]
-            items = steps * spec.batch_size
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
-        names = _zip_names(code_zip)
-        for what, path in (("weights", spec.weights), ("dataset", spec.dataset if spec.dataset_is_file else None)):
-            if path and path not in names:
-                raise SpecError(f"{what} {path!r} is not in the job's code")
+        submission = Submission(code_zip, frozenset(_zip_names(code_zip)), items)
+        plan = self.dispatcher.handlers[spec.kind].plan(spec, submission)
+        if plan.items < 1 or not plan.ranges:
+            raise SpecError("the dataset is empty")
         if not output or not Path(output).is_absolute():
             raise SpecError("output must be an absolute path on the head's machine")
         job_id = new_id("j")
         code_path = self.settings.state_dir / "jobs" / job_id / "code.zip"
         write_private(code_path, code_zip)
         self.store.add_job(
-            job_id, spec.name, spec.kind.value, spec_yaml, str(code_path), output, items,
-            ranges, model_key(spec, code_zip), max(model_bytes, 0),
+            job_id, spec.name, spec.kind.value, spec_yaml, str(code_path), output, plan.items,
+            plan.ranges, plan.model_key, max(model_bytes, 0),
         )
-        self.dispatcher.wake.set()
+        self.dispatcher.admit(job_id, spec)
         return job_id
 
     def get(self, job_id: str) -> Job:
@@ -89,18 +75,6 @@ class Jobs:
                 except asyncio.TimeoutError:
                     pass
                 changed.clear()
-
-
-def model_key(spec: JobSpec, code_zip: bytes) -> str:
-    """What calibration is keyed by: the model, its weights, its inputs and batch size. Jobs that share a key share
-    their measurements, so a model's second job starts from the first one's figures."""
-    if spec.kind is JobKind.KERNEL_EVAL:  # items are (problem, candidate) pairs: only the same ones time alike
-        return hashlib.sha256(b"kernel-eval\0" + code_zip).hexdigest()[:16]
-    digest = hashlib.sha256(f"{spec.model}\0{spec.dataset}\0{spec.batch_size}\0".encode())
-    if spec.weights:
-        with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
-            digest.update(archive.read(spec.weights))
-    return digest.hexdigest()[:16]
 
 
 def _zip_names(code_zip: bytes) -> set[str]:

@@ -1,4 +1,5 @@
-"""A job's output: one .npy file per shard, written atomically, and manifest.json once every shard is in."""
+"""A job's output folder: every file written atomically (fsynced, then renamed), and manifest.json, of one shape for
+every kind, written last once every shard is in. Inference's own files (one .npy per shard) are here too."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from farm.head.store import Job
 
 
 def shard_file(index: int) -> str:
@@ -22,7 +27,7 @@ MANIFEST = "manifest.json"
 PARTIAL_PREFIXES = (".shard-", f".{MANIFEST}.")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -39,11 +44,27 @@ def _atomic_write(path: Path, data: bytes) -> None:
 def write_shard(output: Path, index: int, outputs: np.ndarray) -> None:
     buffer = io.BytesIO()
     np.save(buffer, outputs, allow_pickle=False)
-    _atomic_write(output / shard_file(index), buffer.getvalue())
+    atomic_write(output / shard_file(index), buffer.getvalue())
 
 
 def write_manifest(output: Path, manifest: dict[str, Any]) -> None:
-    _atomic_write(output / MANIFEST, json.dumps(manifest, indent=2).encode())
+    atomic_write(output / MANIFEST, json.dumps(manifest, indent=2).encode())
+
+
+def manifest(job: Job, metrics: dict[str, float], fields: dict[str, Any],
+             shard_file: Callable[[int], str | None]) -> dict[str, Any]:
+    """The manifest of any kind: the job, its metrics, the kind's own fields, then each shard once (its file, where
+    the kind writes one per shard)."""
+    shards = []
+    for s in job.shards:
+        file = shard_file(s.index)
+        shards.append({
+            "index": s.index, "start": s.start, "stop": s.stop, **({"file": file} if file else {}),
+            "node": s.node_name, "backend": s.backend, "device": s.device, "seconds": s.seconds,
+            "energy_j": s.energy_j, "energy_source": s.energy_source, "energy_scope": s.energy_scope,
+        })
+    return {"job_id": job.id, "name": job.name, "kind": job.kind, "items": job.items, "metrics": metrics, **fields,
+            "shards": shards}
 
 
 def remove_partial_files(output: Path) -> int:

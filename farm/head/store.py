@@ -390,6 +390,21 @@ class Store:
             )
             self._log(db, job_id, "info", f"accepted: {items} items in {len(ranges)} shards")
 
+    def add_shards(self, job_id: str, ranges: list[tuple[int, int]]) -> None:
+        """New pending shards after the job's last (a kind that cuts its work as the job runs)."""
+        with self._tx() as db:
+            (last,) = db.execute("SELECT COALESCE(MAX(idx), -1) FROM shards WHERE job_id=?", (job_id,)).fetchone()
+            db.executemany(
+                "INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
+                [(job_id, last + 1 + i, a, b, ShardState.PENDING.value) for i, (a, b) in enumerate(ranges)],
+            )
+
+    def job_state(self, job_id: str) -> JobState:
+        row = self._db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFoundError(f"no job {job_id!r}")
+        return JobState(row["state"])
+
     def job(self, job_id: str) -> Job:
         row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         if row is None:

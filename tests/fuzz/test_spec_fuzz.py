@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from farm.client.preflight import read_spec
 from farm.core.errors import SpecError
-from farm.core.spec import JobSpec, parse_spec
+from farm.core.spec import SpecBase, parse_spec
 
 FUZZ = settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -43,7 +43,7 @@ def check(text: str) -> None:
         assert exc.message and "\n" not in exc.message, repr(exc.message)
         assert exc.message.startswith("fuzz.yaml: ")
     else:
-        assert isinstance(spec, JobSpec)
+        assert isinstance(spec, SpecBase)
 
 
 @FUZZ
@@ -86,7 +86,7 @@ def test_a_spec_file_of_any_bytes_through_the_preflight(data: bytes) -> None:
         except SpecError as exc:
             assert exc.message and "\n" not in exc.message, repr(exc.message)
         else:
-            assert isinstance(spec, JobSpec)
+            assert isinstance(spec, SpecBase)
 
 
 def test_the_valid_spec_parses() -> None:  # the base the mutations start from is valid: they test real edges

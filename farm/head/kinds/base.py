@@ -1,0 +1,145 @@
+"""The interface every job kind's handler implements (see farm/head/kinds/__init__.py for how to add one)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
+
+from farm.core.errors import SpecError
+from farm.core.models import BackendName, Shard
+from farm.core.spec import JobKind, ModelJobSpec, SpecBase
+from farm.head.outcomes import Outcomes, ShardRecord
+from farm.head.settings import HeadSettings
+from farm.head.store import Job, Store
+
+if TYPE_CHECKING:
+    from farm.scheduler import Assignment
+
+S = TypeVar("S", bound=SpecBase)
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What a client sent with its spec."""
+
+    code_zip: bytes  # the job's code, Ray's working_dir on every node
+    names: frozenset[str]  # the archive's file names
+    items: int  # the items the client counted in the dataset (0 where the kind counts them itself)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A job's work at submit: how many items, the shards to start with, and what calibration keys it by."""
+
+    items: int
+    ranges: list[tuple[int, int]]  # [start, stop) in the kind's items (rows, steps, pairs), one per shard
+    model_key: str  # jobs with one key share their speed and memory measurements
+
+
+@dataclass(frozen=True)
+class ShardCall:
+    """A shard's task: the entry point to call on the node (one of farm.head.remote's) and its one argument."""
+
+    remote: Any  # a Ray remote function
+    task: object
+
+
+@dataclass(frozen=True)
+class FreeDevice:
+    """A device with a free slot that a job may use, and its measured speed on this job's model (None: not yet)."""
+
+    node_id: str
+    device: str
+    backend: BackendName
+    items_per_s: float | None
+
+
+class Driver(Protocol):
+    """What the dispatcher lends a handler each round (farm.head.dispatch.Dispatcher)."""
+
+    store: Store
+    settings: HeadSettings
+    outcomes: Outcomes
+
+    def notify(self, job_id: str) -> None: ...
+
+    def working_dir(self, job: Job) -> str: ...
+
+    def place_shards(self, job: Job, spec: Any, handler: ShardedKind[Any]) -> None: ...
+
+
+class KindHandler(Generic[S]):
+    """One job kind on the head. A handler holds no per-job state between calls, except a driver of its own
+    (training's); every call gets the job as the store has it and its spec, parsed once at submit."""
+
+    kind: ClassVar[JobKind]
+
+    def plan(self, spec: S, submission: Submission) -> Plan:
+        """At submit: check the spec against the code, count the items, cut the first shards (SpecError: refused)."""
+        raise NotImplementedError
+
+    def schedule(self, job: Job, spec: S, driver: Driver) -> None:
+        """Each scheduling round while the job is queued or running: start what can start."""
+        raise NotImplementedError
+
+    def finish(self, job: Job, spec: S, metrics: dict[str, float]) -> dict[str, Any]:
+        """Once every shard is in: write the kind's joined outputs; return its own fields for the manifest."""
+        return {}
+
+    def complete(self, job: Job, spec: S) -> bool:
+        """Whether the job's shards cover all its work: a kind that cuts shards as the job runs (`more_work`) says
+        no until it has cut the last; the job finishes once it is complete and every shard succeeded."""
+        return True
+
+    def shard_file(self, index: int) -> str | None:
+        """The file a shard's output is in, inside the job's output folder (None: the kind writes none per shard)."""
+        return None
+
+    def cancel(self, job_id: str) -> None:
+        """The job was cancelled: stop what the handler drives itself (the dispatcher stops shard tasks)."""
+
+
+class ShardedKind(KindHandler[S]):
+    """A kind whose shards run apart, each one task on one device: the dispatcher places and collects them."""
+
+    def schedule(self, job: Job, spec: S, driver: Driver) -> None:
+        driver.place_shards(job, spec, self)
+
+    def backends(self, spec: S) -> tuple[BackendName, ...]:
+        """Where the kind's shards may run."""
+        return spec.backends
+
+    def more_work(self, job: Job, spec: S, free: Sequence[FreeDevice]) -> list[tuple[int, int]]:
+        """Asked when none of the job's shards waits and devices are free: new [start, stop) ranges to append as
+        shards (placed in the same round), e.g. sized to the free devices' speeds. Fixed-shard kinds: none."""
+        return []
+
+    def task(self, job: Job, spec: S, shard: Shard, assignment: Assignment) -> ShardCall:
+        """At launch: the call that runs this shard on the assignment's device."""
+        raise NotImplementedError
+
+    def record(self, job: Job, spec: S, shard: Shard, result: Any) -> ShardRecord:
+        """A shard's result arrived: write its output (atomically; this runs in a worker thread), return its
+        figures."""
+        raise NotImplementedError
+
+
+def check_model_files(spec: ModelJobSpec, names: frozenset[str]) -> None:
+    """A kind that runs a model: its weights and data files must be in the job's code."""
+    for what, path in (("weights", spec.weights), ("dataset", spec.dataset if spec.dataset_is_file else None)):
+        if path and path not in names:
+            raise SpecError(f"{what} {path!r} is not in the job's code")
+
+
+def model_key(spec: ModelJobSpec, code_zip: bytes) -> str:
+    """What calibration is keyed by: the model, its weights, its inputs and batch size. Jobs that share a key share
+    their measurements, so a model's second job starts from the first one's figures."""
+    digest = hashlib.sha256(f"{spec.model}\0{spec.dataset}\0{spec.batch_size}\0".encode())
+    if spec.weights:
+        with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
+            digest.update(archive.read(spec.weights))
+    return digest.hexdigest()[:16]

@@ -1,0 +1,48 @@
+"""`kind: inference`: a model over a dataset's rows, shard by shard; each shard's outputs one .npy file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from farm.core.errors import SpecError
+from farm.core.models import Shard
+from farm.core.spec import InferenceSpec, JobKind, shard_ranges
+from farm.core.tasks import ShardResult, ShardTask, Tuning
+from farm.head import remote
+from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
+from farm.head.outcomes import ShardRecord
+from farm.head.output import shard_file, write_shard
+from farm.head.store import Job
+
+if TYPE_CHECKING:
+    from farm.scheduler import Assignment
+
+
+class Inference(ShardedKind[InferenceSpec]):
+    kind = JobKind.INFERENCE
+
+    def plan(self, spec: InferenceSpec, submission: Submission) -> Plan:
+        if submission.items < 1:
+            raise SpecError("the dataset is empty")
+        check_model_files(spec, submission.names)
+        return Plan(submission.items, shard_ranges(submission.items, spec.shards),
+                    model_key(spec, submission.code_zip))
+
+    def task(self, job: Job, spec: InferenceSpec, shard: Shard, assignment: Assignment) -> ShardCall:
+        return ShardCall(remote.run_shard, ShardTask(
+            job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model,
+            weights=spec.weights, dataset=spec.dataset, batch_size=spec.batch_size, backend=assignment.backend.value,
+            device=assignment.device, threads=assignment.threads,
+            tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=spec.tune_budget_s),
+        ))
+
+    def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> ShardRecord:
+        write_shard(Path(job.output), shard.index, result.outputs)
+        return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes)
+
+    def finish(self, job: Job, spec: InferenceSpec, metrics: dict[str, float]) -> dict[str, Any]:
+        return {"format": "npy"}
+
+    def shard_file(self, index: int) -> str | None:
+        return shard_file(index)

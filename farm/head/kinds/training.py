@@ -1,0 +1,254 @@
+"""`kind: training`: the job's workers train together, from checkpoint to checkpoint.
+
+A training job's shards are stretches of steps between checkpoints ([start, stop) in steps). Its workers step
+together, so this kind drives them itself rather than through the dispatcher's shard tasks: for each start (and each
+resume) it picks the workers (`farm.scheduler.training`), starts one Ray actor per device (the agent's TrainWorker,
+pinned by node label like any shard), joins them in a collective group, measures their speed and splits the global
+batch by it. Then each stretch: train, take rank 0's state as the checkpoint (written atomically, named by its
+step), score it on the eval set, record the stretch like a shard (seconds, samples, energy), and re-split the batch
+by the speeds just measured.
+
+Whatever stops a stretch (a node lost, a worker crashed, the head restarted) sends it back to pending through the
+shared retry path; the next start resumes from the checkpoint at that stretch's first step, with the nodes that
+remain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from farm.core.energy import energy_sum
+from farm.core.errors import FarmError, SpecError
+from farm.core.ids import new_id
+from farm.core.models import BackendName, Node, NodeState, ShardState
+from farm.core.spec import JobKind, SyncMode, TrainingSpec
+from farm.head import remote
+from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
+from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
+from farm.head.output import atomic_write
+from farm.head.store import Job
+from farm.scheduler import ShardRequest, calibration
+from farm.scheduler.training import NoWorkers, batch_shares, choose_workers
+from farm.scheduler.types import Assignment
+
+log = logging.getLogger("farm.head")
+
+# How often a running stretch looks at its workers' nodes, in seconds.
+WATCH_S = 1.0
+MODEL = "model.pt"
+
+
+def checkpoint_path(output: Path, step: int) -> Path:
+    return output / "checkpoints" / f"step-{step:08d}.pt"
+
+
+class Training(KindHandler[TrainingSpec]):
+    kind = JobKind.TRAINING
+
+    def __init__(self) -> None:
+        self.runs: dict[str, asyncio.Task[None]] = {}  # job id → its driving task
+
+    def plan(self, spec: TrainingSpec, submission: Submission) -> Plan:
+        """Shards are stretches of steps between checkpoints; items are samples."""
+        items = submission.items
+        if items < 1:
+            raise SpecError("the dataset is empty")
+        if spec.batch_size > items:
+            raise SpecError(f"batch_size {spec.batch_size} is larger than the dataset ({items} items)")
+        check_model_files(spec, submission.names)
+        steps = spec.training.total_steps(items, spec.batch_size)
+        every = spec.training.checkpoint_every
+        ranges = [(start, min(start + every, steps)) for start in range(0, steps, every)]
+        return Plan(steps * spec.batch_size, ranges, model_key(spec, submission.code_zip))
+
+    def schedule(self, job: Job, spec: TrainingSpec, driver: Driver) -> None:
+        """Drive the job unless it is driven already."""
+        if job.id not in self.runs:
+            task = asyncio.create_task(Run(self, job.id, spec, driver).drive())
+            self.runs[job.id] = task
+            task.add_done_callback(lambda _: self.runs.pop(job.id, None))
+
+    def cancel(self, job_id: str) -> None:
+        task = self.runs.get(job_id)
+        if task is not None:
+            task.cancel()
+
+    def finish(self, job: Job, spec: TrainingSpec, metrics: dict[str, float]) -> dict[str, Any]:
+        """model.pt: the last checkpoint's model weights (a state_dict)."""
+        import torch  # the head has torch with the worker extra
+
+        output = Path(job.output)
+        last = max(s.stop for s in job.shards)
+        final = checkpoint_path(output, last)
+        state = torch.load(final, map_location="cpu", weights_only=False)
+        buffer = io.BytesIO()
+        torch.save(state["model"], buffer)
+        atomic_write(output / MODEL, buffer.getvalue())
+        return {"model": MODEL, "steps": last, "samples": job.items, "checkpoint": str(final.relative_to(output))}
+
+
+class Run:
+    """One training job driven from start to end (or to its failure or cancel)."""
+
+    def __init__(self, handler: Training, job_id: str, spec: TrainingSpec, driver: Driver) -> None:
+        self.handler = handler
+        self.job_id = job_id
+        self.spec = spec
+        self.driver = driver
+        self.store = driver.store
+        self.outcomes = driver.outcomes
+
+    async def drive(self) -> None:
+        fruitless = 0  # starts in a row that trained no stretch: a stretch's attempts count only once it runs
+        try:
+            while True:
+                job = self.store.job(self.job_id)
+                if job.state.finished:
+                    return
+                pending = [s for s in job.shards if s.state is not ShardState.SUCCEEDED]
+                if not pending:
+                    self.outcomes.finish_if_done(job.id, self.handler, self.spec)
+                    return
+                if fruitless > self.driver.settings.max_attempts:
+                    self.outcomes.fail(job.id, None,
+                                       f"training could not start after {fruitless} tries: {pending[0].error}")
+                    return
+                try:
+                    fruitless = 0 if await self._run_workers(job) else fruitless + 1
+                except NoWorkers as exc:
+                    self._explain(f"waiting for workers: {exc}")
+                    await asyncio.sleep(WATCH_S)
+        except Exception as exc:  # the driver itself broke: say so on the job rather than lose it silently
+            if not isinstance(exc, FarmError):
+                log.exception("training job %s", self.job_id)
+            self.outcomes.fail(self.job_id, None, sort_failure(exc).message)
+
+    async def _run_workers(self, job: Job) -> bool:
+        """Start workers and train stretches until the job is done or a worker is lost; whether any stretch
+        finished."""
+        spec = self.spec
+        first = next(s for s in job.shards if s.state is not ShardState.SUCCEEDED)
+        checkpoint = self._checkpoint(job, first.start)
+        nodes = {n.id: n for n in self.store.nodes()}
+        request = ShardRequest(
+            job_id=job.id, index=first.index, items=spec.batch_size, backends=spec.backends, policy=spec.policy,
+            peak_bytes={BackendName(b): n for b, n in self.store.peak_memory(job.model_key).items()},
+            model_bytes=job.model_bytes,
+        )
+        chosen = choose_workers(request, list(nodes.values()), min(spec.training.workers, spec.batch_size),
+                                calibration.rates(self.store.samples(job.model_key)))
+        group = new_id(f"farm-{job.id}")  # fresh per start: a failed start may leave its rendezvous key behind
+        nccl = all(a.backend is BackendName.CUDA for a in chosen)
+        working_dir = self.driver.working_dir(job)
+        actors = [
+            remote.TrainWorker.options(  # type: ignore[attr-defined]
+                **remote.pinned(a.node_id, a.backend.value, working_dir, f"farm:{job.name}:rank{rank}:{group}"),
+            ).remote(job.spec_yaml, job.id, rank, len(chosen), group, a.device, a.threads, checkpoint, nccl)
+            for rank, a in enumerate(chosen)
+        ]
+        names = [f"{nodes[a.node_id].name}/{a.device}" for a in chosen]
+        workers = nodes[chosen[0].node_id].model_copy(update={"name": " + ".join(names)})  # stretches' "node"
+        trained = False
+        try:
+            await self._watch(chosen, [a.join.remote() for a in actors])
+            speeds = await self._watch(chosen, [a.probe.remote(max(spec.batch_size // len(chosen), 1))
+                                                for a in actors])
+            shares = batch_shares(spec.batch_size, speeds)
+            self._log("workers: " + ", ".join(
+                f"{n} ({s:,.0f} samples/s measured, {share} of each batch of {spec.batch_size})"
+                for n, s, share in zip(names, speeds, shares)) + (f"; resuming at step {first.start}"
+                                                                  if first.start else ""))
+            self._explain("\n".join(f"{n}: {a.basis}" for n, a in zip(names, chosen)))
+            for stretch in [s for s in job.shards if s.state is not ShardState.SUCCEEDED]:
+                shares = await self._stretch(job, stretch.index, chosen, actors, names, shares, workers)
+                trained = True
+        except Exception as exc:
+            failure = sort_failure(exc, collective=True)
+            if not failure.node and not isinstance(exc, ray.exceptions.RayTaskError):
+                raise  # the head's own failure: drive() fails the job
+            index = next(s.index for s in self.store.job(job.id).shards if s.state is not ShardState.SUCCEEDED)
+            self.outcomes.failed(job.id, index, failure)
+        finally:
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+        return trained
+
+    async def _stretch(self, job: Job, index: int, chosen: list[Assignment], actors: list[Any],
+                       names: list[str], shares: list[int], workers: Node) -> list[int]:
+        """Train one stretch on every worker; record it; return the batch split for the next one."""
+        spec = self.spec
+        stretch = self.store.job(job.id).shards[index]
+        self.outcomes.started(job, index, workers, chosen[0].backend.value, chosen[0].device, f"split {shares}")
+        results = await self._watch(chosen, [a.train.remote(stretch.start, stretch.stop, shares) for a in actors])
+        state: bytes = await actors[0].state.remote()
+        await asyncio.to_thread(atomic_write, checkpoint_path(Path(job.output), stretch.stop), state)
+        eval_dataset = spec.training.eval_dataset
+        scores = await actors[0].evaluate.remote(eval_dataset) if eval_dataset else {}
+        losses = results[0]["losses"]
+        for step, loss in enumerate(losses, start=stretch.start + 1):
+            self._log(f"step {step}: loss {loss:.4f}")
+        energy = energy_sum([r["energy"] for r in results])
+        speeds = [r["items"] / r["compute_s"] if r["compute_s"] > 0 else 0.0 for r in results]
+        self._log(f"steps {stretch.start + 1}-{stretch.stop}: " + ", ".join(
+            f"{n} {r['items'] / r['seconds']:,.0f} samples/s" for n, r in zip(names, results))
+            + (f"; {energy.joules:,.1f} J ({energy.source.value})" if energy else "")
+            + "".join(f"; {k} {v:.4f}" for k, v in scores.items()))
+        self.store.set_metrics(job.id, {"step": stretch.stop, "loss": losses[-1], **scores})
+        self.outcomes.succeeded(job.id, index, ShardRecord(sum(r["items"] for r in results),
+                                                           max(r["seconds"] for r in results), None, energy))
+        _prune_checkpoints(Path(job.output), keep=stretch.stop)
+        if spec.training.sync is SyncMode.SYNC and all(s > 0 for s in speeds):
+            return batch_shares(spec.batch_size, speeds)  # the split follows what each worker just did
+        return shares
+
+    async def _watch(self, chosen: list[Assignment], refs: list[Any]) -> list[Any]:
+        """Await every worker's call; a worker's node that leaves the farm stops the stretch at once (its peers
+        would otherwise wait in a collective for a partner that is gone)."""
+        pending = {asyncio.ensure_future(_awaitable(ref)) for ref in refs}
+        futures = list(pending)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=WATCH_S, return_when=asyncio.FIRST_EXCEPTION)
+            for future in done:
+                if future.exception() is not None:
+                    raise future.exception()  # type: ignore[misc]
+            states = {n.id: n.state for n in self.store.node_liveness()}  # the light read: offline nodes are absent
+            # A draining node keeps its workers while its Ray worker runs: only a node that is neither has left.
+            lost = [a for a in chosen if states.get(a.node_id) not in (NodeState.READY, NodeState.DRAINING)]
+            if lost and pending:
+                raise NodeLost(f"node {lost[0].node_id} left the farm")
+        return [f.result() for f in futures]
+
+    def _checkpoint(self, job: Job, step: int) -> Any:
+        """The checkpoint to resume at `step` from (in Ray's object store), or None at step 0."""
+        if step == 0:
+            return None
+        path = checkpoint_path(Path(job.output), step)
+        if not path.is_file():
+            raise FarmError(f"no checkpoint for step {step} at {path}: training cannot resume")
+        return ray.put(path.read_bytes())
+
+    def _log(self, message: str) -> None:
+        self.store.log(self.job_id, "info", message)
+
+    def _explain(self, text: str) -> None:
+        if text != self.store.job(self.job_id).explanation:
+            self.store.set_explanation(self.job_id, text)
+
+
+def _prune_checkpoints(output: Path, keep: int) -> None:
+    """Keep the checkpoint just written and the one before it."""
+    found = sorted((output / "checkpoints").glob("step-*.pt"))
+    for path in found[:-2]:
+        if path != checkpoint_path(output, keep):
+            path.unlink(missing_ok=True)
+
+
+async def _awaitable(ref: Any) -> Any:
+    return await ref
+

@@ -1,0 +1,152 @@
+"""What becomes of a shard and its job, for every kind: one path for a result, for a failure (sorted into the node's
+fault or the job's), for a retry, and for the end (metrics, the kind's outputs, the manifest)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ray import exceptions as ray_errors
+
+from farm.core.energy import Energy
+from farm.core.errors import FarmError
+from farm.core.models import JobState, Node, ShardState
+from farm.head.output import manifest, write_manifest
+from farm.head.settings import HeadSettings
+from farm.head.store import Job, Store
+
+if TYPE_CHECKING:
+    from farm.core.spec import JobSpec
+    from farm.head.kinds.base import KindHandler
+
+
+class NodeLost(Exception):
+    """A node that ran part of a job left the farm (seen by the head, before Ray's own health checks)."""
+
+
+# Failures of the place a shard ran, not of the job's code: the shard may run again elsewhere.
+NODE_FAILURES = (
+    ray_errors.NodeDiedError, ray_errors.WorkerCrashedError, ray_errors.ObjectLostError, ray_errors.OutOfMemoryError,
+    ray_errors.LocalRayletDiedError, ray_errors.RayActorError, NodeLost,
+)
+# What a collective raises on the workers that remain when one of the group dies (gloo's TCP pairs, NCCL).
+PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/transport", "NCCL communicator")
+
+
+@dataclass(frozen=True)
+class Failure:
+    node: bool  # the node or its worker process failed, not the job's code: the shard may run again
+    message: str
+
+
+def sort_failure(exc: BaseException, collective: bool = False) -> Failure:
+    """Whose fault an exception from a shard's call is, and the one line that says what happened. `collective`: the
+    call was one of a group's, where a peer's death breaks the survivors' calls too."""
+    if isinstance(exc, NODE_FAILURES):
+        return Failure(True, f"{type(exc).__name__}: {first_line(exc)}")
+    if isinstance(exc, ray_errors.RayTaskError):
+        cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+        message = cause.message if isinstance(cause, FarmError) else f"{type(cause).__name__}: {first_line(cause)}"
+        return Failure(collective and any(sign in message for sign in PEER_LOST), message)
+    if isinstance(exc, FarmError):
+        return Failure(False, exc.message)
+    return Failure(False, f"head: {type(exc).__name__}: {exc}")  # the head itself failed at the job's part
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """A finished shard's figures, as the store keeps them."""
+
+    items: int
+    seconds: float
+    correct: int | None = None  # predictions equal to the dataset's labels, when it has labels
+    energy: Energy | None = None
+    peak_memory_bytes: int = 0
+
+
+class Outcomes:
+    def __init__(self, store: Store, settings: HeadSettings, notify: Callable[[str], None],
+                 stop_tasks: Callable[[str], None] = lambda job_id: None) -> None:
+        self.store = store
+        self.settings = settings
+        self.notify = notify
+        self.stop_tasks = stop_tasks  # a failed job's shards still running are cancelled
+
+    def started(self, job: Job, index: int, node: Node, backend: str, device: str, why: str) -> None:
+        self.store.shard_started(job.id, index, node, backend, device, why)
+        if self.store.job_state(job.id) is JobState.QUEUED:
+            self.store.set_job_state(job.id, JobState.RUNNING)
+        self.notify(job.id)
+
+    def succeeded(self, job_id: str, index: int, record: ShardRecord) -> None:
+        self.store.shard_succeeded(job_id, index, record.items, record.seconds, record.correct, record.energy,
+                                   record.peak_memory_bytes)
+        self.notify(job_id)
+
+    def failed(self, job_id: str, index: int, failure: Failure) -> None:
+        """A node's failure retries the shard (up to max_attempts); the job's fails the job."""
+        (self.retry_or_fail if failure.node else self.fail)(job_id, index, failure.message)
+
+    def retry_or_fail(self, job_id: str, index: int, error: str) -> None:
+        """The shard goes back to the queue, counted as a try; the job fails once a shard ran max_attempts times."""
+        job = self.store.job(job_id)
+        if job.state.finished:
+            return
+        shard = job.shards[index]
+        if shard.state is ShardState.RUNNING and shard.attempts >= self.settings.max_attempts:
+            self.fail(job_id, index, f"{error} (after {shard.attempts} attempts)")
+        else:
+            self.store.shard_requeued(job_id, index, error)
+            self.notify(job_id)
+
+    def requeue(self, job_id: str, index: int, error: str) -> None:
+        """Back to the queue, the shard's fault in nothing (its node drained)."""
+        if not self.store.job_state(job_id).finished:
+            self.store.shard_requeued(job_id, index, error)
+            self.notify(job_id)
+
+    def fail(self, job_id: str, index: int | None, error: str) -> None:
+        """The job fails (at this shard, when one is to blame); its other running shards are cancelled."""
+        if self.store.job_state(job_id).finished:
+            return
+        if index is not None:
+            self.store.shard_failed(job_id, index, error)
+        self.stop_tasks(job_id)
+        self.store.set_job_state(job_id, JobState.FAILED, f"shard {index}: {error}" if index is not None else error)
+        self.notify(job_id)
+
+    def finish_if_done(self, job_id: str, handler: KindHandler, spec: JobSpec) -> bool:
+        """Once every shard is in: the metrics, the kind's joined outputs, then the manifest (written last: its
+        presence says the rest is complete); whether the job finished."""
+        job = self.store.job(job_id)
+        if job.state.finished or any(s.state is not ShardState.SUCCEEDED for s in job.shards):
+            return False
+        if not handler.complete(job, spec):
+            return False
+        metrics = job_metrics(job)
+        self.store.set_metrics(job_id, metrics)
+        fields = handler.finish(job, spec, metrics)
+        write_manifest(Path(job.output), manifest(job, metrics, fields, handler.shard_file))
+        self.store.set_job_state(job_id, JobState.SUCCEEDED)
+        self.notify(job_id)
+        return True
+
+
+def job_metrics(job: Job) -> dict[str, float]:
+    """What the kind recorded on the way, then rates over the job's wall time from its first shard's start, as a
+    user waiting on it sees them."""
+    wall_s = time.time() - job.started_at
+    metrics = {**job.metrics, "items_per_s": job.items / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s}
+    if job.energy_j > 0 and all(s.energy_source for s in job.shards):
+        metrics["items_per_j"] = job.items / job.energy_j
+    if job.correct is not None:
+        metrics["accuracy"] = job.correct / job.items
+    return metrics
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

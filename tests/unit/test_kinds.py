@@ -1,0 +1,193 @@
+"""The job-kind seam: a handler per kind behind one interface, one manifest shape, one failure path, and no branch on
+the kind anywhere else on the job path. A real store (SQLite), real output files, the dispatcher without Ray."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from ray import exceptions as ray_errors
+
+import farm
+from farm.core.errors import SpecError
+from farm.core.kernels import KernelEvalShardResult
+from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
+from farm.core.spec import JobKind, parse_spec
+from farm.core.tasks import ShardResult
+from farm.head import kinds
+from farm.head.dispatch import Dispatcher, Round
+from farm.head.kinds.base import FreeDevice, Plan, ShardedKind, Submission
+from farm.head.outcomes import NodeLost, sort_failure
+from farm.head.settings import HeadSettings
+from farm.head.store import Store
+
+HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
+INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
+TRAIN = "name: t\nkind: training\nmodel: m:build\ndataset: d:train\nbatch_size: 10\ntraining: {steps: 25, checkpoint_every: 10}\n"
+KERNELS = "name: k\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c, candidates_per_shard: 2}\n"
+ROOT = Path(farm.__file__).parent
+
+
+def code(*names: str) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in names:
+            archive.writestr(name, "x = 1\n")
+    return buffer.getvalue()
+
+
+def submission(items: int, *names: str) -> Submission:
+    data = code(*names)
+    return Submission(data, frozenset(names), items)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> Store:
+    opened = Store(tmp_path / "state.db")
+    opened.upsert_node("n-1", "box", HW, [BackendOffer(name=BackendName.CPU, device="cpu", slots=2)], "127.0.0.1", "h")
+    opened.set_node_state("n-1", NodeState.READY)
+    return opened
+
+
+def dispatcher(store: Store, tmp_path: Path) -> Dispatcher:
+    return Dispatcher(store, HeadSettings(state_dir=tmp_path), notify=lambda job_id: None)
+
+
+def test_every_kind_has_a_handler_and_a_spec() -> None:
+    assert set(kinds.HANDLERS) == set(JobKind)
+    for text in (INFER, TRAIN, KERNELS):
+        spec = parse_spec(text)
+        assert kinds.HANDLERS[spec.kind].kind is spec.kind
+
+
+# The job path's modules, where the kind once was branched on; only farm/head/kinds may know a kind by name.
+JOB_PATH = ["head/dispatch.py", "head/jobs.py", "head/outcomes.py", "head/output.py", "head/servicers.py",
+            "cli/jobs.py", "client/preflight.py"]
+KIND_BRANCH = re.compile(r"JobKind\.[A-Z_]+|kind\s*(==|!=|is|is not)\s|training is not None|kernel_eval is None")
+
+
+@pytest.mark.parametrize("module", JOB_PATH)
+def test_no_branch_on_the_job_kind_outside_the_handlers(module: str) -> None:
+    found = [line.strip() for line in (ROOT / module).read_text().splitlines() if KIND_BRANCH.search(line)]
+    assert found == [], f"{module} branches on the job kind: {found}"
+
+
+def test_plans_inference_in_shards_of_rows_and_checks_its_files() -> None:
+    plan = kinds.HANDLERS[JobKind.INFERENCE]().plan(parse_spec(INFER), submission(10, "toyjob.py"))
+    assert (plan.items, plan.ranges) == (10, [(0, 4), (4, 7), (7, 10)]) and len(plan.model_key) == 16
+    with pytest.raises(SpecError, match="weights 'w.pt' is not in the job's code"):
+        kinds.HANDLERS[JobKind.INFERENCE]().plan(parse_spec(INFER + "weights: w.pt\n"), submission(10, "toyjob.py"))
+    with pytest.raises(SpecError, match="empty"):
+        kinds.HANDLERS[JobKind.INFERENCE]().plan(parse_spec(INFER), submission(0, "toyjob.py"))
+
+
+def test_plans_training_in_stretches_of_steps_between_checkpoints() -> None:
+    plan = kinds.HANDLERS[JobKind.TRAINING]().plan(parse_spec(TRAIN), submission(100, "m.py"))
+    assert (plan.items, plan.ranges) == (250, [(0, 10), (10, 20), (20, 25)])  # 25 steps of 10 samples
+    with pytest.raises(SpecError, match="larger than the dataset"):
+        kinds.HANDLERS[JobKind.TRAINING]().plan(parse_spec(TRAIN), submission(5, "m.py"))
+
+
+def test_plans_kernel_eval_in_pairs_found_in_the_code() -> None:
+    names = ("p/relu.py", "c/relu/a.py", "c/relu/b.py", "c/relu/c.py", "p/gelu.py", "c/gelu/x.py")
+    plan = kinds.HANDLERS[JobKind.KERNEL_EVAL]().plan(parse_spec(KERNELS), submission(0, *names))
+    assert (plan.items, plan.ranges) == (4, [(0, 1), (1, 3), (3, 4)])  # gelu's one, then relu's three by two
+
+
+def test_every_kind_writes_one_manifest_shape(store: Store, tmp_path: Path) -> None:
+    """Inference and kernel-eval finished through the one path: the same keys, each shard once with its file."""
+    farm_ = dispatcher(store, tmp_path)
+    node = store.nodes()[0]
+    results: dict[str, Any] = {
+        "inference": ShardResult(outputs=np.zeros((2, 2), dtype=np.float32), items=2, seconds=0.1, correct=1,
+                                 node_ray_id="r", energy=None),
+        "kernel-eval": KernelEvalShardResult(rows=[], items=2, seconds=0.1, correct=1),
+    }
+    manifests = {}
+    for kind, text in (("inference", INFER.replace("shards: 3", "shards: 1")), ("kernel-eval", KERNELS)):
+        output = tmp_path / kind
+        store.add_job(f"j-{kind}", "toy", kind, text, "/nowhere.zip", str(output), 2, [(0, 2)])
+        job = store.job(f"j-{kind}")
+        handler = farm_.handler(job)
+        store.shard_started(job.id, 0, node, "cpu", "cpu")
+        farm_.outcomes.succeeded(job.id, 0, handler.record(job, farm_.spec(job), store.job(job.id).shards[0],
+                                                           results[kind]))
+        assert farm_.outcomes.finish_if_done(job.id, handler, farm_.spec(job))
+        assert store.job(job.id).state is JobState.SUCCEEDED
+        manifests[kind] = json.loads((output / "manifest.json").read_text())
+    common = {"job_id", "name", "kind", "items", "metrics", "format", "shards"}
+    assert all(common <= m.keys() for m in manifests.values())
+    assert {m["kind"] for m in manifests.values()} == {"inference", "kernel-eval"}
+    assert manifests["inference"]["shards"][0].keys() == manifests["kernel-eval"]["shards"][0].keys()
+    assert [m["metrics"]["accuracy"] for m in manifests.values()] == [0.5, 0.5]
+    assert (tmp_path / "inference" / manifests["inference"]["shards"][0]["file"]).is_file()
+    assert (tmp_path / "kernel-eval" / "results.csv").is_file()
+
+
+def test_a_spec_is_parsed_once_at_submit_and_kept(store: Store, tmp_path: Path) -> None:
+    farm_ = dispatcher(store, tmp_path)
+    store.add_job("j-1", "toy", "inference", INFER, "/nowhere.zip", str(tmp_path / "out"), 6, [(0, 2), (2, 4)])
+    spec = parse_spec(INFER)
+    farm_.admit("j-1", spec)
+    assert farm_.spec(store.job("j-1")) is spec
+    store.add_job("j-2", "toy", "inference", INFER, "/nowhere.zip", str(tmp_path / "out2"), 6, [(0, 6)])
+    first = farm_.spec(store.job("j-2"))  # a head restarted: parsed from the store, once
+    assert farm_.spec(store.job("j-2")) is first
+
+
+class Growing(ShardedKind[Any]):
+    """A kind that cuts its work as the job runs: a shard per free device, sized to its speed."""
+
+    kind = JobKind.INFERENCE
+
+    def plan(self, spec: Any, submission: Submission) -> Plan:
+        return Plan(submission.items, [(0, 1)], "k")
+
+    def more_work(self, job: Any, spec: Any, free: Any) -> list[tuple[int, int]]:
+        start = max(s.stop for s in job.shards)
+        cut = []
+        for device in free:
+            stop = min(start + max(int(device.items_per_s or 1), 1), job.items)
+            if stop > start:
+                cut.append((start, stop))
+                start = stop
+        return cut
+
+    def complete(self, job: Any, spec: Any) -> bool:
+        return max(s.stop for s in job.shards) == job.items
+
+
+def test_a_kind_may_cut_shards_while_the_job_runs(store: Store, tmp_path: Path) -> None:
+    farm_ = dispatcher(store, tmp_path)
+    store.add_job("j-1", "toy", "inference", INFER, "/nowhere.zip", str(tmp_path / "out"), 5, [(0, 1)])
+    farm_.round = Round({n.id: n for n in store.nodes()})
+    free = farm_._free_devices(store.job("j-1"), (BackendName.CPU,))
+    assert free == [FreeDevice("n-1", "cpu", BackendName.CPU, None)]
+    handler = Growing()
+    store.add_shards("j-1", handler.more_work(store.job("j-1"), None, [*free, *free]))
+    job = store.job("j-1")
+    assert [(s.index, s.start, s.stop, s.state) for s in job.shards] == [
+        (0, 0, 1, ShardState.PENDING), (1, 1, 2, ShardState.PENDING), (2, 2, 3, ShardState.PENDING)]
+    node = store.nodes()[0]
+    for index in range(3):
+        store.shard_started("j-1", index, node, "cpu", "cpu")
+        store.shard_succeeded("j-1", index, 1, 0.1, None, None)
+    assert not farm_.outcomes.finish_if_done("j-1", handler, None)  # rows 3-5 not cut yet: not done
+    assert store.job("j-1").state is JobState.QUEUED
+
+
+def test_failures_are_sorted_into_the_nodes_and_the_jobs() -> None:
+    assert sort_failure(ray_errors.WorkerCrashedError()).node
+    assert sort_failure(NodeLost("node n-1 left the farm")).node
+    code_error = ray_errors.RayTaskError("f", "tb", ValueError("bad input"))
+    assert sort_failure(code_error) == sort_failure(code_error, collective=False)
+    assert not sort_failure(code_error).node and sort_failure(code_error).message == "ValueError: bad input"
+    peer = ray_errors.RayTaskError("f", "tb", RuntimeError("gloo/transport: Connection reset by peer"))
+    assert not sort_failure(peer).node and sort_failure(peer, collective=True).node
+    assert sort_failure(OSError("disk full")).message == "head: OSError: disk full"
