@@ -65,6 +65,7 @@ class ShardRecord:
     correct: int | None = None  # predictions equal to the dataset's labels, when it has labels
     energy: Energy | None = None
     peak_memory_bytes: int = 0
+    marginal_j: float | None = None  # the part of `energy` above the device's idle draw (farm.core.energy)
 
 
 class Outcomes:
@@ -83,7 +84,7 @@ class Outcomes:
 
     def succeeded(self, job_id: str, index: int, record: ShardRecord) -> None:
         self.store.shard_succeeded(job_id, index, record.items, record.seconds, record.correct, record.energy,
-                                   record.peak_memory_bytes)
+                                   record.peak_memory_bytes, record.marginal_j)
         self.notify(job_id)
 
     def failed(self, job_id: str, index: int, failure: Failure) -> None:
