@@ -65,6 +65,16 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                            **ints("M", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
                           {**geometry, "TRANSPOSED": transposed, "PRECISION": precision, "BLOCK_M": bm,
                            "BLOCK_N": bn, "BLOCK_K": bk}, warps, stages))
+        if transposed:
+            src = conv._PHASED_SOURCE.format(epi_params=epi, epilogue="\n".join(lines))
+            module_p = codegen.load_source(src, "check_conv_phased")
+            for precision in ("ieee", "tf32x3"):
+                found.append((f"conv-phased {precision}", module_p.kernel,
+                              {"X": "*fp32", "Wp": "*fp32", "Y": "*fp32", **epi_types(params),
+                               **ints("M", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "QD", "QH", "QW", "CG",
+                                      "COG")},
+                              {**{k: v for k, v in geometry.items() if k[0] != "D"}, "PRECISION": precision,
+                               "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32}, 4, 3))
         src = conv._DIRECT_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines))
         module = codegen.load_source(src, "check_conv_direct")
         found.append((f"conv-direct transposed={transposed}", module.kernel,

@@ -21,7 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from farm_agent.tuner.candidates import build
 from farm_agent.tuner.templates import codegen
-from farm_agent.tuner.templates.conv import ConvSpec, gather_reference, packed_weight, torch_conv, uses_direct
+from farm_agent.tuner.templates.conv import (ConvSpec, gather_reference, packed_weight, phase_plan, source_coords,
+                                             torch_conv, uses_direct, uses_phases)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
 from farm_agent.tuner.templates.matcher import ConvRegion, GemmRegion, PoolRegion, RowRegion, regions, rewrite
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
@@ -41,6 +42,10 @@ CONVS = [  # (spec, input shape, weight shape)
     (ConvSpec(2, (3, 2), (1, 0), (2, 1), groups=2, transposed=True, output_padding=(2, 1)), (1, 4, 5, 4),
      (4, 3, 3, 3)),
     (ConvSpec(3, (2, 2, 2), (1, 1, 1), (1, 1, 1), transposed=True), (1, 3, 3, 4, 5), (3, 2, 4, 4, 4)),
+    # 8+ input channels per group: the implicit GEMM, and for these transposed ones its phase form
+    (ConvSpec(1, (3,), (1,), (1,), transposed=True, output_padding=(2,)), (2, 8, 7), (8, 4, 5)),
+    (ConvSpec(3, (2, 1, 2), (1, 0, 1), (1, 1, 1), transposed=True), (1, 8, 3, 4, 3), (8, 2, 3, 2, 4)),
+    (ConvSpec(2, (2, 2), (1, 1), (2, 1), groups=2, transposed=True), (1, 16, 5, 4), (16, 3, 3, 3)),
 ]
 
 
@@ -71,6 +76,26 @@ def test_conv_specs_come_from_modules_and_refuse_what_the_kernel_does_not_do() -
     # few input channels per group go to the direct kernel, where a 16-wide dot would mostly multiply padding
     assert uses_direct(ConvSpec(2, (1, 1), (1, 1), (1, 1), groups=32), (1, 32, 8, 8), (32, 1, 3, 3))
     assert not uses_direct(ConvSpec(2, (1, 1), (1, 1), (1, 1)), (1, 64, 8, 8), (32, 64, 3, 3))
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding"), [(4, 2, 1), (3, 2, 1), (8, 4, 2), (5, 3, 0), (2, 3, 2),
+                                                            (7, 2, 3)])
+def test_transposed_phases_meet_exactly_the_taps_that_reach_them(kernel: int, stride: int, padding: int) -> None:
+    size = 6
+    out = (size - 1) * stride - 2 * padding + kernel
+    for o in range(out):
+        q, phase = divmod(o, stride)
+        k0, base, count = phase_plan(phase, kernel, stride, padding)
+        by_phase = {(k0 + j * stride, q + base - j) for j in range(count) if 0 <= q + base - j < size}
+        by_gather = set()
+        for k in range(kernel):
+            index, valid = source_coords(torch.tensor([o]), k, size, stride, padding, 1, transposed=True)
+            if bool(valid):
+                by_gather.add((k, int(index)))
+        assert by_phase == by_gather, (o, by_phase, by_gather)
+    assert uses_phases(ConvSpec(2, (2, 2), (1, 1), (1, 1), transposed=True))
+    assert not uses_phases(ConvSpec(2, (2, 2), (1, 1), (2, 1), transposed=True))  # dilated: the gather form
+    assert not uses_phases(ConvSpec(2, (2, 2), (1, 1), (1, 1)))
 
 
 def test_the_packed_weight_is_groups_taps_in_out() -> None:

@@ -8,6 +8,10 @@ of output o at tap k is o*s - p + k*d; for a transposed one (its gather form) it
 divides and lands inside the input. `gather_reference` computes exactly that in PyTorch, which the tests hold
 against F.conv*; the Triton kernel does the same arithmetic on tiles, with the epilogue chain before its store.
 
+A strided transposed convolution (dilation 1) runs phase by phase instead: the outputs o = q*s + r of one phase r
+meet only every s-th tap, at consecutive inputs, so each phase is a dense stride-1 convolution and no multiply is
+spent on taps that miss (the gather form would waste s^dims - 1 of every s^dims: 75% for a 2-D stride 2).
+
 Groups with few input channels per group (depthwise and the like, where a dot of 16-wide tiles would mostly multiply
 zeros) get the direct kernel instead: one lane per output element, a loop over its taps.
 
@@ -299,6 +303,93 @@ def kernel(X, Wt, Y, {epi_params}TOTAL, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
     tl.store(Y + offs, acc, mask=mask)
 '''
 
+_PHASED_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, CG, COG,
+           SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
+           PW: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, PRECISION: tl.constexpr,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    # One output phase r per program (o = q * s + r): it meets only the taps k = k0 + j * s, k0 = (r + p) mod s,
+    # at input q + (r + p - k0) / s - j (phase_plan, in Python, is the same arithmetic).
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_z = tl.program_id(2)
+    PHASES: tl.constexpr = SD * SH * SW
+    TAPS: tl.constexpr = KD * KH * KW
+    g = pid_z // PHASES
+    ph = pid_z % PHASES
+    rd = ph // (SH * SW)
+    rh = (ph // SW) % SH
+    rw = ph % SW
+    k0d = (rd + PD) % SD
+    k0h = (rh + PH) % SH
+    k0w = (rw + PW) % SW
+    bd = (rd + PD - k0d) // SD
+    bh = (rh + PH - k0h) // SH
+    bw = (rw + PW - k0w) // SW
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    qw = rm % QW
+    t = rm // QW
+    qh = t % QH
+    t = t // QH
+    qd = t % QD
+    nb = t // QD
+    od = qd * SD + rd
+    oh = qh * SH + rh
+    ow = qw * SW + rw
+    m_ok = (rm < M) & (od < OD) & (oh < OH) & (ow < OW)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = rn < COG
+    rk = tl.arange(0, BLOCK_K)
+    DHW = D * H * W
+    x_rows = X + (nb * C_IN + g * CG).to(tl.int64) * DHW
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for jd in range(0, (KD - k0d + SD - 1) // SD):
+        kd = k0d + jd * SD
+        id_ = qd + bd - jd
+        for jh in range(0, (KH - k0h + SH - 1) // SH):
+            kh = k0h + jh * SH
+            ih = qh + bh - jh
+            for jw in range(0, (KW - k0w + SW - 1) // SW):
+                kw = k0w + jw * SW
+                iw = qw + bw - jw
+                ok = m_ok & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                tap = (kd * KH + kh) * KW + kw
+                a_ptrs = x_rows[:, None] + ((id_ * H + ih) * W + iw)[:, None] + rk[None, :].to(tl.int64) * DHW
+                b_ptrs = Wp + ((g * TAPS + tap) * CG + rk)[:, None] * COG + rn[None, :]
+                for c0 in range(0, CG, BLOCK_K):
+                    c_ok = (c0 + rk) < CG
+                    a = tl.load(a_ptrs, mask=ok[:, None] & c_ok[None, :], other=0.0)
+                    b = tl.load(b_ptrs, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+                    acc += tl.dot(a, b, input_precision=PRECISION)
+                    a_ptrs += BLOCK_K * DHW
+                    b_ptrs += BLOCK_K * COG
+    ODHW = OD * OH * OW
+    co = g * COG + rn
+    chan = co[None, :]
+    offs = (nb.to(tl.int64) * CO * ODHW + (od * OH + oh) * OW + ow)[:, None] + (co.to(tl.int64) * ODHW)[None, :]
+    mask = m_ok[:, None] & n_ok[None, :]
+{epilogue}
+    tl.store(Y + offs, acc, mask=mask)
+'''
+
+
+def phase_plan(phase: int, kernel: int, stride: int, padding: int) -> tuple[int, int, int]:
+    """For the outputs o = q * stride + phase of a transposed convolution (dilation 1): the first tap k0 that
+    reaches them, the input offset b (input q + b - j for tap k0 + j * stride) and how many taps reach them."""
+    k0 = (phase + padding) % stride
+    return k0, (phase + padding - k0) // stride, max(0, -(-(kernel - k0) // stride))
+
+
+def uses_phases(spec: ConvSpec) -> bool:
+    """A transposed convolution with unit dilation runs phase by phase: the gather form would multiply the
+    stride^dims - 1 of every stride^dims taps that miss."""
+    return spec.transposed and set(spec.dilation) == {1} and max(spec.stride) > 1
+
 
 def uses_direct(spec: ConvSpec, x_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
     """The direct kernel where a GEMM tile would be mostly padding: few input channels per group."""
@@ -343,19 +434,20 @@ class ConvKernel:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         self.spec, self.chain, self.precision = spec, chain, precision
-        self._kernels: dict[bool, Any] = {}
+        self._kernels: dict[str, Any] = {}
 
-    def _kernel(self, direct: bool, cg: int, cog: int, m: int) -> Any:
-        if direct not in self._kernels:
+    def _kernel(self, form: str, cg: int, cog: int, m: int) -> Any:
+        """form: "direct", "gemm" or "phased"."""
+        if form not in self._kernels:
             params, lines = triton_lines(self.chain)
-            template = _DIRECT_SOURCE if direct else _GEMM_SOURCE
+            template = {"direct": _DIRECT_SOURCE, "gemm": _GEMM_SOURCE, "phased": _PHASED_SOURCE}[form]
             source = template.format(epi_params="".join(f"{p}, " for p in params), coords=_COORDS,
                                      epilogue="\n".join(lines))
-            module = codegen.load_source(source, "conv_direct" if direct else "conv_gemm")
-            configs = direct_configs() if direct else gemm_configs(self.precision, cg, cog, m)
-            key = ["TOTAL", "CG", "COG"] if direct else ["M", "CG", "COG"]
-            self._kernels[direct] = codegen.autotuned(module.kernel, configs, key)
-        return self._kernels[direct]
+            module = codegen.load_source(source, f"conv_{form}")
+            configs = direct_configs() if form == "direct" else gemm_configs(self.precision, cg, cog, m)
+            key = ["TOTAL", "CG", "COG"] if form == "direct" else ["M", "CG", "COG"]
+            self._kernels[form] = codegen.autotuned(module.kernel, configs, key)
+        return self._kernels[form]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, packed: torch.Tensor | None,
                  operands: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -376,12 +468,23 @@ class ConvKernel:
         direct = uses_direct(spec, x.shape, weight.shape)
         if direct:
             total = y.numel()
-            kernel = self._kernel(True, cg, cog, total)
+            kernel = self._kernel("direct", cg, cog, total)
             kernel[lambda meta: (triton_cdiv(total, meta["BLOCK"]),)](
                 x, weight.contiguous(), y, *operands, total, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry)
+        elif uses_phases(spec):
+            sd, sh, sw = p3["stride"]
+            qd, qh, qw = -(-od // sd), -(-oh // sh), -(-ow // sw)
+            m = n * qd * qh * qw
+            kernel = self._kernel("phased", cg, cog, m)
+            assert packed is not None
+            phased = {k: v for k, v in geometry.items() if k[0] != "D" and k != "TRANSPOSED"}
+            kernel[lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), triton_cdiv(cog, meta["BLOCK_N"]),
+                                 spec.groups * sd * sh * sw)](
+                x, packed, y, *operands, m, c_in, d, h, w, co, od, oh, ow, qd, qh, qw, cg, cog, **phased,
+                PRECISION=self.precision)
         else:
             m = n * od * oh * ow
-            kernel = self._kernel(False, cg, cog, m)
+            kernel = self._kernel("gemm", cg, cog, m)
             assert packed is not None
             kernel[lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), triton_cdiv(cog, meta["BLOCK_N"]), spec.groups)](
                 x, packed, y, *operands, m, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry,
