@@ -9,6 +9,7 @@ import ctypes
 import fcntl
 import json
 import os
+import pwd
 import random
 import signal
 import socket
@@ -99,15 +100,17 @@ def local_ip_towards(host: str) -> str:
 
 
 def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
-                   die_with_parent: bool = False) -> subprocess.Popen[bytes]:
+                   die_with_parent: bool = False, user: pwd.struct_passwd | None = None) -> subprocess.Popen[bytes]:
     """Start a process in its own session (it outlives the terminal), output appended to `log`. With
-    `die_with_parent` (Linux), it gets SIGTERM when the calling thread dies, however it dies."""
+    `die_with_parent` (Linux), it gets SIGTERM when the calling thread dies, however it dies. With `user`, it runs
+    as that user (this process being root), with no supplementary groups."""
     log.parent.mkdir(parents=True, exist_ok=True)
+    as_user: dict[str, Any] = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
     with open(log, "ab") as out:
         return subprocess.Popen(
             list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(env) if env is not None else None,
-            preexec_fn=_term_on_parent_death if die_with_parent and _PRCTL is not None else None,
+            preexec_fn=_term_on_parent_death if die_with_parent and _PRCTL is not None else None, **as_user,
         )
 
 
@@ -220,11 +223,15 @@ class RayProcess:
     session's processes, with their start times, are recorded in `record`, from which the next start of the same
     head or agent clears them (see clear_left_behind)."""
 
-    def __init__(self, args: Sequence[str], token_path: Path, log: Path, record: Path | None = None) -> None:
+    def __init__(self, args: Sequence[str], token_path: Path, log: Path, record: Path | None = None,
+                 user: pwd.struct_passwd | None = None, home: Path | None = None) -> None:
+        """`user`: the account the node runs as (farm.ray_user), `home` its HOME (the node's own folder)."""
         self.args = [ray_executable(), "start", "--block", "--disable-usage-stats", *args]
         self.token_path = token_path
         self.log = log
         self.record = record
+        self.user = user
+        self.home = home
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False  # set by stop(), possibly from another thread while start() waits
 
@@ -243,7 +250,10 @@ class RayProcess:
                 if self.stopped:
                     return
                 offset = self.log.stat().st_size if self.log.exists() else 0
-                self.proc = spawn_detached(self.args, self.log, env=ray_env(self.token_path),
+                env = ray_env(self.token_path)
+                if self.home is not None:
+                    env.update(HOME=str(self.home), USER=self.user.pw_name if self.user else env.get("USER", ""))
+                self.proc = spawn_detached(self.args, self.log, env=env, user=self.user,
                                            die_with_parent=threading.current_thread() is threading.main_thread())
                 wait_for(lambda: self.stopped or not self.running or self._started(offset), timeout, interval=0.2)
                 if self.stopped:  # stop() ran while this node was being spawned: finish its work

@@ -16,6 +16,10 @@ from farm.client import HeadInfo, find_head
 from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+# Heads and agents the tests start keep Ray as the tests' own user (farm.ray_user: as root they would run it as
+# farm-ray, who may not reach a Python installed under /root, as on the test machines); test_ray_user.py runs a head
+# with its Ray as farm-ray.
+os.environ.setdefault("FARM_RAY_USER", "root")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 

@@ -313,6 +313,7 @@ async def probe_machine(cpus: int) -> tuple[Hardware, list[BackendOffer], str]:
 def serve(settings: AgentSettings) -> None:
     """Run the agent in the foreground until SIGTERM or SIGINT."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.chmod(0o700)  # its tokens and keys, its store and logs: this user's alone
 
     async def main() -> None:
         agent = Agent(settings)

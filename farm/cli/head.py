@@ -1,4 +1,4 @@
-"""`farm head start|stop|forget-node` and `farm head token create|list|revoke`."""
+"""`farm head start|stop|forget-node` and `farm head token create|list|revoke|rotate-ray`."""
 
 from __future__ import annotations
 
@@ -55,11 +55,15 @@ def start(
     ray_object_manager_port: Annotated[int | None, typer.Option(help="Pin Ray's object manager port.")] = None,
     ray_min_worker_port: Annotated[int | None, typer.Option(help="Lowest port of Ray's workers.")] = None,
     ray_max_worker_port: Annotated[int | None, typer.Option(help="Highest port of Ray's workers.")] = None,
+    ray_user: Annotated[str | None, typer.Option(
+        help="The user the head's Ray node runs as (job code pinned to it would run as this user). Default: "
+             "$FARM_RAY_USER, else farm-ray (made if missing) for a head run as root; `root` accepts root.")] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
     from farm.dashboard import Dashboard, pick_port
     from farm.head.server import serve
     from farm.head.settings import HeadSettings
+    from farm.ray_user import chosen as chosen_ray_user
 
     loopback = host.startswith("127.") or host == "localhost"
     settings = HeadSettings(
@@ -67,7 +71,7 @@ def start(
         advertise=advertise or ("127.0.0.1" if loopback else primary_ip()), insecure=insecure, mtls_port=mtls_port,
         tls_names=tuple(tls_name or ()), open_read=open_read, ray_node_manager_port=ray_node_manager_port,
         ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
-        ray_max_worker_port=ray_max_worker_port,
+        ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
     )
     if detach:
         _start_detached(settings.state_dir, sys.argv[1:])
@@ -219,13 +223,33 @@ def token_list(state: StateDir = None, as_json: Json = False) -> None:
 @token_app.command("revoke")
 def token_revoke(token_id: Annotated[str, typer.Argument(help="The token's id (`farm head token list`).")],
                  state: StateDir = None) -> None:
-    """Revoke a join token: agents can no longer join with it (nodes that joined stay)."""
+    """Revoke a join token: agents can no longer join with it (nodes that joined stay). The Ray token, which every
+    joined machine was given, is replaced too at the head's next start."""
+    from farm.head.auth import rotate_ray_token
+
     store = _token_store(state)
     try:
         store.revoke_join_token(token_id)
     finally:
         store.close()
-    console.print(f"join token {token_id} revoked")
+    rotate_ray_token(state_dir(state) / "ray.token")
+    console.print(f"join token {token_id} revoked; {RAY_TOKEN_NEXT}", highlight=False)
+
+
+RAY_TOKEN_NEXT = ("a new Ray token takes effect when the head starts again (`farm head stop`, then start): until "
+                  "then the old one still joins Ray's cluster. Agents take the new one by themselves (their Ray "
+                  "nodes exit with the old cluster, and they register again)")
+
+
+@token_app.command("rotate-ray")
+def token_rotate_ray(state: StateDir = None) -> None:
+    """Replace the Ray token, which every machine that ever joined was given (Ray's cluster is one trust domain:
+    its holder can run code on every node): at the head's next start."""
+    from farm.head.auth import rotate_ray_token
+
+    _token_store(state).close()  # a state folder with a head's state, not a typo
+    rotate_ray_token(state_dir(state) / "ray.token")
+    console.print(RAY_TOKEN_NEXT, highlight=False)
 
 
 def _duration(text: str) -> float:

@@ -11,6 +11,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import os
 import secrets
 import time
 from collections import deque
@@ -109,6 +110,9 @@ class Tokens:
         if saved is None:
             saved = {"join_token": secrets.token_urlsafe(24), "api_token": secrets.token_urlsafe(24)}
             write_json(path, saved)
+        pending = pending_ray_token(ray_token_path)
+        if pending.exists():  # `farm head token rotate-ray` (or a revocation) made it: it takes effect now
+            os.replace(pending, ray_token_path)
         if not ray_token_path.exists():
             write_private(ray_token_path, secrets.token_hex(32).encode())
         return cls(join=saved["join_token"], api=saved["api_token"])
@@ -200,6 +204,16 @@ class Tokens:
 def certificate_names(context: grpc.aio.ServicerContext) -> list[str]:
     """The common names of the client certificate this call came with (a node's id), if any."""
     return [n.decode(errors="replace") for n in (context.auth_context() or {}).get("x509_common_name") or []]
+
+
+def pending_ray_token(ray_token_path: Path) -> Path:
+    """Where a new Ray token waits for the head's next start: Ray's GCS takes its token when it starts, so a running
+    cluster keeps the one it has."""
+    return ray_token_path.with_name(ray_token_path.name + ".next")
+
+
+def rotate_ray_token(ray_token_path: Path) -> None:
+    write_private(pending_ray_token(ray_token_path), secrets.token_hex(32).encode())
 
 
 def new_join_token() -> tuple[str, str, str]:

@@ -18,7 +18,7 @@ from typing import Protocol
 import grpc
 import ray
 
-from farm import __version__
+from farm import __version__, ray_user
 from farm.core.errors import UserError
 from farm.head import uploads
 from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
@@ -83,20 +83,25 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     """Run the head in the foreground until SIGTERM or SIGINT; leaves no Ray process behind."""
     check_can_start(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.chmod(0o700)  # its tokens and keys, its store and logs: this user's alone
     tokens = Tokens.load_or_create(settings.state_dir, settings.ray_token_path)
     use_ray_token(settings.ray_token_path)
-    # Ray refuses `--head` at an address its folder names as the current cluster while a raylet on this host still
-    # names it (the agents' nodes of a head killed outright, trying to reach it): the head's own folder, whose
-    # note of the dead cluster is removed here, keeps that check to this head.
-    (settings.ray_temp_dir / "ray_current_cluster").unlink(missing_ok=True)
+    # The Ray node never as root (farm.ray_user): a task pinned to it needs no resources, and must not be able to
+    # read this state folder. Its folder is its own and fresh: Ray refuses `--head` at an address its folder names
+    # as the current cluster while a raylet on this host (an agent's, of a head killed outright) still names it.
+    user = ray_user.ensure(settings.ray_user) if settings.ray_user else None
+    if user is not None:
+        ray_user.check_reachable(user)
+    ray_user.private_folder(settings.ray_temp_dir, user)
     ray_head = RayProcess(
         [
             "--head", "--port", str(settings.ray_port), "--node-ip-address", settings.advertise, "--num-cpus", "0",
-            "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
+            "--num-gpus", "0", "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
             "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), "--temp-dir",
             str(settings.ray_temp_dir), *ray_port_args(settings),
         ],
-        settings.ray_token_path, settings.state_dir / "ray-head.log", record=settings.ray_record_path,
+        ray_user.hand_token(settings.ray_token_path, settings.ray_temp_dir, user), settings.state_dir / "ray-head.log",
+        record=settings.ray_record_path, user=user, home=settings.ray_temp_dir,
     )
     ray_head.start()
     try:

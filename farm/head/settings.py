@@ -45,6 +45,9 @@ class HeadSettings(BaseModel):
     ray_object_manager_port: int | None = Field(default=None, ge=1, le=65535)
     ray_min_worker_port: int | None = Field(default=None, ge=1, le=65535)
     ray_max_worker_port: int | None = Field(default=None, ge=1, le=65535)
+    # The account the head's Ray node runs as (farm.ray_user.chosen: farm-ray for a head running as root); None: the
+    # head's own user.
+    ray_user: str | None = None
 
     @property
     def address(self) -> str:

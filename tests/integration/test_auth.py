@@ -230,6 +230,25 @@ def test_an_insecure_head_takes_a_known_node_id_only_with_its_node_token(tmp_pat
         assert register(first.node_id, first.node_token).node_id == first.node_id
 
 
+def test_the_ray_token_rotates_at_the_next_start_and_with_a_revocation(tmp_path: Path) -> None:
+    """Every machine that joined holds the Ray token (Ray's one trust domain): it must not be valid for ever."""
+    def farm(*args: str) -> Result:
+        return CliRunner().invoke(head_cli.app, [*args, "--state-dir", str(tmp_path)])
+
+    with running_head(tmp_path) as head:
+        first = head.register(head.tokens.join)[0].ray_token
+        assert farm("token", "rotate-ray").exit_code == 0
+        assert head.register(head.tokens.join)[0].ray_token == first  # the running cluster keeps its token
+    with running_head(tmp_path) as head:
+        second = head.register(head.tokens.join)[0].ray_token
+        assert second != first
+        created = read_json_line(farm("token", "create", "--json").stdout)
+        revoked = farm("token", "revoke", created["id"])
+        assert revoked.exit_code == 0 and "new Ray token" in revoked.stdout
+    with running_head(tmp_path) as head:
+        assert head.register(head.tokens.join)[0].ray_token not in (first, second)
+
+
 def test_failures_are_limited_per_peer_and_logged_without_the_secret(tmp_path: Path,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)

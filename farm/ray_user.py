@@ -1,0 +1,107 @@
+"""The account Farm's Ray nodes run as. Ray's cluster is one trust domain: whoever holds its token can run code on any
+of its nodes, the head's own included (a task pinned there needs no resources). So a Ray node never runs as root:
+a head or agent running as root starts its Ray node as a dedicated unprivileged user (created here when missing), in
+a private folder of that user's, with its own copy of the Ray token, and job code on it cannot read the head's or
+the agent's state folders (0700, root's): their tokens and keys."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from farm.core.errors import UserError
+
+DEFAULT = "farm-ray"
+
+
+def chosen(asked: str | None) -> str | None:
+    """The user a Ray node runs as: `asked` (the --ray-user option or FARM_RAY_USER), else DEFAULT for a process
+    running as root; None keeps this process's own user (asked "root" by name, or not root already)."""
+    name = asked if asked is not None else os.environ.get("FARM_RAY_USER")
+    if name is None:
+        name = DEFAULT if os.geteuid() == 0 else ""
+    return None if name in ("", "root") or os.geteuid() != 0 else name
+
+
+def ensure(name: str) -> pwd.struct_passwd:
+    """The account `name`, made as a system user without a home or a login shell if missing (Linux: useradd)."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    if sys.platform != "linux" or shutil.which("useradd") is None:
+        raise UserError(f"no user {name!r} to run Ray as: create it, or choose one with --ray-user")
+    made = subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent", "--shell",
+                           "/usr/sbin/nologin", "--user-group", name], capture_output=True, text=True, check=False)
+    if made.returncode != 0 and made.returncode != 9:  # 9: made meanwhile by another start
+        raise UserError(f"cannot create the user {name!r} to run Ray as: {made.stderr.strip()}")
+    return pwd.getpwnam(name)
+
+
+def check_reachable(user: pwd.struct_passwd) -> None:
+    """The Python environment Ray's processes start from must be readable by `user`: else a clear line, not a Ray
+    that dies at start."""
+    closed = first_closed(user)
+    if closed is not None:
+        target, blocked = closed
+        raise UserError(
+            f"Ray runs as {user.pw_name!r} (never as root), who cannot reach {target}: {blocked} is private. "
+            f"Install Farm where {user.pw_name} can read it, or choose another user with --ray-user (`--ray-user "
+            "root` accepts that job code on this machine runs as root)")
+
+
+def first_closed(user: pwd.struct_passwd) -> tuple[Path, Path] | None:
+    """What Ray's processes need (the interpreter, the standard library, Ray's package) and the first folder on the
+    way to it that `user` cannot enter; None if it can reach them all."""
+    ray_package = importlib.util.find_spec("ray")
+    ray_folder = Path(ray_package.origin).parent if ray_package and ray_package.origin else Path(sys.prefix)
+    for target in (Path(sys.executable).resolve(), Path(shutil.__file__).resolve().parent, ray_folder):
+        blocked = _first_closed(target, user)
+        if blocked is not None:
+            return target, blocked
+    return None
+
+
+def _first_closed(target: Path, user: pwd.struct_passwd) -> Path | None:
+    for folder in [*reversed(target.parents), target]:
+        info = folder.stat()
+        mode = info.st_mode
+        if info.st_uid == user.pw_uid:
+            allowed = mode & stat.S_IXUSR
+        elif info.st_gid == user.pw_gid:
+            allowed = mode & stat.S_IXGRP
+        else:
+            allowed = mode & stat.S_IXOTH
+        if stat.S_ISDIR(mode) and not allowed:
+            return folder
+    return None
+
+
+def private_folder(path: Path, user: pwd.struct_passwd | None) -> None:
+    """A fresh folder for one Ray node, 0700, owned by `user` (None: this process's user). What a previous run left
+    there (old sessions, perhaps another user's) is removed; a link or a folder someone else put there is refused."""
+    if path.is_symlink():
+        raise UserError(f"{path} is a symbolic link: refusing to use it for Ray")
+    if path.exists():
+        shutil.rmtree(path)
+    os.mkdir(path, 0o700)  # fails if someone made it in between
+    if user is not None:
+        os.chown(path, user.pw_uid, user.pw_gid)
+
+
+def hand_token(token_path: Path, folder: Path, user: pwd.struct_passwd | None) -> Path:
+    """A copy of the Ray token in the Ray node's own folder, readable by its user only: the node reads it there, and
+    the token in the state folder stays unreadable to job code."""
+    copy = folder / "ray.token"
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(token_path.read_bytes())
+    if user is not None:
+        os.chown(copy, user.pw_uid, user.pw_gid)
+    return copy
