@@ -5,7 +5,8 @@
 #      checked against eager in 8 processes (failures recorded, never fatal), warming Triton's and Inductor's caches;
 #   2. benchmarks/kernels/tune_h200.py: every problem (template-covered ones first) measured by the hardened
 #      evaluator, one at a time, until the time limit; strict, strict-ieee and loose tables with fast_1.05, geomeans
-#      vs eager and compile, each winner's share of the speed of light, the search time.
+#      vs eager and compile, each winner's share of the speed of light, the search time; then, if time is left,
+#      compile max-autotune as a further baseline.
 # Writes under $OUT: h200.json (every trial, the template check), strict.txt, strict-ieee.txt, loose.txt, summary.txt,
 # run.log, device.txt. Env: LIMIT_S (start no problem after it, default 500), CHECK_S (template check, default 150),
 # RUNS (timed runs per candidate, default 10), FAMILIES (candidate families, default tune_h200.py's).
@@ -24,7 +25,7 @@ FAM=()
 [ -n "$FAMILIES" ] && FAM=(--families $FAMILIES)
 timeout 570 python3 benchmarks/kernels/tune_h200.py benchmarks/kernels/problems \
   --time-limit-s "${LIMIT_S:-500}" --check-workers 8 --check-limit-s "${CHECK_S:-150}" --runs "${RUNS:-10}" \
-  --candidate-timeout-s 90 "${FAM[@]}" --out "$OUT/h200.json" --tables "$OUT" > "$OUT/run.log" 2>&1
+  --candidate-timeout-s 90 --max-autotune "${FAM[@]}" --out "$OUT/h200.json" --tables "$OUT" > "$OUT/run.log" 2>&1
 echo "== tune_h200.py rc=$? after $SECONDS s"
 grep -v "^    " "$OUT/run.log" | grep -E "^(==|check |[a-z0-9_]+: strict)" | tail -70
 for t in strict strict-ieee loose summary; do echo "== $t"; cat "$OUT/$t.txt" 2>/dev/null; done

@@ -26,6 +26,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -148,7 +149,7 @@ def main() -> None:
                 print(f"    {t.candidate}: {t.error[:200]}", flush=True)
         write(state, reports, failures)
     if args.max_autotune:
-        max_autotune(reports, args, started)
+        max_autotune(reports, args, started, lambda: write(state, reports, failures))
     write(state, reports, failures)
     for scoring in SCORINGS:
         print(f"\n== {scoring} ==")
@@ -156,7 +157,8 @@ def main() -> None:
     print("\n" + summary_text(reports, failures, check, time.perf_counter() - started))
 
 
-def max_autotune(reports: list[TuneReport], args: argparse.Namespace, started: float) -> None:
+def max_autotune(reports: list[TuneReport], args: argparse.Namespace, started: float,
+                 written: Callable[[], None]) -> None:
     """compile-max-autotune (TF32 off) per problem while time is left: a baseline in report.extra."""
     for report in reports:
         if time.perf_counter() - started > args.time_limit_s:
@@ -174,6 +176,7 @@ def max_autotune(reports: list[TuneReport], args: argparse.Namespace, started: f
         result = results[-1]
         report.extra["compile_max_autotune_ms"] = result.median_ms if result.sound else None
         report.extra["compile_max_autotune_error"] = result.error
+        written()
 
 
 def summary_text(reports: list[TuneReport], failures: dict[str, str], check: dict[str, Any], wall_s: float) -> str:

@@ -19,9 +19,6 @@ from typing import Any
 
 from farm.core.energy import Energy
 from farm.core.errors import SpecError
-from farm.core.speed_of_light import DEVICE_PEAKS, DevicePeaks, SpeedOfLight, device_peaks, speed_of_light
-
-__all__ = ["DEVICE_PEAKS", "DevicePeaks", "SpeedOfLight", "device_peaks", "speed_of_light"]  # the reports' columns
 
 BASELINES = ("eager", "compile-default")
 

@@ -10,7 +10,8 @@ import math
 from rich.console import Console
 
 from farm.cli.kernels import kernel_results_table, results_table, row
-from farm.core.kernels import KernelResult, RewardMode, device_peaks, speed_of_light
+from farm.core.kernels import KernelResult, RewardMode
+from farm.core.speed_of_light import device_peaks, speed_of_light
 from farm_agent.kernel_eval import row as kernel_row
 from farm_agent.tuner.evaluator import Result
 from farm_agent.tuner.tune import Trial, TuneReport, format_table, summarize, table_row

@@ -2,9 +2,9 @@
 
 A candidate is a named transform of the job's own model (no new code to trust): eager, torch.compile in three
 modes, CUDA graph capture, TF32 / bf16 / fp16 arithmetic (only offered when the tolerance allows, and marked
-`lowers_precision`), channels_last with cudnn.benchmark for convolutions, Farm's Triton kernels (triton_kernels/) and its template
-kernels (templates/: the fx matcher's regions, implicit-GEMM convolutions, GEMMs with epilogues, pooling, row
-reductions). The evaluator's worker calls `build` in its own process, so building may compile and capture.
+`lowers_precision`), channels_last with cudnn.benchmark for convolutions, Farm's Triton kernels (triton_kernels/)
+and its template kernels (templates/: the fx matcher's regions, implicit-GEMM convolutions, GEMMs with epilogues,
+pooling, row reductions). The evaluator's worker calls `build` in its own process, so building may compile and capture.
 
 The template families' precisions: "ieee" is fp32 FMA arithmetic; "tf32x3" is split-TF32 on the tensor cores
 (each product as three TF32 products that keep the low bits: fp32-level error, so it does not lower precision,

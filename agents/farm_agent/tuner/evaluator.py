@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.core.errors import SpecError, UserError
+from farm.core.speed_of_light import SpeedOfLight, speed_of_light
 from farm_agent.tuner.problem import candidate_defines_model_new, load_problem, one_line
 
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
@@ -88,15 +89,13 @@ class Result:
     speed_of_light_ms: float | None = None  # no implementation can be faster on this device
     lowers_precision: bool = False
     # The problem's work as the reference did it (matrix/conv FLOPs; inputs, parameters and outputs in bytes) and the
-    # device: what the reports' fp32 speed of light is computed from (farm.core.kernels.speed_of_light).
+    # device: what the reports' fp32 speed of light is computed from (farm.core.speed_of_light).
     flops: float | None = None
     bytes: float | None = None
     device_name: str = ""
 
-    def speed_of_light(self) -> Any:
+    def speed_of_light(self) -> SpeedOfLight | None:
         """This problem's fp32 speed of light on the device (None: the device's peaks are not recorded)."""
-        from farm.core.speed_of_light import speed_of_light
-
         if self.flops is None or self.bytes is None:
             return None
         return speed_of_light(self.flops, self.bytes, self.device_name)

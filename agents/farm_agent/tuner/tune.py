@@ -414,5 +414,6 @@ def format_table(reports: Sequence[TuneReport], scoring: str = "run", p: float =
                  "(* lowers precision; † split-TF32 products, fp32-level error)")
     peaks = {sol.peaks.describe() for r in reports if (sol := r.speed_of_light()) is not None}
     if peaks:
-        lines.append("speed of light: max(FLOPs / fp32 peak, bytes / memory bandwidth) with " + "; ".join(sorted(peaks)))
+        lines.append("speed of light: max(FLOPs / fp32 peak, bytes / memory bandwidth) with "
+                     + "; ".join(sorted(peaks)))
     return "\n".join(lines)

@@ -59,7 +59,8 @@ class TemplateRegion(nn.Module):
                  channel_dim: int) -> None:
         super().__init__()
         self.chain = tuple(chain)
-        self.sources = list(sources)  # per tensor operand: ("arg", i) | ("bn_scale", k) | ("bn_shift", k) | ("param", name)
+        # per tensor operand: ("arg", i) | ("bn_scale", k) | ("bn_shift", k) | ("param", name)
+        self.sources = list(sources)
         self.inputs = inputs
         self.channel_dim = channel_dim
         self.bns = nn.ModuleList()
@@ -395,7 +396,8 @@ class Matcher:
             spec = RowSpec("group_norm", eps=mod.eps, groups=mod.num_groups)
             norm = mod if mod.affine else None
             channel_dim = 1
-        elif isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)) and len(node.args) == 1:
+        elif isinstance(mod, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d)) \
+                and len(node.args) == 1:
             dims = int(type(mod).__name__[-2])
             if set(_ints(mod.output_size, dims)) != {1}:
                 return None
