@@ -10,7 +10,8 @@ found and any template that failed to compile (the region then ran in PyTorch: r
 Inductor's FX graph cache), so the timed run that follows (tune_h200.py, one problem at a time) measures candidates
 whose compilation is already done. Timings here are not measured: the processes share the GPU.
 
-A problem that crashes its worker or runs past the time limit is recorded as such; the rest go on.
+A task that crashes its worker is recorded as an error, one not done in the time limit as missing (tune_h200.py
+then leaves that problem's template family out); the rest go on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import sys
 import time
 import traceback
@@ -70,6 +72,8 @@ def check_problem(path: str, precisions: list[str], compile_warm: bool, device: 
             except Exception as exc:  # noqa: BLE001 - recorded per problem and precision
                 entry["error"] = f"{type(exc).__name__}: {exc}"[:500]
                 entry["traceback"] = traceback.format_exc()[-2000:]
+                if "CUDA" in str(exc) or "cuda" in type(exc).__name__.lower():  # the context may be unusable now
+                    result["cuda_broken"] = True
             entry["seconds"] = time.perf_counter() - t0
             result["precisions"][precision] = entry
         if compile_warm:
@@ -94,41 +98,99 @@ def check_problem(path: str, precisions: list[str], compile_warm: bool, device: 
     return result
 
 
-def _work(args: tuple[str, list[str], bool, str]) -> dict[str, Any]:
-    return check_problem(*args)
+def _worker(tasks: Any, results: Any) -> None:
+    """A check process: tasks (index, args) until a None; it leaves after a task that broke its CUDA context, and
+    the parent starts another."""
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        index, args = item
+        results.put(("start", index, os.getpid()))
+        result = check_problem(*args)
+        results.put(("done", index, result))
+        if result.get("cuda_broken"):
+            return
 
 
 def check_all(paths: list[Path], precisions: list[str], workers: int, time_limit_s: float,
               compile_warm: bool = True, device: str = "cuda") -> dict[str, Any]:
-    """Every problem's check, `workers` at a time; what is left when the time limit comes is recorded as not run."""
+    """Every problem's check, `workers` tasks at a time: one task per (problem, precision), so that one model's many
+    compiles spread over the workers, then one torch.compile warm-up per problem. Tasks start in the order of
+    `paths` (put the heaviest first). A task whose process dies is recorded as an error and the process replaced;
+    what is left when the time limit comes is recorded as not done."""
     started = time.perf_counter()
-    results: dict[str, dict[str, Any]] = {}
-    context = multiprocessing.get_context("spawn")  # each worker its own CUDA context
-    pool = context.Pool(processes=max(1, workers), maxtasksperchild=4)
+    tasks = [(str(p), [precision], False, device) for p in paths for precision in precisions]
+    if compile_warm:
+        tasks += [(str(p), [], True, device) for p in paths]
+    results: dict[str, dict[str, Any]] = {p.stem: {"problem": p.stem, "precisions": {}, "seconds": 0.0}
+                                          for p in paths}
+    context = multiprocessing.get_context("spawn")  # each process its own CUDA context
+    task_queue, result_queue = context.Queue(), context.Queue()
+    for item in enumerate(tasks):
+        task_queue.put(item)
+    for _ in range(workers):
+        task_queue.put(None)
+    processes = [context.Process(target=_worker, args=(task_queue, result_queue), daemon=True)
+                 for _ in range(max(1, workers))]
+    for process in processes:
+        process.start()
+    running: dict[int, int] = {}  # pid -> task index
+    finished: set[int] = set()
+    begun = 0
     try:
-        pending = pool.imap_unordered(_work, [(str(p), precisions, compile_warm, device) for p in paths])
-        for _ in paths:
-            left = time_limit_s - (time.perf_counter() - started)
-            if left <= 0:
-                break
+        while len(finished) < len(tasks) and time.perf_counter() - started < time_limit_s:
             try:
-                result = pending.next(timeout=left)
-            except multiprocessing.TimeoutError:
-                break
-            results[result["problem"]] = result
-            kinds = {p: e.get("regions") for p, e in result["precisions"].items()}
-            bad = {p: e.get("error") or e.get("failed_regions") for p, e in result["precisions"].items()
-                   if e.get("error") or e.get("failed_regions")}
-            print(f"check {result['problem']}: {kinds} {result['seconds']:.0f} s"
-                  + (f" FAILED {bad}" if bad else "") + (f" ERROR {result['error']}" if "error" in result else ""),
-                  flush=True)
+                kind, index, payload = result_queue.get(timeout=1.0)
+            except queue.Empty:
+                kind = ""
+            if kind == "start":
+                running[payload] = index
+                begun += 1
+            elif kind == "done" and index not in finished:
+                running = {pid: i for pid, i in running.items() if i != index}
+                finished.add(index)
+                _merge(results[payload["problem"]], payload)
+            for process in list(processes):
+                if process.is_alive() or process.exitcode is None:
+                    continue
+                processes.remove(process)
+                lost = running.pop(process.pid or -1, None)
+                if lost is not None and lost not in finished:  # died inside a task: an error, not a wait
+                    finished.add(lost)
+                    path, task_precisions = tasks[lost][0], tasks[lost][1]
+                    error = f"check process died (exit code {process.exitcode})"
+                    _merge(results[Path(path).stem], {"problem": Path(path).stem, "seconds": 0.0,
+                                                      "precisions": {p: {"error": error} for p in task_precisions}})
+                    print(f"check {Path(path).stem} {task_precisions}: {error}", flush=True)
+                if begun < len(tasks):
+                    task_queue.put(None)  # the replacement's own end-of-tasks mark
+                    replacement = context.Process(target=_worker, args=(task_queue, result_queue), daemon=True)
+                    replacement.start()
+                    processes.append(replacement)
     finally:
-        pool.terminate()
-        pool.join()
-    for p in paths:
-        results.setdefault(p.stem, {"problem": p.stem, "error": "not checked: time limit or worker died"})
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.join(timeout=10)
+    if len(finished) < len(tasks):
+        print(f"check: {len(tasks) - len(finished)} of {len(tasks)} tasks not done in {time_limit_s:g} s", flush=True)
     return {"wall_s": time.perf_counter() - started, "precisions": precisions, "workers": workers,
-            "problems": results}
+            "tasks": len(tasks), "tasks_done": len(finished), "problems": results}
+
+
+def _merge(merged: dict[str, Any], result: dict[str, Any]) -> None:
+    merged["precisions"].update(result["precisions"])
+    merged["seconds"] += result["seconds"]
+    for key in ("compile_warm_s", "compile_warm_error", "error"):
+        if key in result:
+            merged[key] = result[key]
+    for precision, e in result["precisions"].items():
+        bad = e.get("error") or e.get("failed_regions")
+        print(f"check {result['problem']} {precision}: {e.get('regions')} {e.get('seconds', 0):.0f} s"
+              + (f" FAILED {bad}" if bad else ""), flush=True)
+    if "error" in result:
+        print(f"check {result['problem']}: ERROR {result['error']}", flush=True)
 
 
 def main() -> None:
