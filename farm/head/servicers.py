@@ -13,7 +13,7 @@ from farm.core.energy import DevicePower
 from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
 from farm.core.models import NodeState
-from farm.head import uploads
+from farm.head import node_input, uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
 from farm.head.jobs import Jobs
@@ -58,6 +58,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
                        ) -> agent_pb2.RegisterReply:
         self.tokens.check_join(request.join_token, self.store, context)
+        node_input.check_register(request)
         stored = self.store.node_token_hash(request.node_id) if request.node_id else None
         if stored:  # a known node: only itself (or an operator's `farm head forget-node`) takes its id again
             try:
@@ -72,7 +73,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             node_id, request.name, convert.hardware_from_pb(request.hardware),
             [convert.offer_from_pb(b) for b in request.backends], request.address, token_hash,
         )
-        log.info("node %s registered as %s from %s", request.name, node_id, context.peer())
+        log.info("node %r registered as %s from %s", request.name, node_id, context.peer())
         self.wake.set()
         return agent_pb2.RegisterReply(
             node_id=node_id, node_token=token, ray_address=self.settings.ray_address,
@@ -93,6 +94,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     self.tokens.check_node(context, beat.node_id, beat.node_token,
                                            self.store.node_token_hash(beat.node_id))
                     verified = beat.node_id
+                node_input.check_beat(beat)
                 self.store.heartbeat(
                     beat.node_id, beat.cpu_percent, beat.memory_percent,
                     tuple(_power_from_pb(p) for p in beat.power), beat.busy,

@@ -97,3 +97,21 @@ def test_a_job_s_code_above_the_message_limit_goes_in_chunks_and_is_bounded(tmp_
             client.submit(spec, zipped(**{"toyjob.py": b"x", "w.pt": os.urandom(9 * MB)}), items=10,
                           output=str(tmp_path / "out2"))
         assert list((head.settings.state_dir / "uploads").iterdir()) == []
+
+
+@pytest.mark.parametrize(("name", "hostname", "refused"), [
+    ("x" * MB, "box", "name must be 1 to 64"),  # 4 MiB ones made /api/fleet 8 MiB and the log 8 MB longer
+    ("alice\n2026-12-03 INFO farm.head: node bob drained", "box", "name must be 1 to 64 printable"),  # a forged line
+    ("alice", "h" * 1000, "hostname must be at most 256"),
+])
+def test_a_node_s_strings_are_bounded_and_printable(tmp_path: Path, name: str, hostname: str, refused: str) -> None:
+    with running_head(tmp_path) as head, head.channel() as channel:
+        hardware = convert.hardware_to_pb(HW.model_copy(update={"hostname": hostname}))
+        request = agent_pb2.RegisterRequest(join_token=head.tokens.join, name=name, hardware=hardware)
+        with pytest.raises(grpc.RpcError) as caught:
+            agent_pb2_grpc.AgentServiceStub(channel).Register(request, metadata=credentials(head.tokens.join),
+                                                               timeout=10)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert refused in str(caught.value.details())
+        with head.client() as client:
+            assert client.nodes() == []
