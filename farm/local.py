@@ -193,6 +193,7 @@ def ray_env(token_path: Path) -> dict[str, str]:
     """The environment for Ray processes and drivers: token authentication, with Farm's own token file."""
     env = dict(os.environ)
     env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("FARM_JOIN_TOKEN", None)  # `farm agent start`'s: Ray's processes, job code among them, get none of it
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: Ray 2.60 refuses worker nodes on macOS without it (the default on Linux).
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path), RAY_USAGE_STATS_ENABLED="0",
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")

@@ -20,9 +20,11 @@ _PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFIC
 
 
 def join_command(address: str, token: str, ca_hash: str) -> str:
-    """What joins a machine: the head, a join token, and the hash of the head's CA for the agent to pin."""
+    """What joins a machine: the head, a join token, and the hash of the head's CA for the agent to pin. The token
+    goes in the environment (/proc/PID/environ is its user's alone), not on the command line, which every user of
+    the machine reads in `ps`."""
     trust = f"--ca-hash {ca_hash}" if ca_hash else "--insecure"
-    return f"farm agent start --head {address} --token {token} {trust}"
+    return f"FARM_JOIN_TOKEN={token} farm agent start --head {address} {trust}"
 
 
 def ca_hash(ca_pem: bytes) -> str:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import typer
 
 from farm.cli.options import Json, StateDir, state_dir
-from farm.cli.render import console
+from farm.cli.render import console, errors
 from farm.core.errors import UserError
 from farm.core.models import BackendName
 from farm.local import pid_alive, python_command, read_json, spawn_detached, terminate, wait_for, write_private
@@ -38,10 +38,11 @@ def agent_dir(state: Path, name: str) -> Path:
 @app.command()
 def start(
     head: Annotated[str, typer.Option(help="HOST:PORT of the head.")],
-    token: Annotated[str | None, typer.Option(help="The join token `farm head start` printed.")] = None,
+    token: Annotated[str | None, typer.Option(
+        help="The join token (shows in `ps`: prefer FARM_JOIN_TOKEN, as the join line does, or --token-file).")
+    ] = None,
     token_file: Annotated[Path | None, typer.Option(
-        help="Read the join token from this file instead (what the installed service does: a token on the command "
-             "line shows in `ps`).")] = None,
+        help="Read the join token from this file (- for standard input); else from $FARM_JOIN_TOKEN.")] = None,
     name: Annotated[str | None, typer.Option(help="Node name (default: the host name).")] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer (default: all).", min=1)] = None,
     max_foreign_cpu: Annotated[float, typer.Option(
@@ -128,13 +129,24 @@ def _trust_local_head(settings: AgentSettings) -> None:
             pass  # then --ca-hash is needed, as for any other head
 
 
+JOIN_TOKEN_ENV = "FARM_JOIN_TOKEN"
+
+
 def _join_token(token: str | None, token_file: Path | None) -> str:
-    if (token is None) == (token_file is None):
-        raise UserError("give the join token with exactly one of --token and --token-file")
+    """The join token: from --token-file (`-`: standard input), FARM_JOIN_TOKEN or --token, which every user of
+    this machine can read in `ps` (and, with the Ray token it gets, would be a lender of its own)."""
+    if token is not None and token_file is not None:
+        raise UserError("give the join token with one of --token-file, FARM_JOIN_TOKEN and --token")
+    if token is not None:
+        errors.print(f"warning: --token shows in `ps` to every user of this machine; give it with {JOIN_TOKEN_ENV}="
+                     "... or --token-file", style="yellow", highlight=False)
+        return token
     if token_file is None:
-        return str(token)
+        if os.environ.get(JOIN_TOKEN_ENV, "").strip():
+            return os.environ[JOIN_TOKEN_ENV].strip()
+        raise UserError(f"give the join token: {JOIN_TOKEN_ENV}=TOKEN, --token-file FILE (or - for standard input)")
     try:
-        read = token_file.read_text().strip()
+        read = sys.stdin.read().strip() if str(token_file) == "-" else token_file.read_text().strip()
     except OSError as exc:
         raise UserError(f"--token-file {token_file}: {exc.strerror}") from None
     if not read:
@@ -158,7 +170,7 @@ def _start_detached(settings: AgentSettings) -> None:
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
         f"--drain-grace-s={settings.drain_grace_s}",
         *([f"--busy-file={settings.busy_file}"] if settings.busy_file else []),
-    ), log)
+    ), log, env={k: v for k, v in os.environ.items() if k != JOIN_TOKEN_ENV})  # the daemon reads its token file
 
     def ready() -> bool:  # a node drained by an operator, or whose owner is busy, has joined all the same
         return (read_json(settings.status_path) or {}).get("state") in ("ready", "draining")
@@ -197,8 +209,10 @@ DryRun = Annotated[bool, typer.Option("--dry-run", help="Print what would be wri
 @app.command()
 def install(
     head: Annotated[str, typer.Option(help="HOST:PORT of the head.")],
-    token: Annotated[str | None, typer.Option(help="The join token `farm head start` printed.")] = None,
-    token_file: Annotated[Path | None, typer.Option(help="Read the join token from this file instead.")] = None,
+    token: Annotated[str | None, typer.Option(
+        help="The join token (shows in `ps`: prefer FARM_JOIN_TOKEN or --token-file).")] = None,
+    token_file: Annotated[Path | None, typer.Option(
+        help="Read the join token from this file (- for standard input); else from $FARM_JOIN_TOKEN.")] = None,
     name: Annotated[str | None, typer.Option(help="Node name (default: the host name).")] = None,
     cpus: Annotated[int | None, typer.Option(help="CPU cores to offer (default: all).", min=1)] = None,
     ca_hash: CaHash = None,

@@ -19,7 +19,7 @@ from farm.cli.render import console
 from farm.client import Client, find_head
 from farm.client.preflight import prepare
 from farm.core.errors import FarmError, UserError
-from farm.local import free_port, pid_alive, read_json, terminate
+from farm.local import free_port, pid_alive, read_json, terminate, write_private
 
 SPEC = Path("examples/digits/infer.yaml")
 ACCURACY_BAR = 0.90
@@ -46,9 +46,11 @@ def demo(
         if dashboard:
             console.print(f"dashboard: {dashboard}  (watch the fleet and the job live)")
         cpus = max(1, (os.cpu_count() or 1) // agents)
+        token_file = state / "join.token"  # 0600: on the agents' command lines the token would show in `ps`
+        write_private(token_file, head.join_token.encode())
         with console.status(f"starting {agents} agents ({cpus} cores each)..."):
             _farm_all([
-                ["agent", "start", "--head", head.address, "--token", head.join_token, "--ca-hash", head.ca_hash,
+                ["agent", "start", "--head", head.address, "--token-file", str(token_file), "--ca-hash", head.ca_hash,
                  "--name", f"demo-{index}",
                  "--cpus", str(cpus), "--state-dir", str(state), "--detach",
                  "--max-foreign-cpu", "100"]  # the agents share this host: each would see the other as its owner

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import pkgutil
+import shlex
 import stat
 import subprocess
 import sys
@@ -31,7 +33,7 @@ from farm.head.store import Store
 from farm.local import read_json
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
-from farm.tls import HeadTLS, ca_hash, fetch_ca
+from farm.tls import HeadTLS, ca_hash, fetch_ca, join_command
 from farm_agent.client import credentials
 from tests.conftest import ROOT, Cluster
 from tests.integration.inprocess_head import HW, Head, running_head
@@ -247,6 +249,27 @@ def test_the_ray_token_rotates_at_the_next_start_and_with_a_revocation(tmp_path:
         assert revoked.exit_code == 0 and "new Ray token" in revoked.stdout
     with running_head(tmp_path) as head:
         assert head.register(head.tokens.join)[0].ray_token not in (first, second)
+
+
+def test_the_join_line_keeps_the_token_off_the_command_line(head: Head, tmp_path: Path) -> None:
+    """/proc/PID/cmdline is world-readable: a join token there is any local user's, and with it the Ray token."""
+    join = join_command(head.settings.address, "s3cret-join", ca_hash(head.ca_pem))
+    assignment, *argv = shlex.split(join)
+    assert assignment == "FARM_JOIN_TOKEN=s3cret-join" and "s3cret-join" not in " ".join(argv)
+
+    def agent_start(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", "no-port", *args,
+                               "--state-dir", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                              env={**os.environ, **(env or {})})
+
+    from_env = agent_start(env={"FARM_JOIN_TOKEN": "s3cret-join"})  # taken: the next check speaks
+    assert from_env.returncode == 2 and "expected HOST:PORT" in from_env.stderr, from_env.stderr
+    on_line = agent_start("--token", "s3cret-join")
+    assert "--token shows in `ps`" in on_line.stderr
+    from_stdin = subprocess.run([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", "no-port",
+                                 "--token-file", "-"], input="s3cret-join\n", capture_output=True, text=True,
+                                cwd=ROOT, timeout=60)
+    assert from_stdin.returncode == 2 and "expected HOST:PORT" in from_stdin.stderr, from_stdin.stderr
 
 
 def test_failures_are_limited_per_peer_and_logged_without_the_secret(tmp_path: Path,
