@@ -222,9 +222,6 @@ class RowRegion(TemplateRegion):
         return f"{self.spec.op} {super().describe()}"
 
 
-REGION_KINDS = (ConvRegion, GemmRegion, PoolRegion, RowRegion)
-
-
 # --- matching -----------------------------------------------------------------------------------------------------
 
 
@@ -235,7 +232,7 @@ class Anchor:
     kind: str
     inputs: list[fx.Node]
     channel_dim: int  # of its output (negative: from the end)
-    make: Callable[[tuple[Step, ...], list[tuple[str, Any]], list[nn.Module]], TemplateRegion]
+    make: Callable[[tuple[Step, ...], list[tuple[str, Any]]], TemplateRegion]  # its region, given the chain
     chain: list[Step] = field(default_factory=list)
     sources: list[tuple[str, Any]] = field(default_factory=list)
     operand_nodes: list[fx.Node] = field(default_factory=list)
@@ -308,11 +305,8 @@ class Matcher:
             ConvSpec.of(mod)  # raises where the templates do not cover it
             conv = mod
 
-            def make_conv(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
-                          ) -> TemplateRegion:
-                region = ConvRegion(conv, chain, sources, precision)
-                region.bns.extend(bns)
-                return region
+            def make_conv(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+                return ConvRegion(conv, chain, sources, precision)
 
             anchor = Anchor("conv", [node.args[0]], 1, make_conv)  # type: ignore[list-item]
             if conv.bias is not None:
@@ -322,11 +316,8 @@ class Matcher:
         if isinstance(mod, nn.Linear) and one_input and len(_shape(node.args[0]) or ()) >= 2:
             linear = mod
 
-            def make_linear(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
-                            ) -> TemplateRegion:
-                region = GemmRegion(linear, chain, sources, precision)
-                region.bns.extend(bns)
-                return region
+            def make_linear(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+                return GemmRegion(linear, chain, sources, precision)
 
             anchor = Anchor("gemm", [node.args[0]], -1, make_linear)  # type: ignore[list-item]
             if linear.bias is not None:
@@ -342,22 +333,16 @@ class Matcher:
                     or _dtype(b) != torch.float32:
                 return None
 
-            def make_matmul(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
-                            ) -> TemplateRegion:
-                region = GemmRegion(None, chain, sources, precision)
-                region.bns.extend(bns)
-                return region
+            def make_matmul(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+                return GemmRegion(None, chain, sources, precision)
 
             return Anchor("gemm", [a, b], -1, make_matmul)  # type: ignore[list-item]
         pool = self._pool(node, mod)
         if pool is not None:
             spec = pool
 
-            def make_pool(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
-                          ) -> TemplateRegion:
-                region = PoolRegion(spec, chain, sources)
-                region.bns.extend(bns)
-                return region
+            def make_pool(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+                return PoolRegion(spec, chain, sources)
 
             return Anchor("pool", [node.args[0]], -(spec.dims + 1), make_pool)  # type: ignore[list-item]
         return self._rows(node, mod, out)
@@ -422,11 +407,8 @@ class Matcher:
                 return None
         row_spec, row_norm, cd = spec, norm, channel_dim
 
-        def make_rows(chain: tuple[Step, ...], sources: list[tuple[str, Any]], bns: list[nn.Module]
-                      ) -> TemplateRegion:
-            region = RowRegion(row_spec, row_norm, chain, sources, cd)
-            region.bns.extend(bns)
-            return region
+        def make_rows(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return RowRegion(row_spec, row_norm, chain, sources, cd)
 
         # a multi-dim LayerNorm's feature index spans several dims: a per-channel operand would not be one vector
         allows = not (spec.op in ("layer_norm", "rms_norm") and spec.reduced > 1)
@@ -602,7 +584,8 @@ class Matcher:
                 tail = user
             if anchor.kind == "gemm" and self.precision == "ieee" and not _has_epilogue_work(anchor.chain):
                 continue  # a bare fp32 GEMM is cuBLAS's ground: only a fused epilogue or tensor cores can win it
-            region = anchor.make(tuple(anchor.chain), anchor.sources, anchor.bns)
+            region = anchor.make(tuple(anchor.chain), anchor.sources)
+            region.bns.extend(anchor.bns)
             name = f"farm_template_{sum(count.values())}"
             self.gm.add_submodule(name, region)
             count[region.kind] += 1
