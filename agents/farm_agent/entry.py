@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from farm.core.kernels import KernelEvalShardResult, KernelEvalTask
-    from farm.core.tasks import ShardResult, ShardTask
+    from farm.core.tasks import EvaluateResult, EvaluateTask, ShardResult, ShardTask
 
 # The Ray node label that names a Farm node: the agent starts its Ray worker with it, the head's tasks select on it.
 NODE_LABEL = "farm.io/node"
@@ -27,6 +27,13 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
     from farm_agent.kernel_eval import run_kernel_shard as run
 
     return run(task)
+
+
+def run_evaluate_shard(task: EvaluateTask) -> EvaluateResult:
+    """A model over one shard's rows, scored against their labels (evaluate)."""
+    from farm_agent.evaluate import evaluate_shard
+
+    return evaluate_shard(task)
 
 
 def train_worker() -> type:

@@ -58,7 +58,7 @@ class TrainWorker:
         torch.manual_seed(self.training.seed)  # identical initial replicas (rank 0's are broadcast anyway)
         self.model = build_model(self.spec.model, self.spec.weights, root).to(self.device).train()
         self.optimizer = _optimizer(self.spec, self.model.parameters())
-        self.loss = _loss(self.training.loss, root)
+        self.loss = loss_function(self.training.loss, root)
         self.step = 0
         self.since_sync = 0  # local-sgd: samples seen since the last parameter average
         if checkpoint is not None:
@@ -255,7 +255,7 @@ def _optimizer(spec: JobSpec, params: Any) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=t.lr, weight_decay=t.weight_decay)
 
 
-def _loss(name: str, root: Path) -> Any:
+def loss_function(name: str, root: Path) -> Any:
     """A mean loss over a batch: outputs, targets -> scalar tensor."""
     from torch.nn import functional
 

@@ -94,6 +94,8 @@ def show_summary(job: job_pb2.Job) -> None:
     if job.energy_sources:
         above = f", {job.marginal_j:,.2f} J above idle" if job.HasField("marginal_j") else ""
         facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)}){above}")
+    if "loss" in metrics and not trained:  # an evaluate job's mean loss over the dataset
+        facts.append(f"loss {metrics['loss']:.4f}")
     if "accuracy" in metrics:
         against = "the eval set" if trained else "the dataset's labels"
         facts.append(f"accuracy {metrics['accuracy']:.2%} against {against}")

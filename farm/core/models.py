@@ -117,6 +117,7 @@ class Shard(Frozen):
     marginal_j: float | None = None
     device: str = ""
     peak_memory_bytes: int = 0
+    metrics: dict[str, float] = {}  # the kind's own figures of the shard (an evaluate shard's loss)
 
     @property
     def size(self) -> int:

@@ -24,6 +24,7 @@ class JobKind(StrEnum):
     INFERENCE = "inference"
     TRAINING = "training"
     KERNEL_EVAL = "kernel-eval"
+    EVALUATE = "evaluate"
 
 
 KINDS = tuple(k.value for k in JobKind)
@@ -221,6 +222,20 @@ class TrainingSpec(ModelJobSpec):
         return (self.dataset, *([self.training.eval_dataset] if self.training.eval_dataset else []))
 
 
+class EvaluateSpec(ModelJobSpec):
+    """A model scored over a labelled dataset: accuracy and loss, per device and over all; no outputs written."""
+
+    kind: Literal[JobKind.EVALUATE]
+    loss: str = "cross_entropy"  # cross_entropy | mse | package.module:callable(outputs, targets) -> mean loss
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if value not in LOSSES and not CALLABLE_PATH.match(value):
+            raise ValueError(f"{value!r} is none of {', '.join(LOSSES)} nor package.module:callable")
+        return value
+
+
 class KernelEvalSpec(SpecBase):
     kind: Literal[JobKind.KERNEL_EVAL]
     kernel_eval: KernelEval
@@ -257,7 +272,8 @@ def _kind_of(data: Any) -> str | None:
 JobSpec = Annotated[
     Annotated[InferenceSpec, Tag(JobKind.INFERENCE.value)]
     | Annotated[TrainingSpec, Tag(JobKind.TRAINING.value)]
-    | Annotated[KernelEvalSpec, Tag(JobKind.KERNEL_EVAL.value)],
+    | Annotated[KernelEvalSpec, Tag(JobKind.KERNEL_EVAL.value)]
+    | Annotated[EvaluateSpec, Tag(JobKind.EVALUATE.value)],
     Discriminator(_kind_of, custom_error_type="kind", custom_error_message="must be one of "
                   + ", ".join(k.value for k in JobKind)),
 ]

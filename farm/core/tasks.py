@@ -70,3 +70,22 @@ class ShardResult:
     node_ray_id: str
     energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell
     peak_memory_bytes: int = 0  # the most memory the shard took on its device (0: not measured)
+
+
+@dataclass(frozen=True)
+class EvaluateTask:
+    """A shard of an evaluate job: the model over the shard's rows, scored against their labels by `loss`."""
+
+    shard: ShardTask
+    loss: str  # cross_entropy | mse | package.module:callable(outputs, targets) -> mean loss
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    items: int
+    seconds: float  # time spent in the model, loading and scoring excluded
+    correct: int | None  # predictions equal to the labels (class scores only)
+    loss: float  # the mean loss over the shard's rows
+    node_ray_id: str
+    energy: Energy | None
+    peak_memory_bytes: int = 0

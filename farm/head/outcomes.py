@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,6 +66,7 @@ class ShardRecord:
     energy: Energy | None = None
     peak_memory_bytes: int = 0
     marginal_j: float | None = None  # the part of `energy` above the device's idle draw (farm.core.energy)
+    metrics: dict[str, float] = field(default_factory=dict)  # the kind's own figures (an evaluate shard's loss)
 
 
 class Outcomes:
@@ -84,7 +85,7 @@ class Outcomes:
 
     def succeeded(self, job_id: str, index: int, record: ShardRecord) -> None:
         self.store.shard_succeeded(job_id, index, record.items, record.seconds, record.correct, record.energy,
-                                   record.peak_memory_bytes, record.marginal_j)
+                                   record.peak_memory_bytes, record.marginal_j, record.metrics)
         self.notify(job_id)
 
     def failed(self, job_id: str, index: int, failure: Failure) -> None:
@@ -127,7 +128,7 @@ class Outcomes:
             return False
         if not handler.complete(job, spec):
             return False
-        metrics = job_metrics(job)
+        metrics = {**job_metrics(job), **handler.metrics(job, spec)}
         self.store.set_metrics(job_id, metrics)
         fields = handler.finish(job, spec, metrics)
         write_manifest(Path(job.output), manifest(job, metrics, fields, handler.shard_file))

@@ -15,6 +15,7 @@ NODE_LABEL = entry.NODE_LABEL
 # whether the node or the job's code failed.
 run_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_shard)
 run_kernel_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_kernel_shard)
+run_evaluate_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_evaluate_shard)
 TrainWorker = ray.remote(num_cpus=0, max_restarts=0)(entry.train_worker())
 
 

@@ -26,12 +26,15 @@ from farm.tls import HeadTLS
 log = logging.getLogger("farm.head")
 
 
+SHARD_LOCAL = {"metrics"}  # a kind's own per-shard figures: the job's metrics carry what a user reads of them
+
+
 def job_to_pb(job: Job) -> job_pb2.Job:
     return job_pb2.Job(
         id=job.id, name=job.name, kind=job.kind, state=job.state.value, output=job.output, error=job.error,
         created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, items=job.items,
         metrics=job.metrics, explanation=job.explanation, spec_yaml=job.spec_yaml,
-        shards=[job_pb2.Shard(**s.model_dump(mode="json", exclude_none=True)) for s in job.shards],
+        shards=[job_pb2.Shard(**s.model_dump(mode="json", exclude_none=True, exclude=SHARD_LOCAL)) for s in job.shards],
         energy_j=job.energy_j, energy_sources=job.energy_sources, marginal_j=job.marginal_j,
     )
 

@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS shards (
     energy_source TEXT NOT NULL DEFAULT '',
     energy_scope TEXT NOT NULL DEFAULT '',
     marginal_j REAL,
+    metrics TEXT NOT NULL DEFAULT '{}',
     peak_memory_bytes INTEGER NOT NULL DEFAULT 0,
     finished_at REAL NOT NULL DEFAULT 0,
     error TEXT NOT NULL DEFAULT '',
@@ -190,6 +191,8 @@ class Store:
         shard_columns = {r["name"] for r in self._db.execute("PRAGMA table_info(shards)")}
         if "marginal_j" not in shard_columns:
             self._db.execute("ALTER TABLE shards ADD COLUMN marginal_j REAL")
+        if "metrics" not in shard_columns:
+            self._db.execute("ALTER TABLE shards ADD COLUMN metrics TEXT NOT NULL DEFAULT '{}'")
 
     def close(self) -> None:
         self._db.close()
@@ -419,7 +422,7 @@ class Store:
                 node_name=r["node_name"], backend=r["backend"], items=r["items"], seconds=r["seconds"],
                 error=r["error"], attempts=r["attempts"], energy_j=r["energy_j"], energy_source=r["energy_source"],
                 energy_scope=r["energy_scope"], device=r["device"], peak_memory_bytes=r["peak_memory_bytes"],
-                marginal_j=r["marginal_j"],
+                marginal_j=r["marginal_j"], metrics=json.loads(r["metrics"]),
             )
             for r in rows
         ]
@@ -474,16 +477,18 @@ class Store:
 
     def shard_succeeded(
         self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None,
-        peak_memory_bytes: int = 0, marginal_j: float | None = None,
+        peak_memory_bytes: int = 0, marginal_j: float | None = None, metrics: dict[str, float] | None = None,
     ) -> None:
-        """`marginal_j`: the part of `energy` above the device's idle draw (farm.core.energy.marginal_joules)."""
+        """`marginal_j`: the part of `energy` above the device's idle draw (farm.core.energy.marginal_joules);
+        `metrics`: the kind's own figures of the shard (an evaluate shard's loss)."""
         joules, source, scope = (energy.joules, energy.source.value, energy.scope.value) if energy else (0.0, "", "")
         with self._tx() as db:
             db.execute(
                 """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?, energy_scope=?,
-                   marginal_j=?, peak_memory_bytes=?, finished_at=? WHERE job_id=? AND idx=?""",
+                   marginal_j=?, metrics=?, peak_memory_bytes=?, finished_at=? WHERE job_id=? AND idx=?""",
                 (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope,
-                 marginal_j if energy else None, peak_memory_bytes, time.time(), job_id, index),
+                 marginal_j if energy else None, json.dumps(metrics or {}), peak_memory_bytes, time.time(), job_id,
+                 index),
             )
             spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
             if energy and marginal_j is not None:

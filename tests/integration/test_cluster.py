@@ -82,6 +82,40 @@ def test_the_digits_job_runs_across_both_agents(cluster: Cluster, tmp_path: Path
     assert len(manifest["shards"]) == 8 and manifest["metrics"]["accuracy"] == job["metrics"]["accuracy"]
 
 
+def test_an_evaluate_job_scores_the_digits_model_per_device_and_writes_no_outputs(cluster: Cluster,
+                                                                                 tmp_path: Path) -> None:
+    spec = yaml.safe_load((ROOT / "examples/digits/evaluate.yaml").read_text())
+    spec["output"] = str(tmp_path / "out")
+    result = cluster.farm("submit", str(write_spec(tmp_path, **spec)), "--wait", "--json", "--workdir", str(ROOT))
+    assert result.returncode == 0, result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "succeeded" and job["kind"] == "evaluate" and job["items"] == 540
+    metrics = job["metrics"]
+
+    # The same figures as the model scored here over the whole test set.
+    import torch
+
+    from examples.digits import data, model
+
+    reference = model.build()
+    reference.load_state_dict(torch.load(ROOT / "examples/digits/weights.pt", weights_only=True))
+    inputs, labels = data.test_set()
+    with torch.inference_mode():
+        logits = reference.eval()(torch.from_numpy(inputs))
+        loss = float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)))
+        accuracy = float((logits.argmax(dim=1).numpy() == labels).mean())
+    assert metrics["accuracy"] == pytest.approx(accuracy) and accuracy >= 0.90
+    assert metrics["loss"] == pytest.approx(loss, rel=1e-4)
+    devices = {f"{s['node_name']}/{s['device']}" for s in job["shards"]}
+    assert devices <= {"agent-a/cpu", "agent-b/cpu"}
+    for device in devices:  # every device that ran a shard has its own figures
+        assert 0.8 <= metrics[f"accuracy@{device}"] <= 1.0 and 0 < metrics[f"loss@{device}"] < 1.0
+    output = Path(job["output"])
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json"]  # scores only: no outputs
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert {d["device"] for d in manifest["devices"]} == devices and sum(d["items"] for d in manifest["devices"]) == 540
+
+
 def test_submit_returns_at_once_and_the_job_can_be_followed(cluster: Cluster, toy: Path) -> None:
     spec = write_spec(toy, name="toy", model="toyjob:doubler", dataset="numbers.npz", shards=4, batch_size=3)
     submitted = cluster.farm("submit", str(spec), "--workdir", str(toy))

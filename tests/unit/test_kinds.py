@@ -19,7 +19,7 @@ from farm.core.errors import SpecError
 from farm.core.kernels import KernelEvalShardResult
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.core.spec import JobKind, parse_spec
-from farm.core.tasks import ShardResult
+from farm.core.tasks import EvaluateResult, ShardResult
 from farm.head import kinds
 from farm.head.dispatch import Dispatcher, Round
 from farm.head.kinds.base import FreeDevice, Plan, ShardedKind, Submission
@@ -30,6 +30,7 @@ from farm.head.store import Store
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
 TRAIN = "name: t\nkind: training\nmodel: m:build\ndataset: d:train\nbatch_size: 10\ntraining: {steps: 25, checkpoint_every: 10}\n"
+EVALUATE = "name: e\nkind: evaluate\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 2\n"
 KERNELS = "name: k\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c, candidates_per_shard: 2}\n"
 ROOT = Path(farm.__file__).parent
 
@@ -61,7 +62,7 @@ def dispatcher(store: Store, tmp_path: Path) -> Dispatcher:
 
 def test_every_kind_has_a_handler_and_a_spec() -> None:
     assert set(kinds.HANDLERS) == set(JobKind)
-    for text in (INFER, TRAIN, KERNELS):
+    for text in (INFER, TRAIN, KERNELS, EVALUATE):
         spec = parse_spec(text)
         assert kinds.HANDLERS[spec.kind].kind is spec.kind
 
@@ -191,3 +192,36 @@ def test_failures_are_sorted_into_the_nodes_and_the_jobs() -> None:
     peer = ray_errors.RayTaskError("f", "tb", RuntimeError("gloo/transport: Connection reset by peer"))
     assert not sort_failure(peer).node and sort_failure(peer, collective=True).node
     assert sort_failure(OSError("disk full")).message == "head: OSError: disk full"
+
+
+def test_evaluate_reports_accuracy_and_loss_per_device_and_writes_no_outputs(store: Store, tmp_path: Path) -> None:
+    store.upsert_node("n-2", "other", HW, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.2", "h")
+    farm_ = dispatcher(store, tmp_path)
+    output = tmp_path / "out"
+    plan = kinds.HANDLERS[JobKind.EVALUATE]().plan(parse_spec(EVALUATE), submission(30, "toyjob.py"))
+    assert (plan.items, plan.ranges) == (30, [(0, 15), (15, 30)])
+    store.add_job("j-1", "e", "evaluate", EVALUATE, "/nowhere.zip", str(output), 30, [(0, 10), (10, 20), (20, 30)])
+    job = store.job("j-1")
+    handler, spec = farm_.handler(job), farm_.spec(job)
+    nodes = {n.name: n for n in store.nodes()}
+    # box's two shards: 9/10 right at loss 0.2, 7/10 at 0.4; other's one: 10/10 at 0.1.
+    for index, (name, correct, loss) in enumerate([("box", 9, 0.2), ("box", 7, 0.4), ("other", 10, 0.1)]):
+        store.shard_started("j-1", index, nodes[name], "cpu", "cpu")
+        result = EvaluateResult(items=10, seconds=0.1, correct=correct, loss=loss, node_ray_id="r", energy=None)
+        farm_.outcomes.succeeded("j-1", index, handler.record(job, spec, store.job("j-1").shards[index], result))
+    assert farm_.outcomes.finish_if_done("j-1", handler, spec)
+    metrics = store.job("j-1").metrics
+    assert metrics["accuracy"] == pytest.approx(26 / 30) and metrics["loss"] == pytest.approx(0.7 / 3)
+    assert metrics["accuracy@box/cpu"] == pytest.approx(0.8) and metrics["loss@box/cpu"] == pytest.approx(0.3)
+    assert metrics["accuracy@other/cpu"] == pytest.approx(1.0) and metrics["loss@other/cpu"] == pytest.approx(0.1)
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert [(d["device"], d["items"]) for d in manifest["devices"]] == [("box/cpu", 20), ("other/cpu", 10)]
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json"]  # no outputs
+    assert all("file" not in s for s in manifest["shards"])
+
+
+def test_an_evaluate_spec_takes_a_known_loss_or_a_callable() -> None:
+    assert parse_spec(EVALUATE + "loss: mse\n").loss == "mse"
+    assert parse_spec(EVALUATE + "loss: pkg.mod:huber\n").loss == "pkg.mod:huber"
+    with pytest.raises(SpecError, match="field 'loss': 'huber' is none of"):
+        parse_spec(EVALUATE + "loss: huber\n")

@@ -86,6 +86,11 @@ class KindHandler(Generic[S]):
         """Each scheduling round while the job is queued or running: start what can start."""
         raise NotImplementedError
 
+    def metrics(self, job: Job, spec: S) -> dict[str, float]:
+        """Once every shard is in: the kind's own figures of the job, added to the shared ones (rates, energy,
+        accuracy)."""
+        return {}
+
     def finish(self, job: Job, spec: S, metrics: dict[str, float]) -> dict[str, Any]:
         """Once every shard is in: write the kind's joined outputs; return its own fields for the manifest."""
         return {}

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.core.errors import SpecError
 from farm.core.models import Shard
-from farm.core.spec import InferenceSpec, JobKind, shard_ranges
+from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
 from farm.core.tasks import ShardResult, ShardTask, Tuning
 from farm.head import remote
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
@@ -19,23 +19,33 @@ if TYPE_CHECKING:
     from farm.scheduler import Assignment
 
 
+def plan_rows(spec: ModelJobSpec, submission: Submission) -> Plan:
+    """A model job over the rows the client counted: `spec.shards` near-equal shards of them."""
+    if submission.items < 1:
+        raise SpecError("the dataset is empty")
+    check_model_files(spec, submission.names)
+    return Plan(submission.items, shard_ranges(submission.items, spec.shards), model_key(spec, submission.code_zip))
+
+
+def shard_task(job: Job, spec: ModelJobSpec, shard: Shard, assignment: Assignment,
+               tune_budget_s: float | None = None) -> ShardTask:
+    """The model over one shard's rows on the assignment's device."""
+    return ShardTask(
+        job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model, weights=spec.weights,
+        dataset=spec.dataset, batch_size=spec.batch_size, backend=assignment.backend.value, device=assignment.device,
+        threads=assignment.threads,
+        tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=tune_budget_s),
+    )
+
+
 class Inference(ShardedKind[InferenceSpec]):
     kind = JobKind.INFERENCE
 
     def plan(self, spec: InferenceSpec, submission: Submission) -> Plan:
-        if submission.items < 1:
-            raise SpecError("the dataset is empty")
-        check_model_files(spec, submission.names)
-        return Plan(submission.items, shard_ranges(submission.items, spec.shards),
-                    model_key(spec, submission.code_zip))
+        return plan_rows(spec, submission)
 
     def task(self, job: Job, spec: InferenceSpec, shard: Shard, assignment: Assignment) -> ShardCall:
-        return ShardCall(remote.run_shard, ShardTask(
-            job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model,
-            weights=spec.weights, dataset=spec.dataset, batch_size=spec.batch_size, backend=assignment.backend.value,
-            device=assignment.device, threads=assignment.threads,
-            tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=spec.tune_budget_s),
-        ))
+        return ShardCall(remote.run_shard, shard_task(job, spec, shard, assignment, spec.tune_budget_s))
 
     def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> ShardRecord:
         write_shard(Path(job.output), shard.index, result.outputs)

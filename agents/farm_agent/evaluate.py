@@ -1,0 +1,29 @@
+"""Runs one shard of an evaluate job inside a Ray worker: the model over the shard's rows (as inference runs it, on
+the chosen backend, its energy measured), scored against their labels. Returns figures only: no outputs leave the
+node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from farm.core.errors import SpecError
+from farm.core.tasks import EvaluateResult, EvaluateTask
+from farm_agent.jobcode import load_dataset
+from farm_agent.runner import run_shard
+from farm_agent.trainer import loss_function
+
+
+def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
+    import torch
+
+    shard = task.shard
+    root = Path.cwd()
+    _, labels = load_dataset(shard.dataset, root)  # cached: run_shard reads the same
+    if labels is None:
+        raise SpecError(f"dataset {shard.dataset!r} gives no labels: evaluate needs (inputs, labels)")
+    loss = loss_function(task.loss, root)
+    ran = run_shard(shard)
+    with torch.no_grad():
+        value = float(loss(torch.from_numpy(ran.outputs), torch.as_tensor(labels[shard.start : shard.stop])))
+    return EvaluateResult(items=ran.items, seconds=ran.seconds, correct=ran.correct, loss=value,
+                          node_ray_id=ran.node_ray_id, energy=ran.energy, peak_memory_bytes=ran.peak_memory_bytes)
