@@ -8,7 +8,6 @@ state) go to a thread; task results are awaited.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -19,12 +18,11 @@ from typing import Any
 
 import ray
 from ray import exceptions as ray_errors
-from ray._private.runtime_env import packaging
 
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.head import kinds, remote
+from farm.head import kinds, ray_compat, remote
 from farm.head.kinds.base import FreeDevice, KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Outcomes, sort_failure
@@ -225,17 +223,9 @@ class Dispatcher:
 
     def working_dir(self, job: Job) -> str:
         """The job's code as a Ray package URI, uploaded once: Ray ships it to each node as the working_dir of the
-        job's tasks, unpacks it once per node and gives each job's tasks worker processes of their own.
-
-        Task-level runtime_envs take only URIs, not local paths, so the package is uploaded here with Ray's own
-        packaging calls (pinned with ray==2.60), as `ray.init(runtime_env=...)` does for a whole driver.
-        """
+        job's tasks, unpacks it once per node and gives each job's tasks worker processes of their own."""
         if job.id not in self.code:
-            data = Path(job.code_path).read_bytes()
-            uri = f"gcs://_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
-            if not packaging.package_exists(uri):
-                packaging.upload_package_to_gcs(uri, data)
-            self.code[job.id] = uri
+            self.code[job.id] = ray_compat.upload_code(Path(job.code_path).read_bytes())
         return self.code[job.id]
 
     def launch(self, job: Job, spec: Any, handler: ShardedKind[Any], assignment: Assignment, node: Node) -> None:

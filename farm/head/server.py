@@ -12,7 +12,6 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
-from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -27,10 +26,11 @@ from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.gate import AuthGate
 from farm.head.jobs import Jobs
+from farm.head.ray_compat import use_ray_token
 from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import RayProcess, clear_left_behind, free_port, pid_alive, ray_env, read_json, write_json
+from farm.local import RayProcess, clear_left_behind, free_port, pid_alive, read_json, write_json
 from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
 from farm.tls import HeadTLS, join_command
 
@@ -219,13 +219,3 @@ async def save_heartbeats(store: Store, every_s: float, chunk: int = 250) -> Non
             except sqlite3.Error:  # a locked or full disk must not end the saving; the offline check reads memory
                 log.exception("saving heartbeats")
             await asyncio.sleep(0)
-
-
-def use_ray_token(token_path: Path) -> None:
-    """Point this process's Ray driver at Farm's token. Ray caches its auth settings when it is imported, so they
-    are reloaded here (ray==2.60 is pinned for these two calls)."""
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    os.environ.update(ray_env(token_path))
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()

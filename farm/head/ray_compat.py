@@ -1,0 +1,32 @@
+"""The head's calls into Ray's private modules, in one place: Ray has no public API for either (checked on 2.60), and
+ray==2.60.0 is pinned for them; tests/unit/test_ray_compat.py checks each on the installed Ray."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from farm.local import ray_env
+
+
+def upload_code(data: bytes) -> str:
+    """A job's zipped code as a Ray package URI, uploaded to the cluster's GCS unless a package of the same bytes is
+    there already. Task-level runtime_envs take only URIs, not local paths (`ray.init(runtime_env=...)` uploads a
+    whole driver's working_dir the same way, for one driver only)."""
+    from ray._private.runtime_env import packaging
+
+    uri = f"gcs://_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
+    if not packaging.package_exists(uri):
+        packaging.upload_package_to_gcs(uri, data)
+    return uri
+
+
+def use_ray_token(token_path: Path) -> None:
+    """Point this process's Ray driver at Farm's token. Ray reads its auth settings once, when it is imported, so
+    they are reloaded here after the environment names the token."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ.update(ray_env(token_path))
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
