@@ -233,7 +233,8 @@ def propose_command(
 ) -> None:
     """Ask an external code model for faster implementations, round after round, each judged by the hardened
     evaluator and fed back to it; the fastest correct one wins (kept in the winner cache when evaluated here)."""
-    from farm.client.proposer import Endpoint, fleet_evaluator, local_evaluator, local_winner_cache, propose
+    from farm.client.proposer import Endpoint, fleet_evaluator, propose
+    from farm_agent.local_eval import local_evaluator, local_winner_cache
 
     if not problem.is_file():
         raise NotFoundError(f"problem file {problem} not found")
