@@ -22,7 +22,7 @@ from ray import exceptions as ray_errors
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.head import kinds, ray_compat, remote
+from farm.head import kinds, node_check, ray_compat, remote
 from farm.head.kinds.base import FreeDevice, KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Outcomes, sort_failure
@@ -58,6 +58,7 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self.running: dict[tuple[str, int], Running] = {}
         self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
+        self.unbacked: set[str] = set()  # nodes claiming devices their Ray worker does not offer (told once)
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -109,6 +110,8 @@ class Dispatcher:
         ray_nodes = await asyncio.to_thread(ray.nodes)
         label = remote.NODE_LABEL
         alive = {n["Labels"][label]: n["NodeID"] for n in ray_nodes if n.get("Alive") and label in n.get("Labels", {})}
+        resources = {n["Labels"][label]: n.get("Resources", {}) for n in ray_nodes
+                     if n.get("Alive") and label in n.get("Labels", {})}
         now = time.time()
         holding = set()  # nodes whose Ray worker runs: ready or draining, they keep their running shards
         draining = set()  # nodes their owner or an operator took out of the farm's hands
@@ -118,6 +121,9 @@ class Dispatcher:
             if node.draining:
                 draining.add(node.id)
             state = derive_state(node, node.id in alive, now - node.last_heartbeat, self.settings.offline_after_s)
+            if state is NodeState.READY and node.state is not NodeState.READY and self._claims_unbacked(node.id,
+                                                                                                  resources[node.id]):
+                state = NodeState.JOINING  # never ready: its shards would wait for ever on Ray
             ray_id = alive[node.id] if state in (NodeState.READY, NodeState.DRAINING) else None
             if state is not node.state or (ray_id and ray_id != node.ray_node_id):
                 log.info("node %s is %s", node.name, state.value)
@@ -126,6 +132,18 @@ class Dispatcher:
                 holding.add(node.id)
         self.draining = draining
         self._take_back_from_lost_nodes(holding, draining)
+
+    def _claims_unbacked(self, node_id: str, ray_resources: dict[str, float]) -> bool:
+        (node,) = self.store.nodes(node_id)
+        missing = node_check.unbacked(node.backends, ray_resources)
+        if missing and node_id not in self.unbacked:
+            log.warning("node %s claims what its Ray worker does not offer: %s; it gets no shards", node.name,
+                        ", ".join(missing))
+        if missing:
+            self.unbacked.add(node_id)
+        else:
+            self.unbacked.discard(node_id)
+        return bool(missing)
 
     def _take_back_from_lost_nodes(self, holding: set[str], draining: set[str]) -> None:
         """Shards on a node that left, went silent or lost its Ray worker go back to the queue.
