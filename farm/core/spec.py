@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
 
+from farm.core import yaml_strict
 from farm.core.errors import SpecError
 from farm.core.frozen import Frozen
 from farm.core.kernels import RewardMode
@@ -283,7 +284,7 @@ _SPEC: TypeAdapter[JobSpec] = TypeAdapter(JobSpec)
 def parse_spec(text: str, source: str = "spec") -> JobSpec:
     """Parse and validate a job spec; every problem becomes a one-line SpecError naming `source` and the field."""
     try:
-        data: Any = yaml.safe_load(text)
+        data: Any = yaml_strict.load(text)  # no aliases: nested ones multiply
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
