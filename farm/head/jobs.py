@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import io
-import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
 from farm.core.spec import parse_spec
+from farm.head import code_archive
 from farm.head.dispatch import Dispatcher
 from farm.head.kinds.base import Submission
 from farm.head.events import JobEvents
@@ -32,7 +31,7 @@ class Jobs:
         spec = parse_spec(spec_yaml, "spec")
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
-        submission = Submission(code_zip, frozenset(_zip_names(code_zip)), items)
+        submission = Submission(code_zip, code_archive.names(code_zip, self.settings.max_unzipped_code_mb), items)
         plan = self.dispatcher.handlers[spec.kind].plan(spec, submission)
         if plan.items < 1 or not plan.ranges:
             raise SpecError("the dataset is empty")
@@ -75,11 +74,3 @@ class Jobs:
                 except asyncio.TimeoutError:
                     pass
                 changed.clear()
-
-
-def _zip_names(code_zip: bytes) -> set[str]:
-    try:
-        with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
-            return set(archive.namelist())
-    except zipfile.BadZipFile:
-        raise SpecError("the job's code is not a zip archive") from None

@@ -29,6 +29,7 @@ class HeadSettings(BaseModel):
     max_attempts: int = Field(default=3, ge=1)  # tries per shard when nodes or workers die under it
     object_store_mb: int = Field(default=512, ge=100)
     max_code_mb: int = Field(default=100, ge=1)
+    max_unzipped_code_mb: int = Field(default=400, ge=1)  # what the code may unpack to, all files together
     # Security. TLS is on unless `insecure` (for a head behind something that terminates TLS for it); joined agents
     # beat over mutual TLS on `mtls_port` (default: port + 3), where the head asks every client for a certificate.
     insecure: bool = False

@@ -115,3 +115,16 @@ def test_a_node_s_strings_are_bounded_and_printable(tmp_path: Path, name: str, h
         assert refused in str(caught.value.details())
         with head.client() as client:
             assert client.nodes() == []
+
+
+def test_a_zip_bomb_is_refused_before_anything_unpacks_it(tmp_path: Path) -> None:
+    """A 1.5 MiB zip of a 1.6 GB member took the head to 3.2 GB: what the code unpacks to is bounded first."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("toyjob.py", b"x")
+        archive.writestr("w.pt", bytes(64 * MB))  # zeros: deflated to 64 KB
+    spec = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
+    with running_head(tmp_path, max_unzipped_code_mb=32) as head, head.client() as client:
+        assert len(buffer.getvalue()) < MB
+        with pytest.raises(UserError, match="unzips to over 32 MB .*'w.pt', to 64 MB"):
+            client.submit(spec, buffer.getvalue(), items=10, output=str(tmp_path / "out"))
