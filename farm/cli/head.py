@@ -55,6 +55,8 @@ def start(
     ray_object_manager_port: Annotated[int | None, typer.Option(help="Pin Ray's object manager port.")] = None,
     ray_min_worker_port: Annotated[int | None, typer.Option(help="Lowest port of Ray's workers.")] = None,
     ray_max_worker_port: Annotated[int | None, typer.Option(help="Highest port of Ray's workers.")] = None,
+    output_root: Annotated[Path | None, typer.Option(
+        help="Jobs may write their outputs only under this folder (they never may into the state folder).")] = None,
     ray_user: Annotated[str | None, typer.Option(
         help="The user the head's Ray node runs as (job code pinned to it would run as this user). Default: "
              "$FARM_RAY_USER, else farm-ray (made if missing) for a head run as root; `root` accepts root.")] = None,
@@ -72,6 +74,7 @@ def start(
         tls_names=tuple(tls_name or ()), open_read=open_read, ray_node_manager_port=ray_node_manager_port,
         ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
         ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
+        output_root=output_root.expanduser().resolve() if output_root else None,
     )
     if detach:
         _start_detached(settings.state_dir, sys.argv[1:])

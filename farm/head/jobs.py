@@ -9,7 +9,7 @@ from pathlib import Path
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
 from farm.core.spec import parse_spec
-from farm.head import code_archive
+from farm.head import code_archive, output_place
 from farm.head.dispatch import Dispatcher
 from farm.head.kinds.base import Submission
 from farm.head.events import JobEvents
@@ -37,6 +37,7 @@ class Jobs:
             raise SpecError("the dataset is empty")
         if not output or not Path(output).is_absolute():
             raise SpecError("output must be an absolute path on the head's machine")
+        output_place.check(output, self.settings, self.store)
         job_id = new_id("j")
         code_path = self.settings.state_dir / "jobs" / job_id / "code.zip"
         write_private(code_path, code_zip)

@@ -30,6 +30,7 @@ class HeadSettings(BaseModel):
     object_store_mb: int = Field(default=512, ge=100)
     max_code_mb: int = Field(default=100, ge=1)
     max_unzipped_code_mb: int = Field(default=400, ge=1)  # what the code may unpack to, all files together
+    output_root: Path | None = None  # jobs' outputs only under it, when given (farm.head.output_place)
     # Security. TLS is on unless `insecure` (for a head behind something that terminates TLS for it); joined agents
     # beat over mutual TLS on `mtls_port` (default: port + 3), where the head asks every client for a certificate.
     insecure: bool = False

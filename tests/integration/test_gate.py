@@ -88,7 +88,7 @@ def test_a_lender_cannot_send_the_head_a_large_message(tmp_path: Path) -> None:
 
 def test_a_job_s_code_above_the_message_limit_goes_in_chunks_and_is_bounded(tmp_path: Path) -> None:
     spec = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
-    with running_head(tmp_path, max_code_mb=8) as head, head.client() as client:
+    with running_head(tmp_path / "state", max_code_mb=8) as head, head.client() as client:
         code = zipped(**{"toyjob.py": b"x", "w.pt": os.urandom(6 * MB)})
         job_id = client.submit(spec, code, items=10, output=str(tmp_path / "out"))
         assert (head.settings.state_dir / "jobs" / job_id / "code.zip").read_bytes() == code
@@ -124,7 +124,23 @@ def test_a_zip_bomb_is_refused_before_anything_unpacks_it(tmp_path: Path) -> Non
         archive.writestr("toyjob.py", b"x")
         archive.writestr("w.pt", bytes(64 * MB))  # zeros: deflated to 64 KB
     spec = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
-    with running_head(tmp_path, max_unzipped_code_mb=32) as head, head.client() as client:
+    with running_head(tmp_path / "state", max_unzipped_code_mb=32) as head, head.client() as client:
         assert len(buffer.getvalue()) < MB
         with pytest.raises(UserError, match="unzips to over 32 MB .*'w.pt', to 64 MB"):
             client.submit(spec, buffer.getvalue(), items=10, output=str(tmp_path / "out"))
+
+
+def test_outputs_stay_out_of_the_state_folder_other_jobs_folders_and_outside_the_root(tmp_path: Path) -> None:
+    """A job wrote shards into the head's state folder and over another job's manifest and shards."""
+    spec = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
+    code = zipped(**{"toyjob.py": b"x", "w.pt": b"w"})
+    root = tmp_path / "outputs"
+    with running_head(tmp_path / "state", output_root=root) as head, head.client() as client:
+        first = client.submit(spec, code, items=10, output=str(root / "a"))
+        with pytest.raises(UserError, match=f"where job {first} \\(queued\\) writes"):
+            client.submit(spec, code, items=10, output=str(root / "a"))
+        with pytest.raises(UserError, match="inside the head's state folder"):
+            client.submit(spec, code, items=10, output=str(head.settings.state_dir / "jobs"))
+        with pytest.raises(UserError, match="outside the head's output root"):
+            client.submit(spec, code, items=10, output=str(tmp_path / "elsewhere"))
+        client.submit(spec, code, items=10, output=str(root / "b"))
