@@ -3,15 +3,14 @@
 # lending `cuda`; 400,000 seeded 3x64x64 images in one .npy; the GPU's raw rate for the ResNet-18-shaped model in a
 # process of its own; then the job with `shards: auto` while NVML's counter is read every 50 ms; prints the table.
 # Before it, `run` calls staged in /tmp/parts ray.part.aa, ray.part.ab and the small cp312 wheels as for
-# farm_on_h200.sh (docs/h200-run.md), plus the data plane's wheels (pyarrow, fsspec: see the report that added this
-# script); it runs from a clean `git archive` of the commit under test, unpacked and run from its root.
+# farm_on_h200.sh (docs/h200-run.md), plus the data plane's: fsspec (pure Python) and pyarrow (cp312 manylinux, carried
+# in two parts and put together as /tmp/parts/pyarrow-*.whl by the staging call); it runs from a clean `git archive`
+# of the commit under test, unpacked and run from its root.
 REAL_OUT=${OUT:-/tmp/out-final}; export OUT=/tmp/o; mkdir -p $OUT
 export PYTHONUNBUFFERED=1 COLUMNS=200
 cat /tmp/parts/ray.part.aa /tmp/parts/ray.part.ab > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
-ls /tmp/parts/pyarrow.part.* >/dev/null 2>&1 && cat /tmp/parts/pyarrow.part.* > /tmp/pyarrow-cp312-manylinux_2_28_x86_64.whl.tmp \
-  && mv /tmp/pyarrow-cp312-manylinux_2_28_x86_64.whl.tmp "/tmp/$(cat /tmp/parts/pyarrow.name)"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  /tmp/parts/*.whl /tmp/ray-*.whl $(ls /tmp/pyarrow-*.whl 2>/dev/null) 2>&1 | tail -3
+  /tmp/parts/*.whl /tmp/ray-*.whl 2>&1 | tail -3
 export PYTHONPATH=/tmp/site:$PWD:$PWD/agents
 mkdir -p /tmp/bin && printf '#!/bin/bash\nexec python3 -m ray.scripts.scripts "$@"\n' > /tmp/bin/ray && chmod +x /tmp/bin/ray
 export PATH=/tmp/bin:$PATH FARM_STATE_DIR=/tmp/farm-state
