@@ -10,6 +10,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
 
 from farm.core import yaml_strict
+from farm.core.energy import EnergyBasis
 from farm.core.errors import SpecError
 from farm.core.frozen import Frozen
 from farm.core.kernels import RewardMode
@@ -125,6 +126,8 @@ class SpecBase(Frozen):
     backends: tuple[BackendName, ...] = tuple(BackendName)
     policy: Policy = Policy.EFFICIENCY
     deadline_s: float | None = Field(default=None, gt=0)
+    # What the efficiency policy ranks devices by: energy above their idle draw (default), or all they drew.
+    energy: EnergyBasis = EnergyBasis.MARGINAL
     tolerance: Tolerance = Tolerance()
     output: str | None = None
 
@@ -200,6 +203,32 @@ class ModelJobSpec(SpecBase):
 
 class InferenceSpec(ModelJobSpec):
     kind: Literal[JobKind.INFERENCE] = JobKind.INFERENCE
+    # N fixed shards, or "auto": cut as the job runs, each sized to last a target time on the device it goes to
+    # (farm.scheduler.sizing). Unset: auto for a dataset given by location (a mapping), else 1.
+    shards: int | Literal["auto"] = 1  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_shards(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("shards") is None:
+            return {**data, "shards": "auto" if isinstance(data.get("dataset"), dict) else 1}
+        return data
+
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _shards(cls, value: object) -> object:
+        if value == "auto" or (type(value) is int and 1 <= value <= MAX_SHARDS):
+            return value
+        raise ValueError(f"must be a number of shards from 1 to {MAX_SHARDS:,}, or auto")
+
+    @property
+    def auto_shards(self) -> bool:
+        return self.shards == "auto"
+
+    @property
+    def fixed_shards(self) -> int:
+        """The shards cut at submit: N; auto-sized jobs cut none then."""
+        return self.shards if isinstance(self.shards, int) else 0
     # Tune the model's kernels on each GPU before its first shard there (farm kernels tune), within this budget;
     # without it a GPU runs the tuner's cached winner when it has one, else eager PyTorch.
     tune_budget_s: float | None = Field(default=None, gt=0, le=3600)

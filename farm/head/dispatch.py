@@ -12,18 +12,19 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ray
 from ray import exceptions as ray_errors
 
+from farm.core.energy import Energy, marginal_joules
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.head import kinds, node_check, ray_compat, remote
-from farm.head.kinds.base import FreeDevice, KindHandler, ShardedKind
+from farm.head import autoshard, kinds, node_check, ray_compat, remote
+from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Outcomes, sort_failure
 from farm.head.output import remove_partial_files
@@ -40,6 +41,7 @@ class Running:
     node_id: str
     device: str
     ref: Any
+    started: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -184,16 +186,13 @@ class Dispatcher:
             self.handler(job).schedule(job, spec, self)
 
     def place_shards(self, job: Job, spec: Any, handler: ShardedKind[Any]) -> None:
-        """A sharded kind's round: its waiting shards (new ones from `more_work` when none waits and devices are
-        free) through the scheduler, and those it places launched."""
+        """A sharded kind's round: its waiting shards through the scheduler, and those it places launched; or, for
+        a kind whose shards are sized as the job runs, new ones cut for the devices that are free."""
+        if handler.sizes_shards(spec):
+            self._cut_and_launch(job, spec, handler)
+            return
         backends = handler.backends(spec)
         wanted = self._waiting(job)
-        if not wanted and (free := self._free_devices(job, backends)):
-            ranges = handler.more_work(job, spec, free)
-            if ranges:
-                self.store.add_shards(job.id, ranges)
-                job = self.store.job(job.id)
-                wanted = self._waiting(job)
         if not wanted:
             return
         peaks = {BackendName(b): n for b, n in self.store.peak_memory(job.model_key).items()}
@@ -206,38 +205,48 @@ class Dispatcher:
         for (job_id, index), running in self.running.items():
             if job_id == job.id:
                 running_items[(running.node_id, running.device)] += job.shards[index].size
-        deadline = None if spec.deadline_s is None else spec.deadline_s - (time.time() - job.created_at)
         nodes, busy = self.round.nodes, self.round.busy
-        decided = schedule_round(requests, list(nodes.values()), busy, running_items,
-                                 calibration.rates(self.store.samples(job.model_key)), deadline, now=time.time())
+        rates = calibration.rates(self.store.samples(job.model_key), autoshard.meter_steps(list(nodes.values())),
+                                  spec.energy)
+        decided = schedule_round(requests, list(nodes.values()), busy, running_items, rates, self._deadline(job, spec),
+                                 now=time.time())
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
             return
         for assignment in decided.assignments:
             busy[(assignment.node_id, assignment.device)] += 1
             self.launch(job, spec, handler, assignment, nodes[assignment.node_id])
-        waiting = sorted({f"waiting: {w.why}" for w in decided.waiting})
-        explanation = "\n".join([*decided.explanation, *waiting])
+        self._explain(job, [*decided.explanation, *sorted({f"waiting: {w.why}" for w in decided.waiting})])
+
+    def _cut_and_launch(self, job: Job, spec: Any, handler: ShardedKind[Any]) -> None:
+        """An auto-sized job's round: a shard for each free device its policy wants, cut to that device's size
+        (from the rows that never ran first, then the uncut rest), launched there."""
+        started = {index: r.started for (job_id, index), r in self.running.items() if job_id == job.id}
+        nodes, busy = self.round.nodes, self.round.busy
+        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), busy, started, self.store,
+                                 self._deadline(job, spec))
+        if decided.infeasible:
+            self.outcomes.fail(job.id, None, decided.infeasible)
+            return
+        for cut in decided.cuts:
+            index = autoshard.apply(self.store, job, cut)
+            job = self.store.job(job.id)
+            busy[(cut.node_id, cut.device)] += 1
+            self.launch(job, spec, handler, autoshard.assignment(job.id, index, cut), nodes[cut.node_id],
+                        f"rows {cut.start:,}-{cut.stop:,}: {cut.why}")
+        self._explain(job, list(decided.explanation))
+
+    def _deadline(self, job: Job, spec: Any) -> float | None:
+        """Seconds left to the job's deadline, if it has one."""
+        return None if spec.deadline_s is None else spec.deadline_s - (time.time() - job.created_at)
+
+    def _explain(self, job: Job, lines: list[str]) -> None:
+        explanation = "\n".join(lines)
         if explanation != job.explanation:
             self.store.set_explanation(job.id, explanation)
 
     def _waiting(self, job: Job) -> list[Any]:
         return [s for s in job.shards if s.state is ShardState.PENDING and (job.id, s.index) not in self.running]
-
-    def _free_devices(self, job: Job, backends: tuple[BackendName, ...]) -> list[FreeDevice]:
-        """The devices of ready nodes, of the job's backends, with a slot free this round; fastest measured first."""
-        free = [
-            (node.id, offer) for node in self.round.nodes.values() if node.state is NodeState.READY and not node.drain
-            for offer in node.backends
-            if offer.available and offer.name in backends and self.round.busy[(node.id, offer.device)] < offer.slots
-        ]
-        if not free:
-            return []
-        rates = calibration.rates(self.store.samples(job.model_key))
-        devices = [FreeDevice(node_id, offer.device, offer.name,
-                              rate.items_per_s if (rate := rates.get((node_id, offer.device))) else None)
-                   for node_id, offer in free]
-        return sorted(devices, key=lambda d: -(d.items_per_s or 0.0))
 
     def working_dir(self, job: Job) -> str:
         """The job's code as a Ray package URI, uploaded once: Ray ships it to each node as the working_dir of the
@@ -246,7 +255,9 @@ class Dispatcher:
             self.code[job.id] = ray_compat.upload_code(Path(job.code_path).read_bytes())
         return self.code[job.id]
 
-    def launch(self, job: Job, spec: Any, handler: ShardedKind[Any], assignment: Assignment, node: Node) -> None:
+    def launch(self, job: Job, spec: Any, handler: ShardedKind[Any], assignment: Assignment, node: Node,
+               why: str = "") -> None:
+        """Start a shard on the assignment's device; `why` it went there (default: the score it went on)."""
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
         ref = call.remote.options(
@@ -254,7 +265,7 @@ class Dispatcher:
         ).remote(call.task)
         running = self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
-                              f"score {assignment.score:,.1f}, {assignment.basis}")
+                              why or f"score {assignment.score:,.1f}, {assignment.basis}")
         watcher = asyncio.create_task(self._collect(job.id, shard.index, running))
         self.tasks.add(watcher)
         watcher.add_done_callback(self.tasks.discard)
@@ -273,6 +284,8 @@ class Dispatcher:
                 return
             handler, spec = self.handler(job), self.spec(job)
             record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], result)
+            if record.marginal_j is None and record.energy is not None:
+                record = replace(record, marginal_j=self._marginal(running, record.energy))
             self.outcomes.succeeded(job_id, index, record)
             self.outcomes.finish_if_done(job_id, handler, spec)
         except ray_errors.TaskCancelledError:
@@ -295,6 +308,12 @@ class Dispatcher:
                 del self.running[key]
             self.notify(job_id)
             self.wake.set()
+
+    def _marginal(self, running: Running, energy: Energy) -> float | None:
+        """A shard's energy above its device's idle draw, as the device's agent read that draw on the same meter."""
+        node = self.round.nodes.get(running.node_id)
+        offer = next((o for o in node.backends if o.device == running.device), None) if node else None
+        return None if offer is None else marginal_joules(energy, offer.idle_w, offer.idle_source)
 
     def cancel(self, job_id: str) -> None:
         self._cancel_running(job_id)

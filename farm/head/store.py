@@ -391,16 +391,18 @@ class Store:
                 "INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
                 [(job_id, i, a, b, ShardState.PENDING.value) for i, (a, b) in enumerate(ranges)],
             )
-            self._log(db, job_id, "info", f"accepted: {items} items in {len(ranges)} shards")
+            shards = f"{len(ranges)} shards" if ranges else "shards cut as it runs, sized to the devices"
+            self._log(db, job_id, "info", f"accepted: {items} items in {shards}")
 
-    def add_shards(self, job_id: str, ranges: list[tuple[int, int]]) -> None:
-        """New pending shards after the job's last (a kind that cuts its work as the job runs)."""
+    def add_shards(self, job_id: str, ranges: list[tuple[int, int]]) -> list[int]:
+        """New pending shards after the job's last (a kind that cuts its work as the job runs); their indexes."""
         with self._tx() as db:
             (last,) = db.execute("SELECT COALESCE(MAX(idx), -1) FROM shards WHERE job_id=?", (job_id,)).fetchone()
             db.executemany(
                 "INSERT INTO shards (job_id, idx, start, stop, state) VALUES (?, ?, ?, ?, ?)",
                 [(job_id, last + 1 + i, a, b, ShardState.PENDING.value) for i, (a, b) in enumerate(ranges)],
             )
+            return [last + 1 + i for i in range(len(ranges))]
 
     def job_state(self, job_id: str) -> JobState:
         row = self._db.execute("SELECT state FROM jobs WHERE id=?", (job_id,)).fetchone()

@@ -15,14 +15,15 @@ import pytest
 from ray import exceptions as ray_errors
 
 import farm
+from farm.core.energy import Energy, EnergyScope, EnergySource
 from farm.core.errors import SpecError
 from farm.core.kernels import KernelEvalShardResult
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.core.spec import JobKind, parse_spec
 from farm.core.tasks import EvaluateResult, ShardResult
-from farm.head import kinds
-from farm.head.dispatch import Dispatcher, Round
-from farm.head.kinds.base import FreeDevice, Plan, ShardedKind, Submission
+from farm.head import autoshard, kinds
+from farm.head.dispatch import Dispatcher, Round, Running
+from farm.head.kinds.base import Submission
 from farm.head.outcomes import NodeLost, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
@@ -142,45 +143,43 @@ def test_a_spec_is_parsed_once_at_submit_and_kept(store: Store, tmp_path: Path) 
     assert farm_.spec(store.job("j-2")) is first
 
 
-class Growing(ShardedKind[Any]):
-    """A kind that cuts its work as the job runs: a shard per free device, sized to its speed."""
-
-    kind = JobKind.INFERENCE
-
-    def plan(self, spec: Any, submission: Submission) -> Plan:
-        return Plan(submission.items, [(0, 1)], "k")
-
-    def more_work(self, job: Any, spec: Any, free: Any) -> list[tuple[int, int]]:
-        start = max(s.stop for s in job.shards)
-        cut = []
-        for device in free:
-            stop = min(start + max(int(device.items_per_s or 1), 1), job.items)
-            if stop > start:
-                cut.append((start, stop))
-                start = stop
-        return cut
-
-    def complete(self, job: Any, spec: Any) -> bool:
-        return max(s.stop for s in job.shards) == job.items
-
-
-def test_a_kind_may_cut_shards_while_the_job_runs(store: Store, tmp_path: Path) -> None:
+def test_an_auto_sized_job_cuts_its_shards_while_it_runs(store: Store, tmp_path: Path) -> None:
     farm_ = dispatcher(store, tmp_path)
-    store.add_job("j-1", "toy", "inference", INFER, "/nowhere.zip", str(tmp_path / "out"), 5, [(0, 1)])
+    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
+    spec = parse_spec(text)
+    handler = kinds.HANDLERS[JobKind.INFERENCE]()
+    assert handler.sizes_shards(spec) and handler.plan(spec, submission(100, "toyjob.py")).ranges == []
+    store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [])
     farm_.round = Round({n.id: n for n in store.nodes()})
-    free = farm_._free_devices(store.job("j-1"), (BackendName.CPU,))
-    assert free == [FreeDevice("n-1", "cpu", BackendName.CPU, None)]
-    handler = Growing()
-    store.add_shards("j-1", handler.more_work(store.job("j-1"), None, [*free, *free]))
+    decided = autoshard.size(store.job("j-1"), spec, (BackendName.CPU,), list(farm_.round.nodes.values()),
+                             farm_.round.busy, {}, store, None)
+    assert [(c.node_id, c.start, c.stop) for c in decided.cuts] == [("n-1", 0, 8)]  # 4 batches: it measures the cpu
+    assert autoshard.apply(store, store.job("j-1"), decided.cuts[0]) == 0
     job = store.job("j-1")
-    assert [(s.index, s.start, s.stop, s.state) for s in job.shards] == [
-        (0, 0, 1, ShardState.PENDING), (1, 1, 2, ShardState.PENDING), (2, 2, 3, ShardState.PENDING)]
-    node = store.nodes()[0]
-    for index in range(3):
-        store.shard_started("j-1", index, node, "cpu", "cpu")
-        store.shard_succeeded("j-1", index, 1, 0.1, None, None)
-    assert not farm_.outcomes.finish_if_done("j-1", handler, None)  # rows 3-5 not cut yet: not done
+    assert [(s.index, s.start, s.stop, s.state) for s in job.shards] == [(0, 0, 8, ShardState.PENDING)]
+    store.shard_started("j-1", 0, store.nodes()[0], "cpu", "cpu")
+    store.shard_succeeded("j-1", 0, 8, 0.01, None, None)
+    assert not farm_.outcomes.finish_if_done("j-1", handler, spec)  # rows 8-100 not cut yet: not done
     assert store.job("j-1").state is JobState.QUEUED
+    # Measured now: the next cut grows 4x, from where the last stopped.
+    again = autoshard.size(store.job("j-1"), spec, (BackendName.CPU,), list(farm_.round.nodes.values()),
+                           farm_.round.busy, {}, store, None)
+    assert [(c.start, c.stop) for c in again.cuts] == [(8, 40)]
+
+
+def test_a_shard_that_never_ran_is_cut_to_the_device_that_takes_it(store: Store, tmp_path: Path) -> None:
+    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
+    spec = parse_spec(text)
+    store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [(0, 60)])
+    round_ = Round({n.id: n for n in store.nodes()})
+    decided = autoshard.size(store.job("j-1"), spec, (BackendName.CPU,), list(round_.nodes.values()), round_.busy,
+                             {}, store, None)
+    (cut,) = decided.cuts
+    assert (cut.index, cut.start, cut.stop, cut.rest) == (0, 0, 8, (8, 60))
+    assert autoshard.apply(store, store.job("j-1"), cut) == 0
+    assert [(s.index, s.start, s.stop) for s in store.job("j-1").shards] == [(0, 0, 8), (1, 8, 60)]
+    assert [(r.start, r.stop, r.index) for r in autoshard.pool(store.job("j-1"), running={0})] == [(8, 60, 1),
+                                                                                                  (60, 100, None)]
 
 
 def test_failures_are_sorted_into_the_nodes_and_the_jobs() -> None:
@@ -242,3 +241,14 @@ def test_the_head_reaches_the_agent_through_one_module_and_the_client_not_at_all
     labels = [p for p in (*ROOT.rglob("*.py"), *(ROOT.parent / "agents").rglob("*.py"))
               if '"farm.io/node"' in p.read_text()]
     assert [p.name for p in labels] == ["entry.py"]  # NODE_LABEL defined once
+
+
+def test_a_shards_energy_above_idle_comes_from_its_devices_idle_draw_on_the_same_meter(store: Store,
+                                                                                       tmp_path: Path) -> None:
+    gpu = BackendOffer(name=BackendName.CUDA, device="cuda:0", meter_step_s=0.1, idle_w=125.0, idle_source="counter")
+    store.upsert_node("n-2", "gpu", HW, [gpu], "127.0.0.1", "h")
+    farm_ = dispatcher(store, tmp_path)
+    farm_.round = Round({n.id: n for n in store.nodes()})
+    counter = Energy(joules=2040.0, seconds=3.0, source=EnergySource.COUNTER, scope=EnergyScope.DEVICE)
+    assert farm_._marginal(Running("n-2", "cuda:0", None), counter) == pytest.approx(2040.0 - 125.0 * 3.0)
+    assert farm_._marginal(Running("n-1", "cpu", None), counter) is None  # no idle draw read on that device

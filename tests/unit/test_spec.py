@@ -97,3 +97,15 @@ def test_a_spec_with_aliases_is_refused_at_once() -> None:
     with pytest.raises(SpecError, match=r"not valid YAML \(line 5\): aliases \(\*name\) are not allowed"):
         parse_spec(bomb)
     assert time.monotonic() - started < 1.0
+
+
+def test_shards_auto_or_a_number_and_the_energy_basis() -> None:
+    auto = parse_spec("name: a\nmodel: m:b\ndataset: d.npy\nshards: auto\nenergy: total\n")
+    assert auto.auto_shards and auto.shards == "auto" and auto.energy.value == "total"
+    fixed = parse_spec("name: a\nmodel: m:b\ndataset: d.npy\n")
+    assert not fixed.auto_shards and fixed.fixed_shards == 1 and fixed.energy.value == "marginal"  # the default
+    for bad in ("many", "0", "10001", "true", "2.5"):
+        with pytest.raises(SpecError, match="field 'shards': must be a number of shards from 1 to 10,000, or auto"):
+            parse_spec(f"name: a\nmodel: m:b\ndataset: d.npy\nshards: {bad}\n")
+    with pytest.raises(SpecError, match="field 'energy'"):
+        parse_spec("name: a\nmodel: m:b\ndataset: d.npy\nenergy: some\n")

@@ -2,10 +2,10 @@
 
 The head's job path knows no kind: `Jobs.submit` asks the kind's handler to `plan` the work (items, the first shards,
 the calibration key); each scheduling round the dispatcher asks it to `schedule` the job. A kind whose shards run
-apart (a `ShardedKind`: inference, kernel-eval, evaluate) lets the dispatcher place them, and answers `task` (a shard's Ray
-call, at launch), `record` (a result arrived: write its output, return its figures) and `more_work` (devices are free
-and no shard waits: new shards, for kinds that size work as the job runs). A kind whose workers act together drives
-them itself (training). Every kind shares one path for results, failures and retries (farm.head.outcomes), one
+apart (a `ShardedKind`: inference, kernel-eval, evaluate) lets the dispatcher place them, and answers `task` (a
+shard's Ray call, at launch), `record` (a result arrived: write its output, return its figures) and `sizes_shards`
+(whether its shards are cut as the job runs, sized to the devices that free up: farm.head.autoshard). A kind whose
+workers act together drives them itself (training). Every kind shares one path for results, failures and retries (farm.head.outcomes), one
 atomic write and one manifest shape (farm.head.output); `finish` adds the kind's joined outputs and manifest fields.
 
 Adding a kind (evaluate.py is the smallest whole example):

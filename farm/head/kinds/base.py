@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
@@ -48,16 +47,6 @@ class ShardCall:
     task: object
 
 
-@dataclass(frozen=True)
-class FreeDevice:
-    """A device with a free slot that a job may use, and its measured speed on this job's model (None: not yet)."""
-
-    node_id: str
-    device: str
-    backend: BackendName
-    items_per_s: float | None
-
-
 class Driver(Protocol):
     """What the dispatcher lends a handler each round (farm.head.dispatch.Dispatcher)."""
 
@@ -96,8 +85,8 @@ class KindHandler(Generic[S]):
         return {}
 
     def complete(self, job: Job, spec: S) -> bool:
-        """Whether the job's shards cover all its work: a kind that cuts shards as the job runs (`more_work`) says
-        no until it has cut the last; the job finishes once it is complete and every shard succeeded."""
+        """Whether the job's shards cover all its work: a kind whose shards are cut as the job runs (`sizes_shards`)
+        says no until the last is cut; the job finishes once it is complete and every shard succeeded."""
         return True
 
     def shard_file(self, index: int) -> str | None:
@@ -118,10 +107,11 @@ class ShardedKind(KindHandler[S]):
         """Where the kind's shards may run."""
         return spec.backends
 
-    def more_work(self, job: Job, spec: S, free: Sequence[FreeDevice]) -> list[tuple[int, int]]:
-        """Asked when none of the job's shards waits and devices are free: new [start, stop) ranges to append as
-        shards (placed in the same round), e.g. sized to the free devices' speeds. Fixed-shard kinds: none."""
-        return []
+    def sizes_shards(self, spec: S) -> bool:
+        """Whether the job's shards are cut as it runs, each sized to last a target time on the device it goes to
+        (farm.scheduler.sizing): the dispatcher then cuts them as devices free up (farm.head.autoshard), rather than
+        placing shards cut at submit."""
+        return False
 
     def task(self, job: Job, spec: S, shard: Shard, assignment: Assignment) -> ShardCall:
         """At launch: the call that runs this shard on the assignment's device."""

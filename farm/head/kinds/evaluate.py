@@ -24,7 +24,7 @@ class Evaluate(ShardedKind[EvaluateSpec]):
     kind = JobKind.EVALUATE
 
     def plan(self, spec: EvaluateSpec, submission: Submission) -> Plan:
-        return plan_rows(spec, submission)
+        return plan_rows(spec, submission, spec.shards)
 
     def task(self, job: Job, spec: EvaluateSpec, shard: Shard, assignment: Assignment) -> ShardCall:
         return ShardCall(remote.run_evaluate_shard, EvaluateTask(shard_task(job, spec, shard, assignment), spec.loss))

@@ -9,7 +9,7 @@ from farm.core.errors import SpecError
 from farm.core.models import Shard
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
 from farm.core.tasks import ShardResult, ShardTask, Tuning
-from farm.head import remote
+from farm.head import autoshard, remote
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
 from farm.head.output import shard_file, write_shard
@@ -19,12 +19,14 @@ if TYPE_CHECKING:
     from farm.scheduler import Assignment
 
 
-def plan_rows(spec: ModelJobSpec, submission: Submission) -> Plan:
-    """A model job over the rows the client counted: `spec.shards` near-equal shards of them."""
+def plan_rows(spec: ModelJobSpec, submission: Submission, shards: int) -> Plan:
+    """A model job over the rows the client counted: `shards` near-equal shards of them (0: none yet, for a job whose
+    shards are cut as it runs)."""
     if submission.items < 1:
         raise SpecError("the dataset is empty")
     check_model_files(spec, submission.names)
-    return Plan(submission.items, shard_ranges(submission.items, spec.shards), model_key(spec, submission.code_zip))
+    ranges = shard_ranges(submission.items, shards) if shards else []
+    return Plan(submission.items, ranges, model_key(spec, submission.code_zip))
 
 
 def shard_task(job: Job, spec: ModelJobSpec, shard: Shard, assignment: Assignment,
@@ -42,7 +44,13 @@ class Inference(ShardedKind[InferenceSpec]):
     kind = JobKind.INFERENCE
 
     def plan(self, spec: InferenceSpec, submission: Submission) -> Plan:
-        return plan_rows(spec, submission)
+        return plan_rows(spec, submission, spec.fixed_shards)
+
+    def sizes_shards(self, spec: InferenceSpec) -> bool:
+        return spec.auto_shards
+
+    def complete(self, job: Job, spec: InferenceSpec) -> bool:
+        return not spec.auto_shards or autoshard.complete(job)
 
     def task(self, job: Job, spec: InferenceSpec, shard: Shard, assignment: Assignment) -> ShardCall:
         return ShardCall(remote.run_shard, shard_task(job, spec, shard, assignment, spec.tune_budget_s))
