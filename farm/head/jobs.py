@@ -32,8 +32,9 @@ class Jobs:
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
         submission = Submission(code_zip, code_archive.names(code_zip, self.settings.max_unzipped_code_mb), items)
-        plan = self.dispatcher.handlers[spec.kind].plan(spec, submission)
-        if plan.items < 1 or not plan.ranges:
+        handler = self.dispatcher.handlers[spec.kind]
+        plan = handler.plan(spec, submission)
+        if plan.items < 1 or not (plan.ranges or handler.sizes_shards(spec)):
             raise SpecError("the dataset is empty")
         if not output or not Path(output).is_absolute():
             raise SpecError("output must be an absolute path on the head's machine")

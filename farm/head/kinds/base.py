@@ -89,6 +89,12 @@ class KindHandler(Generic[S]):
         says no until the last is cut; the job finishes once it is complete and every shard succeeded."""
         return True
 
+    def sizes_shards(self, spec: S) -> bool:
+        """Whether the job's shards are cut as it runs, each sized to last a target time on the device it goes to
+        (farm.scheduler.sizing): the dispatcher then cuts them as devices free up (farm.head.autoshard), rather than
+        placing shards cut at submit."""
+        return False
+
     def shard_file(self, index: int) -> str | None:
         """The file a shard's output is in, inside the job's output folder (None: the kind writes none per shard)."""
         return None
@@ -106,12 +112,6 @@ class ShardedKind(KindHandler[S]):
     def backends(self, spec: S) -> tuple[BackendName, ...]:
         """Where the kind's shards may run."""
         return spec.backends
-
-    def sizes_shards(self, spec: S) -> bool:
-        """Whether the job's shards are cut as it runs, each sized to last a target time on the device it goes to
-        (farm.scheduler.sizing): the dispatcher then cuts them as devices free up (farm.head.autoshard), rather than
-        placing shards cut at submit."""
-        return False
 
     def task(self, job: Job, spec: S, shard: Shard, assignment: Assignment) -> ShardCall:
         """At launch: the call that runs this shard on the assignment's device."""
