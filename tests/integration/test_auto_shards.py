@@ -55,8 +55,10 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
     assert job["marginal_j"] == pytest.approx(job["energy_j"])
     explained = cluster.farm("job", job["id"], "--explain")
     assert explained.returncode == 0, explained.stderr
-    assert "shard sizes per device" in explained.stdout
-    assert f"{4 * BATCH:,} rows (4 batches): its first shard of this model measures it" in explained.stdout
+    words = " ".join(explained.stdout.split())  # as printed, wrapped to the terminal's width
+    assert "shard sizes per device" in words
+    assert all(f"agent-{x}/cpu: {4 * BATCH}, {16 * BATCH}" in words for x in "ab")  # both agents ran from the start
+    assert f": {4 * BATCH} rows (4 batches): its first shard of this model measures it" in words
     nodes = json.loads(cluster.farm("nodes", "--json").stdout)
     assert all((b["idle_w"], b["idle_source"], b["meter_step_s"]) == (0.0, "model-estimate", 0.0)
                for n in nodes for b in n["backends"])
