@@ -142,7 +142,7 @@ class Run:
             model_bytes=job.model_bytes,
         )
         chosen = choose_workers(request, list(nodes.values()), min(spec.training.workers, spec.batch_size),
-                                calibration.rates(self.store.samples(job.model_key)))
+                                calibration.rates(self.store.samples(job.model_key), basis=spec.energy))
         group = new_id(f"farm-{job.id}")  # fresh per start: a failed start may leave its rendezvous key behind
         nccl = all(a.backend is BackendName.CUDA for a in chosen)
         working_dir = self.driver.working_dir(job)
