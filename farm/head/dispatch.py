@@ -23,7 +23,7 @@ from farm.core.energy import Energy, marginal_joules
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.head import autoshard, kinds, node_check, ray_compat, remote
+from farm.head import autoshard, kinds, node_check, ray_compat, remote, shard_check
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Outcomes, sort_failure
@@ -283,6 +283,8 @@ class Dispatcher:
             if job.state.finished:  # cancelled, or failed by another shard
                 return
             handler, spec = self.handler(job), self.spec(job)
+            shard_check.check(job.shards[index], result.items,
+                              len(result.outputs) if handler.kind is JobKind.INFERENCE else None)
             record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], result)
             if record.marginal_j is None and record.energy is not None:
                 record = replace(record, marginal_j=self._marginal(running, record.energy))

@@ -112,3 +112,25 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
     shard = store.job("j-1").shards[0]
     assert (shard.state, shard.attempts) == (ShardState.SUCCEEDED, 1)
     np.testing.assert_array_equal(np.load(output / "shard-00000.npy"), outputs(0))
+
+
+def test_a_result_short_of_its_range_does_not_pass_as_done(store: Store, tmp_path: Path) -> None:
+    """A shard claiming its items with fewer output rows "succeeded" with a short file."""
+    output = tmp_path / "out"
+    add_job(store, output)
+    farm = dispatcher(store, tmp_path)
+
+    async def scenario() -> None:
+        result: asyncio.Future[ShardResult] = asyncio.get_running_loop().create_future()
+        running = Running("n-1", "cpu", result)
+        farm.running[("j-1", 0)] = running
+        store.shard_started("j-1", 0, node(store), "cpu", "cpu")
+        result.set_result(ShardResult(outputs=outputs(0)[:1], items=2, seconds=0.1, correct=None, node_ray_id="r",
+                                      energy=None))
+        await farm._collect("j-1", 0, running)
+
+    asyncio.run(scenario())
+    shard = store.job("j-1").shards[0]
+    assert shard.state is not ShardState.SUCCEEDED
+    assert "1 output rows for a range of 2" in store.job("j-1").error + (shard.error or "")
+    assert not (output / "shard-00000.npy").exists()
