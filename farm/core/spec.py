@@ -20,6 +20,7 @@ CALLABLE_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"
 DATA_FILE_SUFFIXES = (".npy", ".npz", ".pt")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 MAX_SHARDS = 10_000
+MAX_STEPS = 10_000_000  # a training job's steps, given or from its epochs
 
 
 class JobKind(StrEnum):
@@ -62,8 +63,8 @@ class Training(Frozen):
     lr: float = Field(default=1e-3, gt=0)
     momentum: float = Field(default=0.0, ge=0, lt=1)  # sgd only
     weight_decay: float = Field(default=0.0, ge=0)
-    steps: int | None = Field(default=None, ge=1, le=10_000_000)
-    epochs: float | None = Field(default=None, gt=0)
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    epochs: float | None = Field(default=None, gt=0, le=100_000)
     workers: int = Field(default=2, ge=1, le=1024)  # at most this many devices train together
     sync: SyncMode = SyncMode.SYNC
     sync_every: int = Field(default=8, ge=1)  # local-sgd: local steps between parameter averages

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
-from farm.core.spec import parse_spec
+from farm.core.spec import MAX_SHARDS, parse_spec
 from farm.head import code_archive, output_place
 from farm.head.dispatch import Dispatcher
 from farm.head.kinds.base import Submission
@@ -36,6 +36,8 @@ class Jobs:
         plan = handler.plan(spec, submission)
         if plan.items < 1 or not (plan.ranges or handler.sizes_shards(spec)):
             raise SpecError("the dataset is empty")
+        if len(plan.ranges) > MAX_SHARDS:  # every count a spec multiplies ends here: a row and a file per shard
+            raise SpecError(f"the job makes {len(plan.ranges):,} shards: at most {MAX_SHARDS:,}")
         if not output or not Path(output).is_absolute():
             raise SpecError("output must be an absolute path on the head's machine")
         output_place.check(output, self.settings, self.store)

@@ -144,3 +144,15 @@ def test_outputs_stay_out_of_the_state_folder_other_jobs_folders_and_outside_the
         with pytest.raises(UserError, match="outside the head's output root"):
             client.submit(spec, code, items=10, output=str(tmp_path / "elsewhere"))
         client.submit(spec, code, items=10, output=str(root / "b"))
+
+
+def test_a_training_spec_cannot_make_the_head_plan_without_end(tmp_path: Path) -> None:
+    """100,000 one-step stretches (checkpoint_every: 1 is honest input) were accepted and kept the head at 90 % CPU."""
+    spec = ("name: long\nkind: training\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nbatch_size: 1\n"
+            "training: {loss: mse, steps: 100000, checkpoint_every: 1}\n")
+    with running_head(tmp_path / "state") as head, head.client() as client:
+        with pytest.raises(UserError, match="100,000 stretches: at most 10,000"):
+            client.submit(spec, zipped(**{"toyjob.py": b"x"}), items=10, output=str(tmp_path / "out"))
+        with pytest.raises(UserError, match="epochs"):
+            client.submit(spec.replace("steps: 100000", "epochs: 1.0e12"), zipped(**{"toyjob.py": b"x"}),
+                          items=10, output=str(tmp_path / "out"))

@@ -27,7 +27,7 @@ from farm.core.energy import energy_sum
 from farm.core.errors import FarmError, SpecError
 from farm.core.ids import new_id
 from farm.core.models import BackendName, Node, NodeState, ShardState
-from farm.core.spec import JobKind, SyncMode, TrainingSpec
+from farm.core.spec import MAX_SHARDS, MAX_STEPS, JobKind, SyncMode, TrainingSpec
 from farm.head import remote
 from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
@@ -64,6 +64,11 @@ class Training(KindHandler[TrainingSpec]):
         check_model_files(spec, submission.names)
         steps = spec.training.total_steps(items, spec.batch_size)
         every = spec.training.checkpoint_every
+        if steps > MAX_STEPS:
+            raise SpecError(f"training: {steps:,} steps: at most {MAX_STEPS:,}")
+        if -(-steps // every) > MAX_SHARDS:  # each stretch is a shard: a row, a file and a checkpoint
+            raise SpecError(f"training: {steps:,} steps with checkpoint_every {every} make {-(-steps // every):,} "
+                            f"stretches: at most {MAX_SHARDS:,} (a larger checkpoint_every)")
         ranges = [(start, min(start + every, steps)) for start in range(0, steps, every)]
         return Plan(steps * spec.batch_size, ranges, model_key(spec, submission.code_zip))
 
