@@ -62,7 +62,8 @@ class TrainWorker:
         self.step = 0
         self.since_sync = 0  # local-sgd: samples seen since the last parameter average
         if checkpoint is not None:
-            state = torch.load(io.BytesIO(checkpoint), map_location=self.device, weights_only=False)
+            # made on another node: tensors and numbers only, never code
+            state = torch.load(io.BytesIO(checkpoint), map_location=self.device, weights_only=True)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             self.step = int(state["step"])
