@@ -54,7 +54,7 @@ spec, state, root = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 prepared = prepare(spec, root)
 t_prepare = time.perf_counter()
 with Client(find_head(state_dir=state)) as client:
-    job_id = client.submit_prepared(prepared)
+    job_id = client.submit_prepared(prepared, overwrite=True)  # the same job again
     t_submit = time.perf_counter()
     job = None
     for job in client.watch(job_id):

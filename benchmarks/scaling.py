@@ -34,7 +34,7 @@ def run_job(farm: LocalFarm, prepared: Any) -> dict[str, Any]:
     assert farm.head is not None
     with Client(farm.head) as client:
         began = time.perf_counter()
-        job_id = client.submit_prepared(prepared)
+        job_id = client.submit_prepared(prepared, overwrite=True)  # the same job again
         job = None
         for job in client.watch(job_id):
             pass

@@ -67,7 +67,7 @@ def time_to_target(farm: LocalFarm, spec_path: Path, target: float) -> dict[str,
     prepared = prepare(spec_path, ROOT)
     assert farm.head is not None
     with Client(farm.head) as client:
-        job_id = client.submit_prepared(prepared)
+        job_id = client.submit_prepared(prepared, overwrite=True)  # the same job again
         job = None
         for job in client.watch(job_id):
             pass

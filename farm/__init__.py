@@ -3,10 +3,14 @@
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> object:
-    """`farm.Client`, imported on first use (it brings in gRPC, which `import farm` alone does not need)."""
-    if name == "Client":
-        from farm.client import Client
+SDK = ("Client", "Job", "JobInfo", "ShardInfo", "LogLine", "NodeInfo")
 
-        return Client
+
+def __getattr__(name: str) -> object:
+    """`farm.Client` and the SDK's records (farm.sdk), imported on first use: they bring in gRPC, which `import farm`
+    alone does not need."""
+    if name in SDK:
+        from farm import sdk
+
+        return getattr(sdk, name)
     raise AttributeError(f"module 'farm' has no attribute {name!r}")

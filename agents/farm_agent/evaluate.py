@@ -8,11 +8,13 @@ from pathlib import Path
 
 from farm.core.errors import SpecError
 from farm.core.tasks import EvaluateResult, EvaluateTask
+from farm_agent.capture import job_shard
 from farm_agent.jobcode import load_dataset
 from farm_agent.runner import run_shard
 from farm_agent.trainer import loss_function
 
 
+@job_shard
 def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
     import torch
 

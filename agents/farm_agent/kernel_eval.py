@@ -16,12 +16,14 @@ from farm.core.errors import FarmError
 from farm.core.kernels import (
     KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, RewardMode, reward, speedup,
 )
+from farm_agent.capture import job_shard
 from farm_agent.power import meter_for
 
 if TYPE_CHECKING:
     from farm_agent.tuner.evaluator import Result
 
 
+@job_shard
 def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
     import ray
 

@@ -14,6 +14,7 @@ import psutil
 from farm.core.tasks import ShardResult, ShardTask, Tuning
 from farm_agent import backends
 from farm_agent.backends.base import Backend
+from farm_agent.capture import job_shard
 from farm_agent.jobcode import load_dataset, load_model
 from farm_agent.power import PowerMeter, meter_for
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] = weakref.WeakKeyDictionary()
 
 
+@job_shard
 def run_shard(task: ShardTask) -> ShardResult:
     import ray
 

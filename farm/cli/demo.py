@@ -58,7 +58,7 @@ def demo(
             ])
         with Client(head) as client:
             prepared = prepare(root / SPEC, root)
-            job_id = client.submit_prepared(prepared)
+            job_id = client.submit_prepared(prepared, overwrite=True)  # the last demo's results: the same job
             job = follow(client, job_id)
         show_summary(job)
         nodes_used = {s.node_name for s in job.shards}

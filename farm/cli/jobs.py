@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from farm.cli.options import Head, Json, Token, connect
+from farm.cli.options import Head, Json, Token, connect, reattach_prefix
 from farm.cli.render import (
-    console, items_done, job_header, job_json, jobs_table, print_json, shards_table, sizes_by_device,
-    summary_table,
+    console, errors, items_done, job_header, job_json, jobs_table, log_line_json, print_json, print_log_line,
+    shards_table, sizes_by_device, summary_table,
 )
 from farm.client import Client
 from farm.client.preflight import prepare
@@ -36,24 +35,36 @@ def submit(
     workdir: Annotated[
         Path, typer.Option(help="The folder shipped as the job's code; model and dataset import from it.")
     ] = Path("."),
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="The output folder may hold another job's results: remove them.")
+    ] = False,
+    no_check: Annotated[
+        bool, typer.Option("--no-check", help="Do not build and run the model on a small batch here (nor install the "
+                     "job's requirements here) before sending the job.")
+    ] = False,
     json: Json = False,
     head: Head = None,
     token: Token = None,
 ) -> None:
     """Submit a job; prints its id."""
     with connect(head, token) as client:
-        prepared = prepare(spec, workdir)
-        job_id = client.submit_prepared(prepared)
+        prepared = prepare(spec, workdir, check=not no_check)
+        job_id = client.submit_prepared(prepared, overwrite=overwrite)
         if not wait:
             print_json({"job_id": job_id}) if json else console.print(job_id)
             return
         final = follow(client, job_id, quiet=json)
+    end_of_wait(final, json, head, token)
+
+
+def end_of_wait(final: job_pb2.Job, json: bool, head: str | None, token: str | None) -> None:
+    """What `--wait` prints once the job ended; exit 1 unless it succeeded."""
     if json:
         print_json(job_json(final))
     else:
         show_summary(final)
         if final.state == "succeeded" and final.kind in RESULTS:
-            RESULTS[final.kind](job_id, head, token)
+            RESULTS[final.kind](final.id, head, token)
     if final.state != "succeeded":
         raise typer.Exit(1)
 
@@ -69,18 +80,31 @@ RESULTS: dict[str, Callable[[str, str | None, str | None], None]] = {"kernel-eva
 
 
 def follow(client: Client, job_id: str, quiet: bool = False) -> job_pb2.Job:
-    """Watch a job to its end, with a progress bar unless quiet."""
+    """Watch a job to its end, with a progress bar unless quiet. Ctrl-C leaves the job running and says how to
+    come back to it (exit 130)."""
     last = None
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("items"),
-        TimeElapsedColumn(), console=console, disable=quiet, transient=False,
-    ) as progress:
-        task = progress.add_task(job_id, total=None)
-        for last in client.watch(job_id):
-            progress.update(task, total=last.items, completed=items_done(last), description=f"{last.name} {last.state}")
+    try:
+        with Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("items"),
+            TimeElapsedColumn(), console=console, disable=quiet, transient=False,
+        ) as progress:
+            task = progress.add_task(job_id, total=None)
+            for last in client.watch(job_id):
+                progress.update(task, total=last.items, completed=items_done(last),
+                                description=f"{last.name} {last.state}")
+    except KeyboardInterrupt:
+        detach(client, job_id)
     if last is None:
         raise RuntimeError("the head closed the watch stream without a job record")
     return last
+
+
+def detach(client: Client, job_id: str) -> NoReturn:
+    """Stop following a job (Ctrl-C): it keeps running; say how to come back to it (exit 130, as for SIGINT)."""
+    before, after = reattach_prefix(client)
+    errors.print(f"job {job_id} keeps running; follow it again with `{before} job {job_id} --wait{after}` or "
+                 f"`{before} logs {job_id} --follow{after}`", highlight=False, soft_wrap=True)
+    raise typer.Exit(130)
 
 
 def show_summary(job: job_pb2.Job) -> None:
@@ -88,7 +112,8 @@ def show_summary(job: job_pb2.Job) -> None:
     metrics = dict(job.metrics)
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
     trained = "step" in metrics and "loss" in metrics  # a training job's progress
-    facts = [f"{job.items} items in {wall:.2f} s"]
+    done = items_done(job)
+    facts = [f"{job.items} items in {wall:.2f} s" if done == job.items else f"{done} of {job.items} items done"]
     if trained:
         facts[0] = f"{metrics['step']:.0f} steps, {job.items} samples in {wall:.2f} s; final loss {metrics['loss']:.4f}"
     if job.energy_sources:
@@ -115,11 +140,18 @@ def list_jobs(json: Json = False, head: Head = None, token: Token = None) -> Non
 def job(
     job_id: JobId,
     explain: Annotated[bool, typer.Option("--explain", help="Say why shards went where they went.")] = False,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the job to its end (re-attach), then a summary.")
+                    ] = False,
     json: Json = False,
     head: Head = None,
     token: Token = None,
 ) -> None:
     """Show one job and its shards."""
+    if wait:
+        with connect(head, token) as client:
+            final = follow(client, job_id, quiet=json)
+        end_of_wait(final, json, head, token)
+        return
     with connect(head, token) as client:
         record = client.job(job_id)
         lines = client.logs(job_id) if explain else []
@@ -145,16 +177,27 @@ def job(
                 console.print(f"  {line.message}", highlight=False)
 
 
-def logs(job_id: JobId, json: Json = False, head: Head = None, token: Token = None) -> None:
-    """Print a job's log."""
+def logs(
+    job_id: JobId,
+    follow_: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
+                       ] = False,
+    shard: Annotated[int | None, typer.Option("--shard", help="Only this shard's lines: placements, output, errors.")
+                     ] = None,
+    json: Json = False,
+    head: Head = None,
+    token: Token = None,
+) -> None:
+    """Print a job's log: its events, and what each shard printed (stdout, stderr, tracebacks)."""
     with connect(head, token) as client:
-        lines = client.logs(job_id)
-    if json:
-        print_json([{"ts": line.ts, "level": line.level, "message": line.message} for line in lines])
-        return
-    for line in lines:
-        stamp = datetime.fromtimestamp(line.ts).strftime("%H:%M:%S.%f")[:-3]
-        console.print(f"{stamp} {line.level:<7} {line.message}", highlight=False)
+        if not follow_:
+            lines = client.logs(job_id, shard)
+            print_json([log_line_json(line) for line in lines]) if json else [print_log_line(x) for x in lines]
+            return
+        try:  # one JSON object a line with --json: a stream
+            for line in client.follow_logs(job_id, shard):
+                print_json(log_line_json(line), indent=None) if json else print_log_line(line)
+        except KeyboardInterrupt:
+            detach(client, job_id)
 
 
 def cancel(job_id: JobId, json: Json = False, head: Head = None, token: Token = None) -> None:

@@ -38,5 +38,21 @@ def state_dir(value: Path | None) -> Path:
     return (value or default_state_dir()).expanduser().resolve()
 
 
+class Selected:
+    """What the root command was told before the command (`farm --profile NAME ...`); set once per invocation."""
+
+    profile: str | None = None
+
+
 def connect(head: str | None, token: str | None) -> Client:
-    return Client(find_head(head, token))
+    return Client(find_head(head, token, profile=Selected.profile))
+
+
+def reattach_prefix(client: Client) -> tuple[str, str]:
+    """What to put before and after a command so that it reaches this client's head again: `farm --profile P`, or
+    `farm` and ` --head HOST:PORT` (the token comes from where it came from this time)."""
+    if client.head.profile:
+        return f"farm --profile {client.head.profile}", ""
+    if client.head.pid:  # the local head
+        return "farm", ""
+    return "farm", f" --head {client.head.address}"

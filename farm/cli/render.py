@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console
@@ -18,8 +19,25 @@ console = Console()
 errors = Console(stderr=True)
 
 
-def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+def print_json(data: Any, indent: int | None = 2) -> None:
+    sys.stdout.write(json.dumps(data, indent=indent) + "\n")
+    sys.stdout.flush()
+
+
+def log_line_json(line: job_pb2.LogLine) -> dict[str, Any]:
+    return {"id": line.id, "ts": line.ts, "level": line.level, "message": line.message,
+            "shard": line.shard if line.HasField("shard") else None}
+
+
+def print_log_line(line: job_pb2.LogLine) -> None:
+    """`HH:MM:SS.mmm level   [shard N] message`; a message of several lines (a shard's output, a traceback) keeps
+    them, indented under the first. Printed raw: rich would wrap long lines and read markup in a job's output."""
+    stamp = datetime.fromtimestamp(line.ts).strftime("%H:%M:%S.%f")[:-3]
+    first, *rest = line.message.splitlines() or [""]
+    lead = f"{stamp} {line.level:<7} " + (f"[shard {line.shard}] " if line.HasField("shard") else "")
+    indent = " " * len(lead)
+    sys.stdout.write("".join([lead, first, "\n", *(f"{indent}{more}\n" for more in rest)]))
+    sys.stdout.flush()
 
 
 def fail(message: str, code: int) -> None:

@@ -22,36 +22,57 @@ if TYPE_CHECKING:
 
 MAX_MESSAGE = 256 * 1024 * 1024
 INLINE_CODE = 1024 * 1024  # a job's code up to this goes in its Submit; more in chunks of this (UploadCode)
+LOCAL_PROFILE = "local"  # the head running from the local state directory
 
 
 @dataclass(frozen=True)
 class HeadInfo:
     address: str
-    api_token: str
-    join_token: str = ""
-    pid: int = 0
+    api_token: str = field(repr=False)
+    join_token: str = field(default="", repr=False)
+    pid: int = 0  # the local head's process; 0 for a head elsewhere
     tls: bool = True  # False: a head started with --insecure
     ca_pem: bytes | None = field(default=None, repr=False)  # the head's CA; None with TLS: the system's roots
     ca_hash: str = ""
+    profile: str = ""  # the profile it was found through
 
 
 def find_head(head: str | None = None, token: str | None = None, state_dir: Path | None = None,
-              ca: Path | None = None) -> HeadInfo:
-    """`--head` and `--token` (or FARM_TOKEN) when given, trusting the CA file `ca` (or FARM_CA; FARM_INSECURE=1
-    for a head without TLS); otherwise the local head in the state directory, with the CA it keeps there."""
-    token = token or os.environ.get("FARM_TOKEN")
-    if head:
+              ca: Path | None = None, profile: str | None = None) -> HeadInfo:
+    """The head to talk to, first match: `head` (HOST:PORT), `profile`, FARM_HEAD, FARM_PROFILE or the config
+    file's default profile (farm.client.config), else the head running from the local state directory (`state_dir`
+    given, or the profile `local`: that head, whatever the environment says). A token (`token`, FARM_TOKEN,
+    FARM_TOKEN_FILE) and a CA file (`ca`, FARM_CA) override the profile's."""
+    from farm.client.config import FarmConfig, read_secret_file
+
+    config = FarmConfig.load()
+    token = token or config.token or (read_secret_file(config.token_file, "FARM_TOKEN_FILE")
+                                      if config.token_file else None)
+    ca = ca or config.ca
+    local = state_dir is not None or profile == LOCAL_PROFILE
+    address = head or (None if profile or local else config.head)
+    if address:
         if not token:
-            raise UserError("--head needs an API token: pass --token or set FARM_TOKEN")
-        if os.environ.get("FARM_INSECURE") == "1":
-            return HeadInfo(address=head, api_token=token, tls=False)
-        ca = ca or (Path(os.environ["FARM_CA"]) if os.environ.get("FARM_CA") else None)
-        return HeadInfo(address=head, api_token=token, ca_pem=_read_ca(ca) if ca else None)
+            raise UserError(f"the head at {address} needs an API token: pass --token, or set FARM_TOKEN or "
+                            "FARM_TOKEN_FILE, or use a profile (farm profile add)")
+        if config.insecure:
+            return HeadInfo(address=address, api_token=token, tls=False)
+        return HeadInfo(address=address, api_token=token, ca_pem=_read_ca(ca) if ca else None)
+    name = profile or (None if local else config.profile)
+    if name and name != LOCAL_PROFILE:
+        chosen = config.named(name)
+        if not token and chosen.token_file is None:
+            raise UserError(f"profile {name!r} names no token_file: pass --token or set FARM_TOKEN")
+        token = token or read_secret_file(chosen.token_file, f"profile {name!r}'s token_file")  # type: ignore[arg-type]
+        ca = ca or chosen.ca_file
+        return HeadInfo(address=chosen.address, api_token=token, tls=not (chosen.insecure or config.insecure),
+                        ca_pem=_read_ca(ca) if ca and not chosen.insecure else None, profile=name)
     state_dir = state_dir or default_state_dir()
     info = read_json(state_dir / "head.json")
     if info is None or not pid_alive(int(info.get("pid", 0))):
         raise HeadUnavailableError(
-            f"no head running from {state_dir}: start one with `farm head start`, or pass --head HOST:PORT"
+            f"no head running from {state_dir}: start one with `farm head start`, pass --head HOST:PORT or "
+            "--profile NAME, or set FARM_HEAD"
         )
     tls = bool(info.get("tls"))
     return HeadInfo(address=info["address"], api_token=token or info["api_token"], join_token=info["join_token"],
@@ -115,8 +136,10 @@ class Client:
         error_class = ERRORS_BY_STATUS.get(code.name, FarmError)
         return error_class(str(exc.details()))  # type: ignore[attr-defined]
 
-    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
-        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, items=items, output=output, model_bytes=model_bytes)
+    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0,
+               overwrite: bool = False) -> str:
+        request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, items=items, output=output, model_bytes=model_bytes,
+                                        overwrite=overwrite)
         if len(code_zip) <= INLINE_CODE:
             request.code_zip = code_zip
         else:  # the head takes no large message at once: the code goes ahead in chunks
@@ -130,9 +153,10 @@ class Client:
         reply = self._call(self.jobs.Submit, request)
         return str(reply.job_id)  # type: ignore[attr-defined]
 
-    def submit_prepared(self, job: PreparedJob) -> str:
-        """Submit what `preflight.prepare` checked and packed."""
-        return self.submit(job.spec_yaml, job.code_zip, job.items, str(job.output), job.model_bytes)
+    def submit_prepared(self, job: PreparedJob, overwrite: bool = False) -> str:
+        """Submit what `preflight.prepare` checked and packed (`overwrite`: its output folder may hold another job's
+        results, which the head removes first)."""
+        return self.submit(job.spec_yaml, job.code_zip, job.items, str(job.output), job.model_bytes, overwrite)
 
     def job(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Get, job_pb2.GetJobRequest(job_id=job_id))  # type: ignore[return-value]
@@ -143,8 +167,18 @@ class Client:
     def cancel(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Cancel, job_pb2.CancelJobRequest(job_id=job_id))  # type: ignore[return-value]
 
-    def logs(self, job_id: str) -> list[job_pb2.LogLine]:
-        return list(self._call(self.jobs.Logs, job_pb2.LogsRequest(job_id=job_id)).lines)  # type: ignore[attr-defined]
+    def logs(self, job_id: str, shard: int | None = None, after: int = 0) -> list[job_pb2.LogLine]:
+        """The job's log (with `shard`: that shard's lines only; `after` a line's id: the lines since)."""
+        request = job_pb2.LogsRequest(job_id=job_id, shard=shard, after=after)
+        return list(self._call(self.jobs.Logs, request).lines)  # type: ignore[attr-defined]
+
+    def follow_logs(self, job_id: str, shard: int | None = None, after: int = 0) -> Iterator[job_pb2.LogLine]:
+        """The job's log lines so far, then each new one as it is written, until the job ends."""
+        request = job_pb2.LogsRequest(job_id=job_id, shard=shard, after=after)
+        try:
+            yield from self.jobs.FollowLogs(request, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise self._error(exc) from None
 
     def nodes(self) -> list[fleet_pb2.Node]:
         return list(self._call(self.fleet.ListNodes, fleet_pb2.ListNodesRequest()).nodes)  # type: ignore[attr-defined]

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import sysconfig
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.client.check import Preflight, check_job
 from farm.core.errors import SpecError
 from farm.core.spec import JobSpec, ModelJobSpec, parse_spec
 
-# Never shipped with a job: environments, caches, and hidden folders (VCS data, tool state).
+# Never shipped with a job: environments, caches, hidden folders and files (VCS data, tool state, .env, .netrc), and
+# what the folder's git repository ignores.
 EXCLUDED_DIRS = {"venv", "__pycache__", "node_modules"}
 MAX_CODE_BYTES = 100 * 1024 * 1024
 
@@ -44,89 +48,92 @@ def read_spec(spec_path: Path, workdir: Path) -> tuple[str, JobSpec]:
     return spec_yaml, spec
 
 
-def prepare(spec_path: Path, workdir: Path) -> PreparedJob:
-    """Parse the spec, load its dataset (and its model, unless this code's model was measured here before) as a node
-    would, and zip the working directory."""
+def prepare(spec_path: Path, workdir: Path, check: bool = True) -> PreparedJob:
+    """Parse the spec, zip the working directory, and load the dataset and build and run the model on a small batch
+    as a node would, in the job's environment (farm.client.check; the model not with `check` off) — unless this
+    machine did so before for the same code, spec and Python environment."""
     spec_yaml, spec = read_spec(spec_path, workdir)
     if not isinstance(spec, ModelJobSpec):  # no model nor dataset: kernel-eval's folders of problems and candidates
         from farm.client.kernels import prepare_kernel_eval
 
         return prepare_kernel_eval(spec, spec_yaml, workdir)
     workdir = workdir.resolve()
-    from farm_agent.jobcode import build_model, load_dataset
-
-    inputs, _ = load_dataset(spec.dataset, workdir)
-    for extra in spec.datasets[1:]:  # training's eval set
-        load_dataset(extra, workdir)
     output = (workdir / spec.output_dir).resolve()
     code_zip = zip_code(workdir, skip=output)
     key = model_key(spec, code_zip)
-    model_bytes = ModelBytesCache().get(key)
-    if model_bytes is None:  # code not built here before: build it, which checks it (and its weights) too
-        model = build_model(spec.model, spec.weights, workdir)
-        model_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-        ModelBytesCache().put(key, model_bytes)
-    return PreparedJob(spec, spec_yaml, code_zip, len(inputs), output, model_bytes)
+    found = PreflightCache().get(key)
+    if found is None or (check and not found.checked):
+        found = check_job(spec, workdir, check)
+        PreflightCache().put(key, found)
+    return PreparedJob(spec, spec_yaml, code_zip, found.items, output, found.model_bytes)
 
 
 def model_key(spec: ModelJobSpec, code_zip: bytes) -> str:
-    """What a model's size depends on: its callable and weights, the job's code (weights included) and the Python
-    environment it imports from (site-packages changes when a package is installed or removed)."""
+    """What a model's size and check depend on: its callable, weights and dataset, the job's environment, its code
+    (weights included) and the Python environment it imports from (site-packages changes when a package is installed
+    or removed)."""
     environment = Path(sysconfig.get_paths()["purelib"])
-    digest = hashlib.sha256(f"{spec.model}\0{spec.weights or ''}\0{sys.version}\0{sys.prefix}\0".encode())
+    digest = hashlib.sha256(
+        f"{spec.model}\0{spec.weights or ''}\0{spec.dataset}\0{sys.version}\0{sys.prefix}\0".encode())
+    digest.update(json.dumps([spec.env, spec.requirements, spec.find_links], sort_keys=True).encode())
     digest.update(str(environment.stat().st_mtime_ns if environment.exists() else 0).encode())
     digest.update(code_zip)
     return digest.hexdigest()
 
 
-class ModelBytesCache:
-    """The model sizes this machine measured, by model_key: building a model to measure it takes seconds (importing
-    its libraries, loading its weights) and users submit the same job again and again. A file of its own, rewritten
-    whole (atomically); a figure missing or unreadable is measured again."""
+class PreflightCache:
+    """What this machine's preflights found, by model_key: loading a dataset and building and running a model take
+    seconds (importing their libraries, loading weights) and users submit the same job again and again. A file of its
+    own, rewritten whole (atomically); an entry missing or unreadable is found again."""
 
     LIMIT = 256  # entries kept, the newest
 
     def __init__(self, path: Path | None = None) -> None:
         cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        self.path = path or cache_home / "farm" / "model-bytes.json"
+        self.path = path or cache_home / "farm" / "preflight.json"
 
-    def _read(self) -> dict[str, int]:
+    def _read(self) -> dict[str, dict[str, int]]:
         try:
             entries = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
-        return {k: v for k, v in entries.items() if isinstance(v, int)} if isinstance(entries, dict) else {}
+        return {k: v for k, v in entries.items() if isinstance(v, dict)} if isinstance(entries, dict) else {}
 
-    def get(self, key: str) -> int | None:
-        return self._read().get(key)
+    def get(self, key: str) -> Preflight | None:
+        try:
+            return Preflight(**self._read()[key])
+        except (KeyError, TypeError):
+            return None
 
-    def put(self, key: str, model_bytes: int) -> None:
+    def put(self, key: str, found: Preflight) -> None:
         entries = self._read()
         entries.pop(key, None)
-        entries[key] = model_bytes
+        entries[key] = dataclasses.asdict(found)
         kept = dict(list(entries.items())[-self.LIMIT:])
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             temporary = self.path.with_suffix(f".{os.getpid()}.tmp")
             temporary.write_text(json.dumps(kept))
             os.replace(temporary, self.path)
-        except OSError:  # a read-only home: measure again next time
+        except OSError:  # a read-only home: found again next time
             pass
 
 
 def zip_code(root: Path, skip: Path | None = None) -> bytes:
     buffer = io.BytesIO()
     total = 0
+    ignored = git_ignored(root)
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for folder, dirs, files in os.walk(root):
             here = Path(folder)
             dirs[:] = sorted(
                 d for d in dirs
                 if d not in EXCLUDED_DIRS and not d.startswith(".") and not d.endswith(".egg-info") and here / d != skip
+                and here / d not in ignored
             )
             for name in sorted(files):
                 path = here / name
-                if path.is_symlink() or not path.is_file():
+                if name.startswith(".") or path.is_symlink() or not path.is_file() or path in ignored:
                     continue
                 total += path.stat().st_size
                 if total > MAX_CODE_BYTES:
@@ -136,3 +143,18 @@ def zip_code(root: Path, skip: Path | None = None) -> bytes:
                     )
                 archive.write(path, path.relative_to(root).as_posix())
     return buffer.getvalue()
+
+
+def git_ignored(root: Path) -> set[Path]:
+    """The files and folders under `root` that its git repository ignores (.gitignore, .git/info/exclude, the user's
+    excludes), as git itself reads them; none when `root` is not in a repository or git is not installed."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", "-z"],
+            capture_output=True, timeout=60, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    if listed.returncode != 0:
+        return set()
+    return {root / name.rstrip("/") for name in listed.stdout.decode(errors="surrogateescape").split("\0") if name}

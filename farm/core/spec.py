@@ -21,6 +21,14 @@ DATA_FILE_SUFFIXES = (".npy", ".npz", ".pt")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 MAX_SHARDS = 10_000
 MAX_STEPS = 10_000_000  # a training job's steps, given or from its epochs
+MAX_ENV = 64
+MAX_REQUIREMENTS = 64
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+RESERVED_ENV = ("RAY_", "FARM_")  # Ray's own and Farm's: a job does not steer its node through them
+URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# Where results may go besides the head's disk: none yet (the data plane adds "s3://" once a job's whole path, from
+# the preflight to the head's writes, goes there); any other URI is one clear line rather than a folder named "s3:".
+OUTPUT_SCHEMES: tuple[str, ...] = ()
 
 
 class JobKind(StrEnum):
@@ -131,6 +139,12 @@ class SpecBase(Frozen):
     energy: EnergyBasis = EnergyBasis.MARGINAL
     tolerance: Tolerance = Tolerance()
     output: str | None = None
+    # The job's environment on the nodes: variables of its processes, and pip requirements installed on each node
+    # once per distinct set (farm_agent.environment), from `find_links` alone when given (a folder on every node
+    # or an http(s) URL of wheels: nodes without the internet), else from the node's own pip configuration.
+    env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
+    requirements: tuple[str, ...] = Field(default=(), max_length=MAX_REQUIREMENTS)
+    find_links: str | None = Field(default=None, min_length=1, max_length=1024)
 
     @model_validator(mode="before")
     @classmethod
@@ -148,6 +162,50 @@ class SpecBase(Frozen):
     def _name(cls, value: str) -> str:
         if not NAME.match(value):
             raise ValueError("must be 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_scalars(cls, value: Any) -> Any:
+        """`OMP_NUM_THREADS: 4` in YAML is a number: a variable's value is its text."""
+        if isinstance(value, dict):
+            return {k: str(v).lower() if isinstance(v, bool) else str(v) if isinstance(v, (int, float)) else v
+                    for k, v in value.items()}
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a variable name (letters, digits and '_')")
+            if name.upper().startswith(RESERVED_ENV):
+                raise ValueError(f"{name!r}: names starting with {' or '.join(RESERVED_ENV)} are Ray's and Farm's")
+            if len(text) > 4096 or "\0" in text:
+                raise ValueError(f"{name}: a value of at most 4096 characters, without NUL")
+        return value
+
+    @field_validator("requirements", mode="before")
+    @classmethod
+    def _requirements(cls, value: Any) -> Any:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        for line in [value] if isinstance(value, str) else value or ():
+            if not isinstance(line, str) or len(line) > 256 or line.lstrip().startswith("-"):
+                raise ValueError(f"{line!r}: one requirement a line, as pip reads them (no options)")
+            try:
+                Requirement(line)
+            except InvalidRequirement as exc:
+                raise ValueError(f"{line!r} is not a requirement pip reads: {str(exc).splitlines()[0]}") from None
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("output")
+    @classmethod
+    def _output(cls, value: str | None) -> str | None:
+        if value is not None and URI_SCHEME.match(value) and not value.startswith(OUTPUT_SCHEMES):
+            scheme = value.split("://", 1)[0]
+            raise ValueError(f"{value!r}: {scheme}:// outputs are not supported yet; give a folder on the head's "
+                             "machine")
         return value
 
     @field_validator("backends")

@@ -9,6 +9,14 @@ import numpy as np
 from farm.core.dataset import DatasetPlan, DatasetSpec
 from farm.core.energy import Energy
 
+# The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
+# traceback to the head (farm_agent.capture sets them; they travel in the exception's pickled __dict__).
+SHARD_LOG_ATTR = "farm_log"
+SHARD_TRACEBACK_ATTR = "farm_traceback"
+# The worker environment variable through which the head hands a job's pip requirements to its shards' workers:
+# JSON {"requirements": [...], "find_links": str | null} (farm_agent.environment installs them).
+REQUIREMENTS_VAR = "FARM_REQUIREMENTS"
+
 
 @dataclass(frozen=True)
 class Tuning:
@@ -70,6 +78,7 @@ class ShardResult:
     node_ray_id: str
     energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell
     peak_memory_bytes: int = 0  # the most memory the shard took on its device (0: not measured)
+    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.capture fills it in
 
 
 @dataclass(frozen=True)
@@ -89,3 +98,4 @@ class EvaluateResult:
     node_ray_id: str
     energy: Energy | None
     peak_memory_bytes: int = 0
+    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.capture fills it in

@@ -23,7 +23,7 @@ from farm.core.energy import Energy, marginal_joules
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.head import autoshard, kinds, node_check, ray_compat, remote, shard_check
+from farm.head import autoshard, environment, joblog, kinds, node_check, ray_compat, remote, shard_check
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Outcomes, sort_failure
@@ -97,6 +97,7 @@ class Dispatcher:
         """After a head restart (a crash included): shards that were running died with the old Ray driver and go
         back to the queue; files a killed head was writing are removed (the shards they belong to run again); a job
         whose last shard was recorded just before the head died gets its manifest now."""
+        joblog.record_restart(self.store)
         requeued = self.store.requeue_running()
         if requeued:
             log.info("recovered %d shards that were running when the head stopped", requeued)
@@ -260,9 +261,9 @@ class Dispatcher:
         """Start a shard on the assignment's device; `why` it went there (default: the score it went on)."""
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
-        ref = call.remote.options(
-            **remote.pinned(node.id, assignment.backend.value, self.working_dir(job), f"farm:{job.name}:{shard.index}"),
-        ).remote(call.task)
+        pinned = remote.pinned(node.id, assignment.backend.value, self.working_dir(job), f"farm:{job.name}:{shard.index}")
+        ref = call.remote.options(**{**pinned, "runtime_env": environment.runtime_env(spec, self.working_dir(job))}
+                                  ).remote(call.task)
         running = self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
@@ -282,6 +283,7 @@ class Dispatcher:
             job = self.store.job(job_id)
             if job.state.finished:  # cancelled, or failed by another shard
                 return
+            joblog.record_output(self.store, job_id, index, result)
             handler, spec = self.handler(job), self.spec(job)
             shard_check.check(job.shards[index], result.items,
                               len(result.outputs) if handler.kind is JobKind.INFERENCE else None)
@@ -304,6 +306,7 @@ class Dispatcher:
             else:
                 if not isinstance(exc, ray_errors.RayTaskError):  # the head itself failed at the shard's output
                     log.exception("shard %s/%d", job_id, index)
+                joblog.record_error(self.store, job_id, index, exc)
                 self.outcomes.fail(job_id, index, failure.message)
         finally:
             if self.running.get(key) is running:

@@ -9,7 +9,7 @@ from pathlib import Path
 from farm.core.errors import ConflictError, SpecError
 from farm.core.ids import new_id
 from farm.core.spec import MAX_SHARDS, parse_spec
-from farm.head import code_archive, output_place
+from farm.head import code_archive, output_folder, output_place
 from farm.head.dispatch import Dispatcher
 from farm.head.kinds.base import Submission
 from farm.head.events import JobEvents
@@ -25,9 +25,10 @@ class Jobs:
         self.events = events
         self.settings = settings
 
-    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0) -> str:
+    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0,
+               overwrite: bool = False) -> str:
         """Validate, let the job's kind plan it, then persist the job, its code and its shards before anyone is told
-        it exists."""
+        it exists (`overwrite`: its output folder may hold another job's results, removed first)."""
         spec = parse_spec(spec_yaml, "spec")
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
@@ -41,6 +42,7 @@ class Jobs:
         if not output or not Path(output).is_absolute():
             raise SpecError("output must be an absolute path on the head's machine")
         output_place.check(output, self.settings, self.store)
+        output_folder.claim(Path(output), overwrite)
         job_id = new_id("j")
         code_path = self.settings.state_dir / "jobs" / job_id / "code.zip"
         write_private(code_path, code_zip)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from pydantic import ValidationError
@@ -13,7 +14,7 @@ from farm.core.energy import DevicePower
 from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
 from farm.core.models import NodeState
-from farm.head import node_input, uploads
+from farm.head import joblog, node_input, uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
 from farm.head.jobs import Jobs
@@ -160,7 +161,8 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         code_zip = request.code_zip
         if request.code_upload:
             code_zip = await asyncio.to_thread(uploads.take, self.jobs.settings.state_dir, request.code_upload)
-        job_id = self.jobs.submit(request.spec_yaml, code_zip, request.items, request.output, request.model_bytes)
+        job_id = self.jobs.submit(request.spec_yaml, code_zip, request.items, request.output, request.model_bytes,
+                                  request.overwrite)
         return job_pb2.SubmitReply(job_id=job_id)
 
     async def UploadCode(self, request_iterator: AsyncIterator[job_pb2.CodeChunk], context: grpc.aio.ServicerContext
@@ -205,5 +207,24 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     @unary
     async def Logs(self, request: job_pb2.LogsRequest, context: grpc.aio.ServicerContext) -> job_pb2.LogsReply:
         self.tokens.check_read(context)
-        lines = self.jobs.store.logs(request.job_id)
-        return job_pb2.LogsReply(lines=[job_pb2.LogLine(**line) for line in lines])
+        lines = self.jobs.store.logs(request.job_id, _shard(request), request.after)
+        return job_pb2.LogsReply(lines=[log_line_to_pb(line) for line in lines])
+
+    @streaming
+    async def FollowLogs(self, request: job_pb2.LogsRequest, context: grpc.aio.ServicerContext
+                         ) -> AsyncIterator[job_pb2.LogLine]:
+        self.tokens.check_read(context)
+        async for line in joblog.follow(self.jobs.store, self.jobs.events, request.job_id, _shard(request),
+                                        request.after):
+            yield log_line_to_pb(line)
+
+
+def _shard(request: job_pb2.LogsRequest) -> int | None:
+    return request.shard if request.HasField("shard") else None
+
+
+def log_line_to_pb(line: dict[str, Any]) -> job_pb2.LogLine:
+    message = job_pb2.LogLine(id=line["id"], ts=line["ts"], level=line["level"], message=line["message"])
+    if line["shard"] is not None:
+        message.shard = line["shard"]
+    return message

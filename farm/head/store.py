@@ -86,7 +86,8 @@ CREATE TABLE IF NOT EXISTS job_logs (
     job_id TEXT NOT NULL,
     ts REAL NOT NULL,
     level TEXT NOT NULL,
-    message TEXT NOT NULL
+    message TEXT NOT NULL,
+    shard INTEGER  -- the shard a line is about (its output, its traceback); NULL: the job's own line
 );
 CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, ts);
 CREATE TABLE IF NOT EXISTS join_tokens (
@@ -188,6 +189,8 @@ class Store:
         node_columns = {r["name"] for r in self._db.execute("PRAGMA table_info(nodes)")}
         if "drain" not in node_columns:
             self._db.execute("ALTER TABLE nodes ADD COLUMN drain INTEGER NOT NULL DEFAULT 0")
+        if "shard" not in {r["name"] for r in self._db.execute("PRAGMA table_info(job_logs)")}:
+            self._db.execute("ALTER TABLE job_logs ADD COLUMN shard INTEGER")
         shard_columns = {r["name"] for r in self._db.execute("PRAGMA table_info(shards)")}
         if "marginal_j" not in shard_columns:
             self._db.execute("ALTER TABLE shards ADD COLUMN marginal_j REAL")
@@ -475,7 +478,8 @@ class Store:
                    error='' WHERE job_id=? AND idx=?""",
                 (ShardState.RUNNING.value, node.id, node.name, backend, device, job_id, index),
             )
-            self._log(db, job_id, "info", f"shard {index} → {node.name} ({device})" + (f": {why}" if why else ""))
+            self._log(db, job_id, "info", f"shard {index} → {node.name} ({device})" + (f": {why}" if why else ""),
+                      index)
 
     def shard_succeeded(
         self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None,
@@ -495,7 +499,7 @@ class Store:
             spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
             if energy and marginal_j is not None:
                 spent += f", {marginal_j:.3f} J above idle"
-            self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s{spent}")
+            self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s{spent}", index)
 
     def shard_requeued(self, job_id: str, index: int, error: str) -> None:
         with self._tx() as db:
@@ -503,7 +507,7 @@ class Store:
                 "UPDATE shards SET state=?, error=? WHERE job_id=? AND idx=?",
                 (ShardState.PENDING.value, error, job_id, index),
             )
-            self._log(db, job_id, "warning", f"shard {index} goes back to the queue: {error}")
+            self._log(db, job_id, "warning", f"shard {index} goes back to the queue: {error}", index)
 
     def split_shard(self, job_id: str, index: int, at: int) -> int:
         """A pending shard [start, stop) becomes [start, at), and [at, stop) a new pending shard after the job's
@@ -526,7 +530,7 @@ class Store:
                 "UPDATE shards SET state=?, error=? WHERE job_id=? AND idx=?",
                 (ShardState.FAILED.value, error, job_id, index),
             )
-            self._log(db, job_id, "error", f"shard {index} failed: {error}")
+            self._log(db, job_id, "error", f"shard {index} failed: {error}", index)
 
     def samples(self, model_key: str, per_device: int = RECENT) -> list[Sample]:
         """The latest finished shards of a model, per (node, device): what calibration learns from."""
@@ -581,14 +585,21 @@ class Store:
 
     # ---- logs
 
-    def log(self, job_id: str, level: str, message: str) -> None:
-        self._log(self._db, job_id, level, message)
+    def log(self, job_id: str, level: str, message: str, shard: int | None = None) -> None:
+        self._log(self._db, job_id, level, message, shard)
 
     @staticmethod
-    def _log(db: sqlite3.Connection, job_id: str, level: str, message: str) -> None:
-        db.execute("INSERT INTO job_logs VALUES (?, ?, ?, ?)", (job_id, time.time(), level, message))
+    def _log(db: sqlite3.Connection, job_id: str, level: str, message: str, shard: int | None = None) -> None:
+        db.execute("INSERT INTO job_logs (job_id, ts, level, message, shard) VALUES (?, ?, ?, ?, ?)",
+                   (job_id, time.time(), level, message, shard))
 
-    def logs(self, job_id: str) -> list[dict[str, Any]]:
+    def logs(self, job_id: str, shard: int | None = None, after: int = 0) -> list[dict[str, Any]]:
+        """The job's log lines in order, each with its id (`after` an id: only the lines written since it); with
+        `shard`, only that shard's lines."""
         self.job(job_id)  # NotFoundError for an unknown id
-        rows = self._db.execute("SELECT ts, level, message FROM job_logs WHERE job_id=? ORDER BY ts", (job_id,))
+        query = "SELECT rowid AS id, ts, level, message, shard FROM job_logs WHERE job_id=? AND rowid>?"
+        args: tuple[Any, ...] = (job_id, after)
+        if shard is not None:
+            query, args = query + " AND shard=?", (*args, shard)
+        rows = self._db.execute(query + " ORDER BY rowid", args)
         return [dict(r) for r in rows.fetchall()]

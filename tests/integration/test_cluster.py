@@ -117,7 +117,7 @@ def test_an_evaluate_job_scores_the_digits_model_per_device_and_writes_no_output
 
 
 def test_submit_returns_at_once_and_the_job_can_be_followed(cluster: Cluster, toy: Path) -> None:
-    spec = write_spec(toy, name="toy", model="toyjob:doubler", dataset="numbers.npz", shards=4, batch_size=3)
+    spec = write_spec(toy, name="toy", model="toyjob:chatty", dataset="numbers.npz", shards=4, batch_size=3)
     submitted = cluster.farm("submit", str(spec), "--workdir", str(toy))
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip()
@@ -132,18 +132,31 @@ def test_submit_returns_at_once_and_the_job_can_be_followed(cluster: Cluster, to
     assert job_id in {j["id"] for j in listed}
     logs = cluster.farm("logs", job_id)
     assert "accepted: 20 items in 4 shards" in logs.stdout and "job succeeded" in logs.stdout
+    # What each shard printed on the node (stdout and stderr as they interleaved), under its index.
+    shard_1 = cluster.farm("logs", job_id, "--shard", "1", "--json")
+    printed = [line["message"] for line in json.loads(shard_1.stdout) if line["level"] == "output"]
+    assert printed and "batch of 3 starting at 10" in printed[-1] and "a warning on stderr" in printed[-1]
     explained = cluster.farm("job", job_id, "--explain")
     assert explained.returncode == 0 and "shard 0 →" in explained.stdout
 
 
 def test_a_model_that_raises_fails_the_job_with_its_error(cluster: Cluster, toy: Path) -> None:
     spec = write_spec(toy, name="broken", model="toyjob:broken", dataset="toyjob:numbers", shards=2)
-    result = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(toy))
+    # --no-check: the preflight would run the model here and refuse it before it reaches a node.
+    result = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(toy), "--no-check")
     assert result.returncode == 1
     job = json.loads(result.stdout)
     assert job["state"] == "failed"
     assert "ValueError: this model is broken on purpose" in job["error"]
     assert "\n" not in job["error"]
+    # The job log has what the failed shard printed and its whole traceback, from the node.
+    failed = int(job["error"].split(":")[0].removeprefix("shard "))
+    logs = cluster.farm("logs", job["id"], "--shard", str(failed))
+    assert logs.returncode == 0, logs.stderr
+    assert f"[shard {failed}] about to break on a batch of" in logs.stdout
+    assert "Traceback (most recent call last):" in logs.stdout and "in forward" in logs.stdout
+    assert "ValueError: this model is broken on purpose" in logs.stdout
+    assert f"[shard {1 - failed}]" not in logs.stdout
 
 
 def test_cancel_stops_a_running_job(cluster: Cluster, toy: Path) -> None:

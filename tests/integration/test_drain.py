@@ -99,7 +99,7 @@ def test_a_drained_node_keeps_its_shards_and_gets_no_new_ones_until_undrained(cl
             undrained = cluster.farm("undrain", "agent-a")
             assert undrained.returncode == 0 and "undrained" in undrained.stdout, undrained.stderr
             wait_for(lambda: node_named(client, "agent-a").state == "ready", WAIT_S)
-            again_id = cluster.farm("submit", str(quick), "--workdir", str(toy)).stdout.strip()
+            again_id = cluster.farm("submit", str(quick), "--workdir", str(toy), "--overwrite").stdout.strip()
             run_to_end(client, again_id)
             again = client.job(again_id)
             assert again.state == "succeeded", (again.error, [line.message for line in client.logs(again_id)])

@@ -90,3 +90,15 @@ def test_prepare_measures_a_models_size_once_per_version_of_its_code(tmp_path: P
     (work / "notes.txt").write_text("any change to the job's code")
     assert prepare(work / "job.yaml", work).model_bytes == (4 * 2 + 2) * 4
     assert builds.read_text() == "xx"  # measured (and so checked) again
+
+
+def test_the_code_zip_leaves_out_what_git_ignores(work: Path) -> None:
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (work / ".gitignore").write_text("results/\n*.log\n")
+    for name in ("results/shard-00000.npy", "run.log", "src/keep.py"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("x")
+    names = set(zipfile.ZipFile(io.BytesIO(zip_code(work))).namelist())
+    assert names == {"toyjob.py", "src/keep.py"}  # another job's outputs and logs stay home

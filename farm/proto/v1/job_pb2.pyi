@@ -19,20 +19,22 @@ class CodeUpload(_message.Message):
     def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes", "code_upload")
+    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes", "code_upload", "overwrite")
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     CODE_ZIP_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CODE_UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    OVERWRITE_FIELD_NUMBER: _ClassVar[int]
     spec_yaml: str
     code_zip: bytes
     items: int
     output: str
     model_bytes: int
     code_upload: str
-    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ..., code_upload: _Optional[str] = ...) -> None: ...
+    overwrite: bool
+    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ..., code_upload: _Optional[str] = ..., overwrite: _Optional[bool] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("job_id",)
@@ -154,20 +156,28 @@ class WatchJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class LogsRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "shard", "after")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    shard: int
+    after: int
+    def __init__(self, job_id: _Optional[str] = ..., shard: _Optional[int] = ..., after: _Optional[int] = ...) -> None: ...
 
 class LogLine(_message.Message):
-    __slots__ = ("ts", "level", "message")
+    __slots__ = ("ts", "level", "message", "id", "shard")
     TS_FIELD_NUMBER: _ClassVar[int]
     LEVEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     ts: float
     level: str
     message: str
-    def __init__(self, ts: _Optional[float] = ..., level: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    id: int
+    shard: int
+    def __init__(self, ts: _Optional[float] = ..., level: _Optional[str] = ..., message: _Optional[str] = ..., id: _Optional[int] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class LogsReply(_message.Message):
     __slots__ = ("lines",)

@@ -69,6 +69,11 @@ class JobServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeChunk.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeUpload.FromString,
                 _registered_method=True)
+        self.FollowLogs = channel.unary_stream(
+                '/farm.v1.JobService/FollowLogs',
+                request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.LogLine.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -119,6 +124,13 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FollowLogs(self, request, context):
+        """The job's log lines so far, then each new one as it is written, until the job ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -156,6 +168,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.UploadCode,
                     request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeChunk.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.CodeUpload.SerializeToString,
+            ),
+            'FollowLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.FollowLogs,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.LogLine.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -347,6 +364,33 @@ class JobService:
             '/farm.v1.JobService/UploadCode',
             farm_dot_proto_dot_v1_dot_job__pb2.CodeChunk.SerializeToString,
             farm_dot_proto_dot_v1_dot_job__pb2.CodeUpload.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/farm.v1.JobService/FollowLogs',
+            farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_job__pb2.LogLine.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,121 @@
+"""The surroundings every job's shard runs in: the job's requirements importable (farm_agent.environment), and what
+the shard printed and why it failed — its stdout and stderr (as they interleaved, bounded) and its full traceback —
+sent to the head with its result or its error, so that `farm logs` shows them.
+
+The shard runners wrap themselves in one line, `@job_shard`. Python-level streams only (sys.stdout, sys.stderr, which
+print(), logging's default handler and warnings write to): a Ray worker's file descriptors belong to Ray, which sends
+them to the node's worker log, and everything still reaches that log because the capture writes through to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
+from farm_agent.environment import prepare_from_environment
+
+# Kept of a shard's output: its first and last KEEP_BYTES each (the start says what it set out to do, the end what
+# went wrong), with a line saying how much was dropped in between.
+KEEP_BYTES = 32 * 1024
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class BoundedText:
+    """Text kept as its first and last `keep` characters, with a count of what was dropped between them."""
+
+    def __init__(self, keep: int = KEEP_BYTES) -> None:
+        self.keep = keep
+        self.head: list[str] = []
+        self.head_len = 0
+        self.tail = ""
+        self.dropped = 0
+        self.lock = threading.Lock()  # a model's threads may print at once
+
+    def write(self, text: str) -> None:
+        with self.lock:
+            if self.head_len < self.keep:
+                taken = text[: self.keep - self.head_len]
+                self.head.append(taken)
+                self.head_len += len(taken)
+                text = text[len(taken):]
+            if text:
+                joined = self.tail + text
+                self.dropped += max(len(joined) - self.keep, 0)
+                self.tail = joined[-self.keep:]
+
+    def getvalue(self) -> str:
+        with self.lock:
+            gap = f"\n[... {self.dropped:,} characters dropped ...]\n" if self.dropped else ""
+            return "".join(self.head) + gap + self.tail
+
+
+def job_shard(run: Callable[P, R]) -> Callable[P, R]:
+    """Run a shard in its job's environment with its stdout and stderr captured. Its result gets the output in its
+    `log` field; an exception it raises gets the output and its formatted traceback as attributes (SHARD_LOG_ATTR,
+    SHARD_TRACEBACK_ATTR) and goes on up."""
+
+    @functools.wraps(run)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        out, err = sys.stdout, sys.stderr
+        stream = BoundedText()
+        sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)  # type: ignore[assignment]
+        try:
+            prepare_from_environment()
+            result = run(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                setattr(exc, SHARD_LOG_ATTR, stream.getvalue())
+                setattr(exc, SHARD_TRACEBACK_ATTR, _bounded("".join(traceback.format_exception(exc))))
+            except (AttributeError, TypeError):  # an exception type without a __dict__: it goes on as it is
+                pass
+            raise
+        finally:
+            sys.stdout, sys.stderr = out, err
+        if dataclasses.is_dataclass(result) and any(f.name == "log" for f in dataclasses.fields(result)):
+            return dataclasses.replace(result, log=stream.getvalue())  # type: ignore[type-var]
+        return result
+
+    return wrapper
+
+
+class _Tee(io.TextIOBase):
+    """One of the two streams: into the shared capture, and through to the worker's own stream."""
+
+    def __init__(self, capture: BoundedText, through: object) -> None:
+        self.capture = capture
+        self.through = through
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.capture.write(text)
+        try:
+            self.through.write(text)  # type: ignore[attr-defined]
+        except (OSError, ValueError, AttributeError):  # a closed or odd worker stream must not fail the shard
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.through.flush()  # type: ignore[attr-defined]
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _bounded(text: str, keep: int = KEEP_BYTES) -> str:
+    if len(text) <= 2 * keep:
+        return text
+    return f"{text[:keep]}\n[... {len(text) - 2 * keep:,} characters dropped ...]\n{text[-keep:]}"

@@ -1,0 +1,70 @@
+"""farm_agent.capture: what a shard printed and its traceback travel to the head with its result or its error."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
+from farm_agent.capture import BoundedText, job_shard
+
+
+@dataclass(frozen=True)
+class Result:
+    value: int
+    log: str = ""
+
+
+@job_shard
+def prints_and_returns(n: int) -> Result:
+    print("loading the model")
+    sys.stderr.write("a warning\n")
+    print(f"done {n}")
+    return Result(n)
+
+
+def inner_step() -> None:
+    raise RuntimeError("mat1 and mat2 must have the same dtype")
+
+
+@job_shard
+def prints_and_fails() -> Result:
+    print("about to fail")
+    inner_step()
+    return Result(0)
+
+
+def test_a_result_carries_what_the_shard_printed_in_order(capsys: pytest.CaptureFixture[str]) -> None:
+    result = prints_and_returns(3)
+    assert result.value == 3
+    assert result.log == "loading the model\na warning\ndone 3\n"
+    seen = capsys.readouterr()  # still written through to the worker's own streams (Ray's worker log)
+    assert "done 3" in seen.out and "a warning" in seen.err
+    assert sys.stdout is not None and not type(sys.stdout).__name__.startswith("_Tee")  # streams put back
+
+
+def test_an_error_carries_the_output_and_the_full_traceback_through_pickling() -> None:
+    with pytest.raises(RuntimeError) as caught:
+        prints_and_fails()
+    # Ray pickles the exception to send it to the head: the attributes go with it.
+    error = pickle.loads(pickle.dumps(caught.value))
+    assert getattr(error, SHARD_LOG_ATTR) == "about to fail\n"
+    trace = getattr(error, SHARD_TRACEBACK_ATTR)
+    assert trace.startswith("Traceback (most recent call last):")
+    assert "in prints_and_fails" in trace and "in inner_step" in trace
+    assert trace.rstrip().endswith("RuntimeError: mat1 and mat2 must have the same dtype")
+
+
+def test_output_is_bounded_keeping_its_start_and_end() -> None:
+    text = BoundedText(keep=10)
+    for chunk in ("0123456789", "x" * 1000, "the end"):
+        text.write(chunk)
+    kept = text.getvalue()
+    assert kept.startswith("0123456789\n[... 997 characters dropped ...]\n") and kept.endswith("xxxthe end")
+
+
+def test_a_result_without_a_log_field_passes_unchanged() -> None:
+    assert job_shard(lambda: 42)() == 42
