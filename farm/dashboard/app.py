@@ -4,7 +4,10 @@
     GET  /api/fleet               nodes, totals, nodes per backend
     GET  /api/jobs                the latest jobs with their progress
     GET  /api/jobs/{id}           a job: shard placement, seconds and energy per shard, the scheduler's explanation
-    GET  /api/history             the last 15 minutes of utilisation and power per node
+    GET  /api/jobs/{id}/logs      its log lines after ?after=ID (?shard=N: one shard's), what shards printed too;
+                                  needs the API token
+    GET  /api/nodes/{node}        a node (id or name): its figures, backends, hardware and the work it did
+    GET  /api/history             the last 15 minutes of utilisation, memory and power per node
     GET  /api/events              server-sent events: a `tick` (fleet, jobs, the new sample) every few seconds
     GET  /api/auth                204 with a valid API token (bearer), 401 without: what the sign-in form checks
     POST /api/jobs/{id}/cancel    cancel a job, through the same code as the gRPC Cancel; needs the API token
@@ -21,6 +24,7 @@ import asyncio
 import hmac
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -34,7 +38,7 @@ from farm.core.errors import AuthError, ConflictError, FarmError, NotFoundError,
 from farm.core.models import JobState, Node
 from farm.dashboard import metrics
 from farm.dashboard.history import History, Reading
-from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view, node_view
+from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view, log_view, node_view
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
 from farm.head.store import Job, NodeWork, Store
@@ -44,6 +48,7 @@ log = logging.getLogger("farm.dashboard")
 
 STATIC = resources.files("farm.dashboard") / "static"
 JOBS_SHOWN = 50
+LOG_LINES = 2000  # a job page's log fetch: at most this many lines at a time (it fetches the rest after them)
 LOOP_SHARE = 10  # a tick that took t seconds waits at least LOOP_SHARE × t for the next
 HTTP_STATUS = {AuthError: 401, NotFoundError: 404, ConflictError: 409, UserError: 400}
 # The page loads nothing from elsewhere: it works offline, and injected markup could not fetch anything either.
@@ -168,7 +173,8 @@ class Dashboard:
             return
         nodes = self.store.nodes()
         readings = {
-            n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power)) for n in nodes if n.state in LIVE_STATES
+            n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power), n.memory_percent)
+            for n in nodes if n.state in LIVE_STATES
         }
         self.history.add(now, readings)
         running, work = self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
@@ -183,7 +189,8 @@ class Dashboard:
         for node in self.store.node_liveness():
             beat = self.store.liveness.latest(node.id)
             if node.state in LIVE_STATES and beat is not None:
-                readings[node.id] = Reading(node.name, beat.cpu_percent, sum(p.watts for p in beat.power))
+                readings[node.id] = Reading(node.name, beat.cpu_percent, sum(p.watts for p in beat.power),
+                                            beat.memory_percent)
         return readings
 
     # ---- HTTP
@@ -196,6 +203,8 @@ class Dashboard:
             web.get("/api/fleet", self.fleet),
             web.get("/api/jobs", self.job_list),
             web.get("/api/jobs/{job_id}", self.job),
+            web.get("/api/jobs/{job_id}/logs", self.job_logs),
+            web.get("/api/nodes/{node}", self.node),
             web.post("/api/jobs/{job_id}/cancel", self.cancel),
             web.post("/api/nodes/{node}/drain", self.drain),
             web.post("/api/nodes/{node}/undrain", self.undrain),
@@ -212,7 +221,7 @@ class Dashboard:
 
     async def fleet(self, request: web.Request) -> web.Response:
         nodes, running, work = self.store.nodes(), self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
-        return await _json_response(fleet_view, nodes, running, work)
+        return await _json_response(fleet_view, nodes, running, work, self.store.jobs(limit=JOBS_SHOWN))
 
     async def job_list(self, request: web.Request) -> web.Response:
         jobs = self.store.jobs(limit=_int_query(request, "limit", JOBS_SHOWN))
@@ -220,6 +229,23 @@ class Dashboard:
 
     async def job(self, request: web.Request) -> web.Response:
         return web.json_response(job_view(self.store.job(request.match_info["job_id"])))
+
+    async def job_logs(self, request: web.Request) -> web.Response:
+        """The job's log lines after `after` (a line's id), at most LOG_LINES; with `shard`, that shard's. What a
+        job's code printed is the job's: reading it needs the API token, as `farm logs` does."""
+        self._check_token(request)
+        shard = request.query.get("shard", "")
+        lines = self.store.logs(request.match_info["job_id"], int(shard) if shard.isdigit() else None,
+                                _int_query(request, "after", 0, maximum=2**62))
+        return await _json_response(log_view, lines[:LOG_LINES])
+
+    async def node(self, request: web.Request) -> web.Response:
+        """One node (id or name): its figures, its backends and hardware, and the work it did."""
+        node_id = self.store.node_id(request.match_info["node"])
+        node = self.store.nodes(node_id)[0]
+        running = self.store.running_shards_by_node().get(node.id, 0)
+        work = [w for w in self.store.work_by_node() if w.node_id == node.id]
+        return web.json_response(node_view(node, running, work))
 
     async def cancel(self, request: web.Request) -> web.Response:
         self._check_token(request)
@@ -279,11 +305,16 @@ def _tick(now: float, nodes: list[Node], running: list[Job], work: list[NodeWork
           readings: dict[str, Reading]) -> bytes:
     """One live update, as a server-sent event: the fleet, the latest jobs and the new sample."""
     update = {
-        "fleet": fleet_view(nodes, running, work),
+        "fleet": fleet_view(nodes, running, work, jobs),
         "jobs": [job_summary(j) for j in jobs],
-        "sample": {"t": now, "values": {i: [r.cpu_percent, r.power_w] for i, r in readings.items()}},
+        "sample": {"t": now, "values": {i: [r.cpu_percent, r.power_w] for i, r in readings.items()},
+                   "memory": {i: _finite(r.memory_percent) for i, r in readings.items()}},
     }
     return f"event: tick\ndata: {json.dumps(update)}\n\n".encode()
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
 
 
 async def _json_response(build: Callable[..., Any], *args: Any) -> web.Response:
@@ -293,12 +324,12 @@ async def _json_response(build: Callable[..., Any], *args: Any) -> web.Response:
     return web.Response(text=text, content_type="application/json")
 
 
-def _int_query(request: web.Request, name: str, default: int) -> int:
+def _int_query(request: web.Request, name: str, default: int, maximum: int = 1000) -> int:
     value = request.query.get(name, "")
     if not value:
         return default
-    if not value.isdigit() or not 0 < int(value) <= 1000:
-        raise UserError(f"{name} must be a whole number from 1 to 1000")
+    if not value.isdigit() or len(value) > 20 or not 0 < int(value) <= maximum:
+        raise UserError(f"{name} must be a whole number from 1 to {maximum}")
     return int(value)
 
 

@@ -1,4 +1,4 @@
-"""The last 15 minutes of every node's utilisation and power, in memory, for the dashboard's live charts.
+"""The last 15 minutes of every node's utilisation, memory and power, in memory, for the dashboard's live charts.
 
 All nodes are sampled at once (one tick), so every node's series shares the ticks' time axis, which is the shape a
 chart library wants. The figures live in numpy rings rather than per-sample Python objects: 5,000 nodes × 15 minutes
@@ -23,6 +23,7 @@ class Reading:
     name: str
     cpu_percent: float
     power_w: float
+    memory_percent: float = math.nan
 
 
 class History:
@@ -32,6 +33,7 @@ class History:
         self._times = np.full(self.capacity, np.nan)
         self._cpu = np.full((self.capacity, 0), np.nan, dtype=np.float32)
         self._power = np.full((self.capacity, 0), np.nan, dtype=np.float32)
+        self._memory = np.full((self.capacity, 0), np.nan, dtype=np.float32)
         self._column: dict[str, int] = {}  # node id → its column in the rings
         self._names: dict[str, str] = {}
         self._next = 0  # the slot the next tick goes to
@@ -46,10 +48,12 @@ class History:
         self._times[slot] = at
         self._cpu[slot, :] = np.nan
         self._power[slot, :] = np.nan
+        self._memory[slot, :] = np.nan
         for node_id, reading in readings.items():
             column = self._column[node_id]
             self._cpu[slot, column] = reading.cpu_percent
             self._power[slot, column] = reading.power_w
+            self._memory[slot, column] = reading.memory_percent
         self._next = (slot + 1) % self.capacity
 
     def _add_column(self, node_id: str) -> None:
@@ -58,6 +62,7 @@ class History:
             width = max(8, 2 * self._cpu.shape[1])
             self._cpu = _widen(self._cpu, width)
             self._power = _widen(self._power, width)
+            self._memory = _widen(self._memory, width)
 
     def series(self, now: float, limit: int = 24) -> dict[str, Any]:
         """The window's ticks, oldest first, and per node its utilisation and power (None where it was not live):
@@ -66,6 +71,7 @@ class History:
         slots = [s for s in order if not math.isnan(self._times[s]) and self._times[s] >= now - self.window_s]
         cpu = self._cpu[slots, : len(self._column)]
         power = self._power[slots, : len(self._column)]
+        memory = self._memory[slots, : len(self._column)]
         present = ~np.isnan(cpu)
         means = np.where(present, cpu, 0).sum(axis=0) / np.maximum(present.sum(axis=0), 1)
         means[~present.any(axis=0)] = -1.0  # never live in the window: last
@@ -76,7 +82,7 @@ class History:
             "nodes_total": len(self._column),
             "nodes": [
                 {"id": n, "name": self._names[n], "cpu": _values(cpu[:, self._column[n]]),
-                 "power": _values(power[:, self._column[n]])}
+                 "power": _values(power[:, self._column[n]]), "memory": _values(memory[:, self._column[n]])}
                 for n in sorted(busiest[:limit], key=lambda n: self._names[n])
             ],
         }

@@ -11,6 +11,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+import yaml
+
 from farm.core.energy import EnergySource
 from farm.core.models import Node, NodeState, ShardState
 from farm.head.store import Job, NodeWork
@@ -85,8 +87,9 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
     }
 
 
-def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork]) -> JSON:
-    """The overview: every node, the fleet's totals, and nodes per backend."""
+def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork], recent_jobs: Iterable[Job] = ()
+               ) -> JSON:
+    """The overview: every node, the fleet's totals, nodes per backend, and perf/W per model over the recent jobs."""
     running = running_shards_by_node(running_jobs)
     work_of: defaultdict[str, list[NodeWork]] = defaultdict(list)
     for w in work:
@@ -105,13 +108,13 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork])
             by_backend[name]["nodes"] += 1
             by_backend[name]["ready"] += int(node.state is NodeState.READY)
     measured = [w for w in work if w.energy_source]
-    measured_items, measured_j = sum(w.items for w in measured), sum(w.energy_j for w in measured)
     live_power_sources = [p["source"] for v in live for p in v["power"]]
     energy_sources = [w.energy_source for w in measured]
     return {
         "at": time.time(),
         "nodes": views,
         "backends": sorted(by_backend.values(), key=lambda b: b["backend"]),
+        "models": perf_by_model(recent_jobs),
         "totals": {
             "nodes": len(views),
             "by_state": dict(Counter(v["state"] for v in views)),
@@ -125,10 +128,48 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork])
             "energy_j": sum(w.energy_j for w in work),
             "energy_source": combined_source(energy_sources),
             "energy_estimate": _mixed_estimate(energy_sources),
-            "items_per_j": measured_items / measured_j if measured_j > 0 else None,
-            "marginal_j": _marginal(measured),
+            "marginal_j": _marginal(measured),  # no items/J across the fleet: see perf_by_model
         },
     }
+
+
+def perf_by_model(jobs: Iterable[Job]) -> list[JSON]:
+    """Items per joule per model and backend, over the finished shards whose energy was measured. Never one figure
+    across models: an item of one model is not an item of another (a digit against a 512-token passage)."""
+    groups: dict[tuple[str, str], JSON] = {}
+    for job in jobs:
+        for shard in job.shards:
+            if shard.state is not ShardState.SUCCEEDED or not shard.energy_source or shard.energy_j <= 0:
+                continue
+            group = groups.setdefault((job.model_key or job.id, shard.backend), {
+                "model": _model_name(job), "model_key": job.model_key, "backend": shard.backend, "jobs": set(),
+                "items": 0, "energy_j": 0.0, "sources": set()})
+            group["jobs"].add(job.id)
+            group["items"] += shard.items
+            group["energy_j"] += shard.energy_j
+            group["sources"].add(shard.energy_source)
+    rows = []
+    for group in groups.values():
+        sources = group.pop("sources")
+        rows.append({**group, "jobs": len(group["jobs"]), "items_per_j": group["items"] / group["energy_j"],
+                     "energy_source": combined_source(sources), "energy_estimate": _mixed_estimate(sources)})
+    return sorted(rows, key=lambda r: (r["model"], -r["items_per_j"]))
+
+
+def _model_name(job: Job) -> str:
+    """What a person calls the job's model: its spec's `model` (kernel-eval jobs have none: the job's name)."""
+    try:
+        spec = yaml.safe_load(job.spec_yaml)
+    except yaml.YAMLError:
+        spec = None
+    model = spec.get("model") if isinstance(spec, dict) else None
+    return str(model) if model else job.name
+
+
+def log_view(lines: list[JSON]) -> list[JSON]:
+    """A job's log lines as the page shows them (the store's rows: id, ts, level, message, shard)."""
+    return [{"id": line["id"], "ts": line["ts"], "level": line["level"], "message": line["message"],
+             "shard": line["shard"]} for line in lines]
 
 
 def job_summary(job: Job) -> JSON:

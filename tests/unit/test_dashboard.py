@@ -356,3 +356,63 @@ def test_the_grafana_dashboard_charts_only_metrics_the_head_exports(tmp_path: Pa
         assert wanted <= exported, wanted - exported
 
     run(tmp_path, scenario)
+
+
+def test_a_jobs_log_with_what_its_shards_printed_needs_the_api_token(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        served.store.log("j-1", "output", "loading the model\nbatch 0", shard=0)
+        status, _ = await served.get("api/jobs/j-1/logs")
+        assert status == 401  # a job's output is the job's: as `farm logs`, reading it needs the token
+        status, lines = await served.get("api/jobs/j-1/logs", token=served.tokens.api)
+        assert status == 200 and isinstance(lines, list)
+        assert lines[0]["message"].startswith("accepted:") and lines[0]["shard"] is None
+        assert {"level": "output", "message": "loading the model\nbatch 0", "shard": 0}.items() <= lines[-1].items()
+        status, later = await served.get(f"api/jobs/j-1/logs?after={lines[-2]['id']}", token=served.tokens.api)
+        assert later == lines[-1:]
+        status, shard_1 = await served.get("api/jobs/j-1/logs?shard=1", token=served.tokens.api)
+        assert shard_1 and all(line["shard"] == 1 for line in shard_1)  # type: ignore[union-attr]
+        status, _ = await served.get("api/jobs/j-1/logs?after=x", token=served.tokens.api)
+        assert status == 400
+
+    run(tmp_path, scenario)
+
+
+def test_perf_per_watt_is_per_model_never_across_models(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        gpu = next(n for n in served.store.nodes() if n.id == "n-gpu")
+        for job_id, model, items, joules in (("j-a", "digits.model:build", 100, 10.0),
+                                             ("j-b", "minilm.model:build", 10, 50.0)):
+            served.store.add_job(job_id, job_id, "inference", f"name: {job_id}\nmodel: {model}\n", "/c.zip", "/out",
+                                 items, [(0, items)], model_key=f"key-{job_id}")
+            served.store.shard_started(job_id, 0, gpu, "cuda", "cuda:0")
+            served.store.shard_succeeded(job_id, 0, items, 1.0, None, energy(joules, EnergySource.COUNTER))
+        status, fleet = await served.get("api/fleet")
+        assert status == 200 and isinstance(fleet, dict)
+        models = {m["model"]: m for m in fleet["models"]}
+        assert models["digits.model:build"]["items_per_j"] == pytest.approx(10.0)
+        assert models["minilm.model:build"]["items_per_j"] == pytest.approx(0.2)
+        assert models["digits.model:build"]["backend"] == "cuda" and not models["digits.model:build"]["energy_estimate"]
+        assert "items_per_j" not in fleet["totals"]  # 110 items over 60 J would mean nothing
+
+    run(tmp_path, scenario)
+
+
+def test_a_node_page_and_memory_in_the_history(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        for ref in ("n-gpu", "gpu-box"):  # by id or by name
+            status, node = await served.get(f"api/nodes/{ref}")
+            assert status == 200 and isinstance(node, dict)
+            assert node["name"] == "gpu-box" and node["hardware"]["gpus"] == ["NVIDIA H200"]
+            assert node["items_done"] == 50 and node["shards_running"] == 1
+        assert (await served.get("api/nodes/nope"))[0] == 404
+        await served.dashboard.sample()
+        status, history = await served.get("api/history")
+        gpu = next(n for n in history["nodes"] if n["id"] == "n-gpu")  # type: ignore[index]
+        assert gpu["memory"][-1] == 20.0
+
+    run(tmp_path, scenario)

@@ -91,8 +91,9 @@ async function api(path, options = {}) {
 // ---- routing: #/ is the fleet, #/jobs/ID a job
 
 function route() {
-  const match = location.hash.match(/^#\/jobs\/([^/]+)$/);
-  return match ? {page: "job", id: decodeURIComponent(match[1])} : {page: "fleet"};
+  const match = location.hash.match(/^#\/(jobs|nodes)\/([^/]+)$/);
+  if (!match) return {page: "fleet"};
+  return {page: match[1] === "jobs" ? "job" : "node", id: decodeURIComponent(match[2])};
 }
 
 async function show() {
@@ -102,6 +103,9 @@ async function show() {
   if (where.page === "job") {
     view.replaceChildren(h("p", {class: "dim"}, "loading…"));
     await loadJob(where.id);
+  } else if (where.page === "node") {
+    view.replaceChildren(h("p", {class: "dim"}, "loading…"));
+    await loadNode(where.id);
   } else {
     view.replaceChildren(fleetSkeleton());
     renderFleet();
@@ -119,8 +123,13 @@ function fleetSkeleton() {
     h("h2", {}, "Last 15 minutes"),
     h("div", {class: "charts"},
       h("div", {class: "chart", id: "chart-cpu"}, h("h3", {}, "Utilisation (CPU %) per node")),
-      h("div", {class: "chart", id: "chart-power"}, h("h3", {}, "Power (W) per node"))),
+      h("div", {class: "chart", id: "chart-power"}, h("h3", {}, "Power (W) per node")),
+      h("div", {class: "chart", id: "chart-memory"}, h("h3", {}, "Memory (% of the machine's) per node"))),
     h("p", {class: "dim", id: "chart-note"}),
+    h("h2", {}, "Perf/W by model"),
+    h("p", {class: "dim"}, "Items per joule of each model on each backend, over the latest jobs' measured shards: " +
+      "never one figure across models, whose items are not alike."),
+    h("div", {class: "table-wrap"}, h("table", {id: "models"})),
     h("h2", {}, "Jobs"), h("div", {class: "table-wrap"}, h("table", {id: "jobs"})));
 }
 
@@ -145,10 +154,8 @@ function renderFleet() {
     card("Shards running", num(totals.shards_running), null, "total-shards"),
     card("Energy spent", figure(joules(totals.energy_j), totals.energy_estimate, totals.energy_source),
          `${num(totals.items_done)} items done` + (totals.marginal_j == null ? "" :
-           ` · ${joules(totals.marginal_j)} above idle`), "total-energy"),
-    card("Perf/W", totals.items_per_j == null ? "-" :
-         figure(`${num(totals.items_per_j, 1)} items/J`, totals.energy_estimate, totals.energy_source),
-         "items per joule (items/s per W)", "total-perf"));
+           ` · ${joules(totals.marginal_j)} above idle`), "total-energy"));
+  renderModels(state.fleet.models || []);
 
   document.getElementById("backends").replaceChildren(...(backends.length ? backends.map(b =>
     h("span", {class: "chip", "data-backend": b.backend},
@@ -160,7 +167,8 @@ function renderFleet() {
       "num" : null}, c)));
   const rows = nodes.map(n => { const live = n.state !== "offline"; return h("tr", {"data-node": n.name,
       "data-node-id": n.id, class: live ? null : "dim"},
-    h("td", {}, h("b", {}, n.name), h("div", {class: "dim"}, n.id)),
+    h("td", {}, h("a", {href: `#/nodes/${encodeURIComponent(n.id)}`}, h("b", {}, n.name)),
+      h("div", {class: "dim"}, n.id)),
     h("td", {class: "node-state", title: n.drain ? "drained by an operator" : null}, stateCell(n.state),
       n.drain ? h("div", {class: "dim"}, "by an operator") : null),
     h("td", {class: "node-activity", title: n.busy ? `owner busy: ${n.busy}` : null},
@@ -186,6 +194,18 @@ function renderFleet() {
     h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 13, class: "empty"},
       "No nodes yet: join one with the command `farm head start` printed."))));
   renderJobs();
+}
+
+function renderModels(models) {
+  const head = h("tr", {}, ["Model", "Backend", "Jobs", "Items", "Energy", "Perf/W (items/J)"].map((c, i) =>
+    h("th", {class: i >= 2 ? "num" : null}, c)));
+  const rows = models.map(m => h("tr", {"data-model": m.model, "data-backend": m.backend},
+    h("td", {}, m.model), h("td", {}, m.backend), h("td", {class: "num"}, num(m.jobs)),
+    h("td", {class: "num"}, num(m.items)),
+    h("td", {class: "num"}, figure(joules(m.energy_j), m.energy_estimate, m.energy_source)),
+    h("td", {class: "num model-perf"}, figure(num(m.items_per_j, 1), m.energy_estimate, m.energy_source))));
+  document.getElementById("models").replaceChildren(h("thead", {}, head), h("tbody", {}, rows.length ? rows :
+    h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No measured shards yet."))));
 }
 
 // An operator's drain: no new shards for the node, what runs there finishes. Like cancel, it needs the API token.
@@ -255,7 +275,8 @@ function buildCharts() {
   destroyCharts();
   const nodes = state.history.nodes;
   state.chartNodes = nodes.map(n => n.id).join(",");
-  for (const [metric, id, unit, range] of [["cpu", "chart-cpu", "%", [0, 100]], ["power", "chart-power", "W", null]]) {
+  for (const [metric, id, unit, range] of [["cpu", "chart-cpu", "%", [0, 100]], ["power", "chart-power", "W", null],
+                                           ["memory", "chart-memory", "%", [0, 100]]]) {
     const box = document.getElementById(id);
     box.querySelectorAll(".uplot, .note").forEach(el => el.remove());
     const width = Math.max(box.clientWidth - 16, 300);
@@ -291,10 +312,11 @@ function appendSample(sample) {
     const values = sample.values[n.id];
     n.cpu.push(values ? values[0] : null);
     n.power.push(values ? values[1] : null);
+    n.memory.push(sample.memory ? sample.memory[n.id] ?? null : null);
   }
   while (history.t.length && history.t[0] < sample.t - WINDOW_S) {
     history.t.shift();
-    for (const n of history.nodes) { n.cpu.shift(); n.power.shift(); }
+    for (const n of history.nodes) { n.cpu.shift(); n.power.shift(); n.memory.shift(); }
   }
   for (const [metric, chart] of Object.entries(state.charts)) {
     chart.setData(chartData(metric));
@@ -304,7 +326,7 @@ function appendSample(sample) {
 
 window.addEventListener("resize", () => {
   for (const [metric, chart] of Object.entries(state.charts)) {
-    const box = document.getElementById(metric === "cpu" ? "chart-cpu" : "chart-power");
+    const box = document.getElementById(`chart-${metric}`);
     if (box) chart.setSize({width: Math.max(box.clientWidth - 16, 300), height: 220});
   }
 });
@@ -320,7 +342,92 @@ async function loadJob(id) {
     return;
   }
   renderJob();
+  await loadLog(id);
 }
+
+// The job's log: its events and what its shards printed (their output and tracebacks). It is the job's own data:
+// reading it needs the API token, as `farm logs` does. Fetched after the last line already shown.
+async function loadLog(id) {
+  if (!state.log || state.log.id !== id) state.log = {id, lines: [], after: 0};
+  const log = state.log;
+  if (state.token) {
+    try {
+      const lines = await api(`api/jobs/${encodeURIComponent(id)}/logs` + (log.after ? `?after=${log.after}` : ""));
+      if (state.log !== log) return;  // another job's page meanwhile
+      log.lines.push(...lines);
+      if (lines.length) log.after = lines[lines.length - 1].id;
+      log.error = "";
+    } catch (error) {
+      log.error = String(error.message);
+    }
+  }
+  renderLog();
+}
+
+function logText(line) {
+  const stamp = new Date(line.ts * 1000).toLocaleTimeString([], {hour12: false});
+  const lead = `${stamp} ${line.level.padEnd(7)} ${line.shard == null ? "" : `[shard ${line.shard}] `}`;
+  return line.message.split("\n").map((text, i) => (i ? " ".repeat(lead.length) : lead) + text).join("\n");
+}
+
+function renderLog() {
+  const box = document.getElementById("job-log");
+  if (!box || !state.log) return;
+  if (!state.token) {
+    box.replaceChildren(h("span", {class: "dim"}, "Sign in with the API token to read the job's log."));
+    return;
+  }
+  box.replaceChildren(...state.log.lines.map(line => h("div", {class: `log-line log-${line.level}`,
+    "data-shard": line.shard == null ? "" : String(line.shard)}, logText(line))));
+  if (state.log.error) box.append(h("div", {class: "error"}, state.log.error));
+}
+
+// ---- the node page
+
+async function loadNode(id) {
+  let node;
+  try {
+    node = await api(`api/nodes/${encodeURIComponent(id)}`);
+  } catch (error) {
+    document.getElementById("view").replaceChildren(h("p", {}, h("a", {href: "#/"}, "← fleet")),
+      h("p", {class: "error"}, String(error.message)));
+    return;
+  }
+  if (route().page !== "node") return;
+  const hw = node.hardware;
+  const meta = [
+    ["State", stateCell(node.state)], ["Activity", stateCell(node.activity, "act")],
+    ["Owner", node.busy ? `busy: ${node.busy}` : "idle"],
+    ["CPU", `${num(node.cpu_percent)}%`], ["Memory", `${num(node.memory_percent)}%`],
+    ["Power", node.power.length ? figure(watts(node.power_w), node.power_estimate, node.power_source) : "-"],
+    ["Shards", `${num(node.shards_running)} running · ${num(node.shards_done)} done`],
+    ["Items done", num(node.items_done)],
+    ["Energy", node.energy_source ? figure(joules(node.energy_j), node.energy_estimate, node.energy_source) : "-"],
+    ["Machine", `${hw.cpu_model}, ${hw.cpu_cores} cores, ${hw.os}/${hw.arch}` +
+      (hw.gpus.length ? ` · ${hw.gpus.join(", ")}` : "") + (hw.apple_chip ? ` · ${hw.apple_chip}` : "")],
+    ["Heartbeat", ago(node.last_heartbeat)],
+  ];
+  const backends = node.backends.map(b => h("tr", {"data-backend": b.name},
+    h("td", {}, b.name), h("td", {}, b.device), h("td", {}, b.available ? "available" : `unavailable: ${b.reason}`),
+    h("td", {}, b.detail || "-"),
+    h("td", {class: "num"}, b.idle_w == null ? "-" : figure(watts(b.idle_w), b.idle_estimate, b.idle_source))));
+  const power = node.power.map(p => h("tr", {}, h("td", {}, p.device),
+    h("td", {class: "num"}, figure(watts(p.watts), p.estimate, p.source, p.scope))));
+  document.getElementById("view").replaceChildren(h("div", {id: "node-page", "data-node": node.name},
+    h("p", {}, h("a", {href: "#/"}, "← fleet")),
+    h("h1", {}, `${node.name} `, h("span", {class: "dim"}, node.id)),
+    h("div", {class: "meta"}, meta.map(([label, value]) => h("div", {}, h("span", {class: "label"}, label), value))),
+    h("p", {}, live(node) ? drainButton(node) : null),
+    h("h2", {}, "Backends"),
+    h("div", {class: "table-wrap"}, h("table", {id: "node-backends"}, h("thead", {}, h("tr", {},
+      ["Backend", "Device", "State", "Detail", "Idle draw"].map((c, i) => h("th", {class: i === 4 ? "num" : null}, c)))),
+      h("tbody", {}, backends))),
+    h("h2", {}, "Power now, by device"),
+    h("div", {class: "table-wrap"}, h("table", {id: "node-power"}, h("tbody", {}, power.length ? power :
+      h("tr", {}, h("td", {class: "empty"}, "no power readings")))))));
+}
+
+function live(node) { return node.state !== "offline"; }
 
 function renderJob() {
   const job = state.job;
@@ -339,7 +446,8 @@ function renderJob() {
       job.energy_sources.join(", ")) : "-"],
     ["Wall time", job.metrics.wall_s ? duration(job.metrics.wall_s) : "-"],
     ["Accuracy", job.metrics.accuracy != null ? `${num(job.metrics.accuracy * 100, 1)}%` : null],
-    ["Output", job.output],
+    ["Results", h("span", {id: "job-results"}, job.output, h("div", {class: "dim"},
+      `from anywhere: farm results ${job.id} --out DIR`))],
   ].filter(([, value]) => value !== null);
   const head = h("tr", {}, ["#", "State", "Node", "Device", "Items", "Seconds", "Energy", "Above idle", "Items/J",
     "Peak memory", "Tries", "Error"].map((c, i) => h("th", {class: i >= 4 && i < 11 ? "num" : null}, c)));
@@ -368,7 +476,10 @@ function renderJob() {
     h("h2", {}, "Shards: placement, time and energy"),
     h("div", {class: "table-wrap"}, h("table", {id: "shards"}, h("thead", {}, head), h("tbody", {}, rows))),
     h("h2", {}, "The scheduler's explanation"),
-    h("pre", {class: "explain", id: "explanation"}, job.explanation || "No scheduling round has run yet.")));
+    h("pre", {class: "explain", id: "explanation"}, job.explanation || "No scheduling round has run yet."),
+    h("h2", {}, "Log: events, and what each shard printed"),
+    h("pre", {class: "explain job-log", id: "job-log"})));
+  renderLog();
 }
 
 async function cancelJob(job) {
@@ -417,6 +528,7 @@ document.getElementById("signin-form").addEventListener("submit", async (event) 
   renderAuth();
   renderJob();
   renderFleet();
+  if (route().page === "job" && state.job) loadLog(state.job.id);
 });
 
 // ---- live updates
@@ -438,6 +550,7 @@ function connect() {
     appendSample(update.sample);
     // A job page follows its job until it finishes (the fetch that sees it finished is the last one).
     if (route().page === "job" && state.job && !state.job.finished) loadJob(state.job.id);
+    if (route().page === "node") loadNode(route().id);
   });
 }
 
