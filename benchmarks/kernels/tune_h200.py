@@ -102,22 +102,18 @@ def main() -> None:
     if args.only:
         paths = [p for p in paths if p.stem in set(args.only)]
     precisions = sorted({FAMILY_PRECISION[f] for f in args.families if f in FAMILY_PRECISION})
+    counts = {p.stem: region_count(p) for p in paths}
     check: dict[str, Any] = {}
     if args.check_workers > 0 and precisions:
         from template_check import check_all
 
         print(f"== template check: {len(paths)} problems, {args.check_workers} workers", flush=True)
-        counts = {p.stem: region_count(p) for p in paths}
         heaviest_first = sorted(paths, key=lambda p: -counts[p.stem])  # the longest compiles start first
         check = check_all(heaviest_first, precisions, args.check_workers, args.check_limit_s, device=args.device)
         print(f"== template check done in {check['wall_s']:.0f} s", flush=True)
 
-    def has_regions(path: Path) -> bool:
-        entry = check.get("problems", {}).get(path.stem, {})
-        return any(e.get("regions") for e in entry.get("precisions", {}).values())
-
     # Problems with template regions first, so that a time limit cuts the ones the templates do not touch.
-    paths.sort(key=lambda p: (not has_regions(p), p.stem))
+    paths.sort(key=lambda p: (counts[p.stem] == 0, p.stem))
     policy = Policy.load(args.policy)
     reports: list[TuneReport] = []
     failures: dict[str, str] = {}
@@ -127,8 +123,8 @@ def main() -> None:
             failures[path.stem] = "not run: time limit"
             continue
         families = checked_families(path.stem, args.families, check)
-        if families != args.families:
-            print(f"{path.stem}: not measured (templates not checked): "
+        if families != args.families and counts[path.stem]:
+            print(f"{path.stem}: left out, their templates not checked: "
                   f"{sorted(set(args.families) - set(families))}", flush=True)
         try:
             report = tune(path, budget_s=1e9, atol=LOOSE[0], rtol=LOOSE[1], device=args.device, policy=policy,
@@ -186,7 +182,7 @@ def summary_text(reports: list[TuneReport], failures: dict[str, str], check: dic
     regions; the search time; template compile failures."""
     lines = []
     templated = {name for name, e in check.get("problems", {}).items()
-                 if any(p.get("regions") for p in e.get("precisions", {}).values())}
+                 if any(p.get("regions") or p.get("error") for p in e.get("precisions", {}).values())}
     groups = [("all problems", reports), ("problems with template regions", [r for r in reports
                                                                             if r.problem in templated])]
     for label, group in groups:
