@@ -144,6 +144,8 @@ def job_metrics(job: Job) -> dict[str, float]:
     metrics = {**job.metrics, "items_per_s": job.items / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s}
     if job.energy_j > 0 and all(s.energy_source for s in job.shards):
         metrics["items_per_j"] = job.items / job.energy_j
+        if job.marginal_j:  # above the devices' idle draw: what the efficiency policy ranks by by default
+            metrics["items_per_marginal_j"] = job.items / job.marginal_j
     if job.correct is not None:
         metrics["accuracy"] = job.correct / job.items
     return metrics
