@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from farm import ray_user
 from farm.core.errors import AgentError
 
 
@@ -225,14 +227,18 @@ class RayProcess:
     head or agent clears them (see clear_left_behind)."""
 
     def __init__(self, args: Sequence[str], token_path: Path, log: Path, record: Path | None = None,
-                 user: pwd.struct_passwd | None = None, home: Path | None = None) -> None:
-        """`user`: the account the node runs as (farm.ray_user), `home` its HOME (the node's own folder)."""
-        self.args = [ray_executable(), "start", "--block", "--disable-usage-stats", *args]
+                 user: pwd.struct_passwd | None = None, folder: Path | None = None) -> None:
+        """`user`: the account the node runs as (farm.ray_user; None: this process's). `folder`: the node's own
+        folder, made afresh at each start, private to `user` (0700: Ray makes its --temp-dir, `folder`/r, and the
+        folders it unpacks job code into 0777, so nobody else on the machine may reach them), its HOME, holding its
+        own copy of the Ray token; removed when the node stops."""
+        temp_dir = ["--temp-dir", str(folder / "r")] if folder is not None else []
+        self.args = [ray_executable(), "start", "--block", "--disable-usage-stats", *args, *temp_dir]
         self.token_path = token_path
         self.log = log
         self.record = record
         self.user = user
-        self.home = home
+        self.folder = folder
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopped = False  # set by stop(), possibly from another thread while start() waits
 
@@ -244,6 +250,10 @@ class RayProcess:
         """
         if self.record is not None:
             clear_left_behind(self.record)
+        token_path = self.token_path
+        if self.folder is not None:  # after what a killed owner left is ended: its processes used the old one
+            ray_user.private_folder(self.folder, self.user)
+            token_path = ray_user.hand_token(self.token_path, self.folder, self.user)
         RAY_START_LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(RAY_START_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -251,9 +261,11 @@ class RayProcess:
                 if self.stopped:
                     return
                 offset = self.log.stat().st_size if self.log.exists() else 0
-                env = ray_env(self.token_path)
-                if self.home is not None:
-                    env.update(HOME=str(self.home), USER=self.user.pw_name if self.user else env.get("USER", ""))
+                env = ray_env(token_path)
+                if self.folder is not None:
+                    env["HOME"] = str(self.folder)
+                if self.user is not None:
+                    env["USER"] = env["LOGNAME"] = self.user.pw_name
                 self.proc = spawn_detached(self.args, self.log, env=env, user=self.user,
                                            die_with_parent=threading.current_thread() is threading.main_thread())
                 wait_for(lambda: self.stopped or not self.running or self._started(offset), timeout, interval=0.2)
@@ -288,6 +300,8 @@ class RayProcess:
         self.proc.wait()
         if self.record is not None:
             self.record.unlink(missing_ok=True)
+        if self.folder is not None:  # its sessions' logs, spilled objects, unpacked job code: GBs left per node
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def failure(self) -> AgentError:
         tail = self.log.read_text(errors="replace").strip().splitlines()[-5:] if self.log.exists() else []

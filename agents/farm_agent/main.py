@@ -138,12 +138,12 @@ class Agent:
             "--num-gpus", str(len(self.hardware.gpus)), "--resources", json.dumps(resources),
             "--labels", f"{NODE_LABEL}={self.node_id}",
             "--object-store-memory", str(settings.object_store_mb * 1024 * 1024),
-            "--temp-dir", str(ray_temp_dir(self.node_id)),  # not the head's: see ray_temp_dir
         ]
 
     def _new_ray(self) -> RayProcess:
         return RayProcess(self.ray_args, self.settings.ray_token_path, self.settings.state_dir / "ray.log",
-                          record=self.settings.state_dir / "ray-node.json")
+                          record=self.settings.state_dir / "ray-node.json",
+                          folder=ray_temp_dir(self.node_id))  # its own, not the head's: see ray_temp_dir
 
     async def _heartbeat_until_stopped(self) -> None:
         while not self.stopping.is_set():

@@ -92,16 +92,14 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     user = ray_user.ensure(settings.ray_user) if settings.ray_user else None
     if user is not None:
         ray_user.check_reachable(user)
-    ray_user.private_folder(settings.ray_temp_dir, user)
     ray_head = RayProcess(
         [
             "--head", "--port", str(settings.ray_port), "--node-ip-address", settings.advertise, "--num-cpus", "0",
             "--num-gpus", "0", "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
-            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), "--temp-dir",
-            str(settings.ray_temp_dir), *ray_port_args(settings),
+            "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), *ray_port_args(settings),
         ],
-        ray_user.hand_token(settings.ray_token_path, settings.ray_temp_dir, user), settings.state_dir / "ray-head.log",
-        record=settings.ray_record_path, user=user, home=settings.ray_temp_dir,
+        settings.ray_token_path, settings.state_dir / "ray-head.log", record=settings.ray_record_path, user=user,
+        folder=settings.ray_temp_dir,
     )
     ray_head.start()
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from farm.local import read_json
+from farm.local import ray_temp_dir, read_json
 from tests.chaos import chaosjob
 from tests.conftest import Cluster
 
@@ -48,6 +48,7 @@ def test_an_agent_started_again_registers_under_the_same_node_id(cluster: Cluste
     assert identity.get("node_id") == before["agent-b"]
     stopped = cluster.farm("agent", "stop", "--name", "agent-b")
     assert stopped.returncode == 0, stopped.stderr
+    assert not ray_temp_dir(before["agent-b"]).exists()  # its Ray folder goes with it (40 were left on one box)
     started = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
                            "--ca-hash", cluster.head.ca_hash, "--name", "agent-b", "--cpus", "1", "--state-dir",
                            str(cluster.state_dir), "--detach",

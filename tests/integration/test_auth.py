@@ -29,8 +29,9 @@ from farm.cli import head as head_cli
 from farm.client import Client, HeadInfo
 from farm.core.errors import AuthError, HeadUnavailableError
 from farm.head.auth import hash_token
+from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import read_json
+from farm.local import ray_temp_dir, read_json
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import HeadTLS, ca_hash, fetch_ca, join_command
@@ -341,3 +342,10 @@ def test_no_token_in_ps_logs_or_the_store_and_secrets_are_private(cluster: Clust
                cluster.state_dir / "tls" / "ca.key", cluster.state_dir / "tls" / "head.key"]
     for path in private:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    # Each Ray node's folder is private: a local user swapped a job's code package in Ray's 0777 working_dir_files.
+    nodes = [read_json(p) or {} for p in cluster.state_dir.glob("agents/*/node.json")]
+    folders = [ray_temp_dir(str(n["node_id"])) for n in nodes]
+    folders.append(HeadSettings(state_dir=cluster.state_dir).ray_temp_dir)
+    assert len(folders) == 3
+    for folder in folders:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
