@@ -84,6 +84,7 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     check_can_start(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     settings.state_dir.chmod(0o700)  # its tokens and keys, its store and logs: this user's alone
+    check_store(settings.state_dir / "state.db")
     tokens = Tokens.load_or_create(settings.state_dir, settings.ray_token_path)
     use_ray_token(settings.ray_token_path)
     # The Ray node never as root (farm.ray_user): a task pinned to it needs no resources, and must not be able to
@@ -112,6 +113,15 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
             ray.shutdown()
         ray_head.stop()
         settings.info_path.unlink(missing_ok=True)
+
+
+def check_store(path: Path) -> None:
+    """Open the store once before anything starts: a damaged one is one line, not a traceback from the event loop."""
+    try:
+        Store(path).close()
+    except sqlite3.DatabaseError as exc:
+        raise UserError(f"{path} cannot be read as Farm's store ({exc}): restore it from a backup, or move it away "
+                        "to start with an empty one") from None
 
 
 def run_loop(main: Coroutine[object, object, None]) -> None:

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from farm.core.errors import UserError
+from farm.local import free_port
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc, job_pb2, job_pb2_grpc
 from farm_agent.client import credentials
@@ -156,3 +157,14 @@ def test_a_training_spec_cannot_make_the_head_plan_without_end(tmp_path: Path) -
         with pytest.raises(UserError, match="epochs"):
             client.submit(spec.replace("steps: 100000", "epochs: 1.0e12"), zipped(**{"toyjob.py": b"x"}),
                           items=10, output=str(tmp_path / "out"))
+
+
+def test_a_damaged_store_is_one_line(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "state.db").write_bytes(b"not a database at all" * 100)
+    started = subprocess.run([sys.executable, "-m", "farm.cli.main", "head", "start", "--host", "127.0.0.1",
+                              "--port", str(free_port()), "--ray-port", str(free_port()), "--state-dir", str(state)],
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert started.returncode == 2, started.stderr
+    assert started.stderr.strip().count("\n") == 0 and "cannot be read as Farm's store" in started.stderr
