@@ -27,6 +27,7 @@ import numpy as np
 from farm.core.energy import Energy
 from farm.core.errors import SpecError
 from farm.core.spec import JobSpec, Optimizer, SyncMode, parse_spec
+from farm_agent.environment import prepare_from_environment
 from farm_agent.jobcode import build_model, load_dataset, resolve
 from farm_agent.power import meter_for
 
@@ -43,6 +44,8 @@ class TrainWorker:
                  checkpoint: bytes | None, nccl: bool = False) -> None:
         """`nccl`: every worker of the group is on CUDA (else gloo, on host copies of the tensors)."""
         import torch
+
+        prepare_from_environment()  # the job's requirements, before its code imports them
 
         self.spec: JobSpec = parse_spec(spec_yaml, job_id)
         assert self.spec.training is not None  # the head only starts workers for training jobs

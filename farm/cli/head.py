@@ -89,6 +89,7 @@ def start(
         f"head ready; dashboard at {dashboard.url}\n" + (
             f"join other machines with:\n  {join}" if sys.stdout.isatty()
             else "join other machines with the line `farm head token create` prints"), highlight=False,
+        soft_wrap=True,  # a join line is pasted whole: never wrapped
     ), services=[dashboard])
 
 
@@ -125,7 +126,8 @@ def _start_detached(directory: Path, argv: list[str]) -> None:
     console.print(f"head running (pid {proc.pid}), state in {directory}, log in {log}")
     console.print(f"dashboard at {info.get('dashboard', '-')}", highlight=False)
     console.print("join other machines with:")
-    console.print(f"  {join_command(info['address'], info['join_token'], info.get('ca_hash', ''))}", highlight=False)
+    console.print(f"  {join_command(info['address'], info['join_token'], info.get('ca_hash', ''))}", highlight=False,
+                  soft_wrap=True)  # a join line is pasted whole: never wrapped
 
 
 @app.command()
@@ -196,7 +198,7 @@ def token_create(
         return
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires_at)) if expires_at else "until revoked"
     console.print(f"join token {token_id} ({'valid to ' + until if expires_at else until}); join with:\n  {join}",
-                  highlight=False)
+                  highlight=False, soft_wrap=True)  # a join line is pasted whole: never wrapped
 
 
 @token_app.command("list")

@@ -24,6 +24,11 @@ def print_json(data: Any, indent: int | None = 2) -> None:
     sys.stdout.flush()
 
 
+# A job's output reaches the user's terminal: its control characters (escape sequences that move the cursor, retitle
+# the window, ...) are shown as U+FFFD, tabs and line ends kept.
+CONTROLS = {c: "\ufffd" for c in (*range(0x00, 0x20), *range(0x7f, 0xa0)) if chr(c) not in "\t\n"}
+
+
 def log_line_json(line: job_pb2.LogLine) -> dict[str, Any]:
     return {"id": line.id, "ts": line.ts, "level": line.level, "message": line.message,
             "shard": line.shard if line.HasField("shard") else None}
@@ -33,7 +38,7 @@ def print_log_line(line: job_pb2.LogLine) -> None:
     """`HH:MM:SS.mmm level   [shard N] message`; a message of several lines (a shard's output, a traceback) keeps
     them, indented under the first. Printed raw: rich would wrap long lines and read markup in a job's output."""
     stamp = datetime.fromtimestamp(line.ts).strftime("%H:%M:%S.%f")[:-3]
-    first, *rest = line.message.splitlines() or [""]
+    first, *rest = line.message.translate(CONTROLS).splitlines() or [""]
     lead = f"{stamp} {line.level:<7} " + (f"[shard {line.shard}] " if line.HasField("shard") else "")
     indent = " " * len(lead)
     sys.stdout.write("".join([lead, first, "\n", *(f"{indent}{more}\n" for more in rest)]))

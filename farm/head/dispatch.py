@@ -261,9 +261,10 @@ class Dispatcher:
         """Start a shard on the assignment's device; `why` it went there (default: the score it went on)."""
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
-        pinned = remote.pinned(node.id, assignment.backend.value, self.working_dir(job), f"farm:{job.name}:{shard.index}")
-        ref = call.remote.options(**{**pinned, "runtime_env": environment.runtime_env(spec, self.working_dir(job))}
-                                  ).remote(call.task)
+        ref = call.remote.options(**remote.pinned(
+            node.id, assignment.backend.value, environment.runtime_env(spec, self.working_dir(job)),
+            f"farm:{job.name}:{shard.index}"),
+        ).remote(call.task)
         running = self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")

@@ -19,9 +19,10 @@ run_evaluate_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_evaluate_sh
 TrainWorker = ray.remote(num_cpus=0, max_restarts=0)(entry.train_worker())
 
 
-def pinned(node_id: str, backend: str, working_dir: str, name: str) -> dict[str, Any]:
-    """Ray options that run a call on this node, in one slot of this backend, with the job's code as its cwd."""
+def pinned(node_id: str, backend: str, runtime_env: dict[str, Any], name: str) -> dict[str, Any]:
+    """Ray options that run a call on this node, in one slot of this backend, in the job's environment (its code as
+    the cwd: farm.head.environment)."""
     return {
-        "label_selector": {NODE_LABEL: node_id}, "resources": {f"farm.{backend}": 1},
-        "runtime_env": {"working_dir": working_dir}, "name": name,
+        "label_selector": {NODE_LABEL: node_id}, "resources": {f"farm.{backend}": 1}, "runtime_env": runtime_env,
+        "name": name,
     }

@@ -1,8 +1,10 @@
 """The dashboard in a real headless Chromium (Debian's `chromium`, driven by Playwright) against a running head with
 two agents: the fleet appears, a job shows up and finishes live (no reload), the job page shows where its shards ran
-and what they spent, and a signed-in user cancels a job.
+and what they spent, and a signed-in user cancels a job, reads a job's log with what its shards printed, opens a
+node's page, and sees memory charted and perf/W per model.
 
-FARM_SCREENSHOT=docs/dashboard.png makes the run save the fleet page, with the finished job, there.
+FARM_SCREENSHOT=docs/dashboard.png makes the run save the fleet page, with the finished job, there;
+FARM_SCREENSHOT_JOB=docs/dashboard-job.png the job page with its log.
 """
 
 from __future__ import annotations
@@ -160,6 +162,44 @@ def test_cancelling_from_the_page_needs_the_api_token(cluster: Cluster, dashboar
     page.wait_for_function("document.querySelector('#job-page .meta .state').textContent === 'cancelled'")
     assert api(dashboard, f"api/jobs/{job_id}")["state"] == "cancelled"
     assert browser.errors == []
+
+
+def test_a_jobs_log_a_node_page_memory_and_perf_per_model(cluster: Cluster, dashboard: str, browser: Browser,
+                                                          work: Path) -> None:
+    page = browser.page
+    job_id = submit(cluster, work, "chatty-toy", "toyjob:chatty", shards=2, batch_size=8)
+    page.goto(f"{dashboard}#/jobs/{job_id}")
+    page.locator("#job-page").wait_for()
+    assert "Sign in with the API token" in page.locator("#job-log").inner_text()  # the job's output is the job's
+    page.locator("#signin-open").click()
+    page.locator("#token-input").fill(cluster.head.api_token)
+    page.locator("#signin-submit").click()
+    page.locator("#signout").wait_for()
+    page.wait_for_function("document.querySelector('#job-page .meta .state').textContent === 'succeeded'")
+    # What each shard printed on its node, under its index, with the job's own events.
+    page.wait_for_function("[...document.querySelectorAll('#job-log .log-output')].length >= 2")
+    log = page.locator("#job-log").inner_text()
+    assert "accepted: 32 items in 2 shards" in log and "job succeeded" in log
+    assert "[shard 1] batch of 8 starting at 32" in log and "a warning on stderr" in log
+    assert f"farm results {job_id}" in page.locator("#job-results").inner_text()
+    if os.environ.get("FARM_SCREENSHOT_JOB"):
+        page.screenshot(path=str(ROOT / os.environ["FARM_SCREENSHOT_JOB"]), full_page=True)
+
+    page.goto(dashboard)
+    page.locator("tr[data-node='agent-a'] a").click()
+    page.locator("#node-page[data-node='agent-a']").wait_for()
+    assert page.locator("#node-backends tr[data-backend='cpu']").count() == 1
+    assert "cores" in page.locator("#node-page .meta").inner_text()
+
+    page.locator("a[href='#/']").first.click()
+    page.locator("#fleet-page").wait_for()
+    page.wait_for_function("document.querySelector('#chart-memory .uplot') !== null")
+    assert page.locator("#chart-memory .u-legend").inner_text().lower().count("agent-") == 2
+    model = page.locator("#models tr[data-model='toyjob:chatty'][data-backend='cpu']")
+    model.wait_for()
+    assert "-" != model.locator(".model-perf").inner_text()
+    assert page.locator("#total-perf").count() == 0  # no items/J across models
+    assert browser.elsewhere == [] and browser.errors == []
 
 
 ITEMS_DONE = """() => [...document.querySelectorAll('tr[data-node] .node-items')]

@@ -16,3 +16,12 @@ def test_a_failed_jobs_summary_counts_only_the_items_done(capsys: pytest.Capture
     show_summary(job)
     out = capsys.readouterr().out
     assert "16 of 32 items done" in out and "32 items in" not in out
+
+
+def test_a_jobs_output_cannot_drive_the_users_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    from farm.cli.render import print_log_line
+
+    print_log_line(job_pb2.LogLine(id=1, ts=0.0, level="output", message="ok\x1b]0;pwned\x07\n\tnext", shard=2))
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "[shard 2] ok\ufffd]0;pwned\ufffd" in out
+    assert out.splitlines()[1].endswith("\tnext")

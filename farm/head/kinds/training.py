@@ -28,7 +28,7 @@ from farm.core.errors import FarmError, SpecError
 from farm.core.ids import new_id
 from farm.core.models import BackendName, Node, NodeState, ShardState
 from farm.core.spec import MAX_SHARDS, MAX_STEPS, JobKind, SyncMode, TrainingSpec
-from farm.head import remote
+from farm.head import environment, remote
 from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
 from farm.head.output import atomic_write
@@ -150,10 +150,10 @@ class Run:
                                 calibration.rates(self.store.samples(job.model_key), basis=spec.energy))
         group = new_id(f"farm-{job.id}")  # fresh per start: a failed start may leave its rendezvous key behind
         nccl = all(a.backend is BackendName.CUDA for a in chosen)
-        working_dir = self.driver.working_dir(job)
+        runtime_env = environment.runtime_env(spec, self.driver.working_dir(job))
         actors = [
             remote.TrainWorker.options(  # type: ignore[attr-defined]
-                **remote.pinned(a.node_id, a.backend.value, working_dir, f"farm:{job.name}:rank{rank}:{group}"),
+                **remote.pinned(a.node_id, a.backend.value, runtime_env, f"farm:{job.name}:rank{rank}:{group}"),
             ).remote(job.spec_yaml, job.id, rank, len(chosen), group, a.device, a.threads, checkpoint, nccl)
             for rank, a in enumerate(chosen)
         ]
