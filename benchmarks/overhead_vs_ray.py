@@ -37,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 
-from farm.head.output import read_predictions  # noqa: E402
+from farm.data.results import read_predictions  # noqa: E402
 from localfarm import JOBS, ROOT, LocalFarm, report_cleanup  # noqa: E402  (benchmarks/ is the script's path)
 
 TARGET = 1.05
@@ -157,6 +157,13 @@ print(json.dumps({"phases": {"imports": t_import - t0, "ray.init (connect + uplo
                   "total": t_done - t0, "nodes": sorted(nodes)}))
 """
 
+
+def read_npy_shards(output: Path) -> np.ndarray:
+    """The plain program's outputs (one .npy per shard, as Farm wrote them before its results became Parquet)."""
+    manifest = json.loads((output / "manifest.json").read_text())
+    parts = sorted(manifest["shards"], key=lambda s: s["start"])
+    return np.concatenate([np.load(output / part["file"], allow_pickle=False) for part in parts])
+
 # What the plain program leaves out of its working_dir: the folders Farm's zip leaves out (".?*", not ".*",
 # which would match the root itself, "."). Ray also honours the .gitignore (.venv, out, egg-info).
 EXCLUDES = [".?*", "venv", "*.egg-info", "__pycache__", "node_modules", "out"]
@@ -219,7 +226,7 @@ def main() -> None:
                     phases = ", ".join(f"{k} {v:.2f}" for k, v in result["phases"].items())
                     console.print(f"run {run} {which}: {result['wall']:.2f} s on {len(result['nodes'])} node(s) "
                                   f"({phases})", highlight=False)
-            diff = float(np.max(np.abs(read_predictions(scratch / "farm-out") - read_predictions(scratch / "ray-out"))))
+            diff = float(np.max(np.abs(read_predictions(scratch / "farm-out") - read_npy_shards(scratch / "ray-out"))))
         finally:
             with console.status("stopping the agents and the head..."):
                 farm.stop()

@@ -20,10 +20,20 @@ from farm_agent.environment import prepare_from_environment
 ROWS = 2  # a small batch: enough to see the model's batch dimension, cheap on any model
 
 
-def preflight(model: str, weights: str | None, dataset: str, root: Path, more_datasets: list[str] | None = None,
-              run_model: bool = True) -> dict[str, Any]:
-    from farm_agent.jobcode import load_dataset
+def preflight(model: str, weights: str | None, dataset: str | None, root: Path, more_datasets: list[str] | None = None,
+              run_model: bool = True, preprocess: str | None = None) -> dict[str, Any]:
+    """`dataset` None: a dataset by location, which the head plans and counts; the model is built (not run: its
+    inputs are the preprocess's, on rows only the nodes read) and the preprocess imported."""
+    from farm_agent.jobcode import build_model, load_dataset, resolve
 
+    if dataset is None:
+        if preprocess:
+            resolve(preprocess, root, "preprocess")
+        if not run_model:
+            return {"items": 0}
+        module = build_model(model, weights, root)
+        return {"items": 0, "model_bytes": sum(t.numel() * t.element_size()
+                                               for t in (*module.parameters(), *module.buffers()))}
     inputs, _ = load_dataset(dataset, root)
     for extra in more_datasets or ():  # training's eval set
         load_dataset(extra, root)
@@ -68,7 +78,7 @@ def main() -> None:
         with contextlib.redirect_stdout(sys.stderr):  # what the job's code prints is not our answer
             prepare_from_environment()
             result = preflight(args["model"], args.get("weights"), args["dataset"], Path(args["root"]),
-                               args.get("more_datasets"), bool(args.get("check", True)))
+                               args.get("more_datasets"), bool(args.get("check", True)), args.get("preprocess"))
     except FarmError as exc:
         result = {"error": exc.message}
     sys.stdout.write(json.dumps(result) + "\n")

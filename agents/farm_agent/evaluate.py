@@ -8,6 +8,8 @@ from pathlib import Path
 
 from farm.core.errors import SpecError
 from farm.core.tasks import EvaluateResult, EvaluateTask
+from farm.data.batches import from_ipc
+from farm.data.results import outputs_array
 from farm_agent.capture import job_shard
 from farm_agent.jobcode import load_dataset
 from farm_agent.runner import run_shard
@@ -25,7 +27,8 @@ def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
         raise SpecError(f"dataset {shard.dataset!r} gives no labels: evaluate needs (inputs, labels)")
     loss = loss_function(task.loss, root)
     ran = run_shard(shard)
+    outputs = outputs_array(from_ipc(ran.table), shard.dataset)  # the shard's rows in order
     with torch.no_grad():
-        value = float(loss(torch.from_numpy(ran.outputs), torch.as_tensor(labels[shard.start : shard.stop])))
+        value = float(loss(torch.from_numpy(outputs), torch.as_tensor(labels[shard.start : shard.stop])))
     return EvaluateResult(items=ran.items, seconds=ran.seconds, correct=ran.correct, loss=value,
                           node_ray_id=ran.node_ray_id, energy=ran.energy, peak_memory_bytes=ran.peak_memory_bytes)

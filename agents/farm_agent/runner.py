@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
+import pyarrow as pa
 
+from farm.core.dataset import ROW_ID, DataFormat, Unit
+from farm.core.energy import Energy
+from farm.core.errors import DataError
 from farm.core.tasks import ShardResult, ShardTask, Tuning
+from farm.data import read
+from farm.data.batches import column_to_numpy, concat, model_inputs, numpy_batch, output_column, rebatch, to_ipc
+from farm.data.results import OUTPUT
 from farm_agent import backends
 from farm_agent.backends.base import Backend
 from farm_agent.capture import job_shard
-from farm_agent.jobcode import load_dataset, load_model
+from farm_agent.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
 
 if TYPE_CHECKING:
@@ -28,32 +38,85 @@ _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] 
 
 @job_shard
 def run_shard(task: ShardTask) -> ShardResult:
-    import ray
+    """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
+    the device's energy window, and return its results as an Arrow IPC stream.
 
+    The preprocess runs inside the window, interleaved with the model: streaming keeps a worker's memory at one
+    batch whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
+    that node from its bytes to its outputs. Only the first batch is read and prepared before the window, to warm
+    the model up on it."""
     root = Path.cwd()
-    inputs, labels = load_dataset(task.dataset, root)
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)
-    shard = inputs[task.start : task.stop]
-    _warm_up(backend, module, shard, task)
+    stream = model_batches(task, root)
+    first = next(stream, None)
+    if first is None:  # a byte range holding no line start: nothing to run
+        return _result(task, [], 0, 0.0, None, None)
+    _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
+             or task.data.plan.unit is Unit.ROWS else None)
     _reset_peak_memory(task.device)
+    tables, rows, correct = [], 0, None
     with _meter(task.device).window() as window:
         began = time.perf_counter()
-        outputs = backend.run(module, shard, task.batch_size, task.device, task.threads, task.tuning)
+        for batch in itertools.chain([first], stream):
+            outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
+            if len(outputs) != batch.table.num_rows:
+                raise DataError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
+            tables.append(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
+            rows += len(outputs)
+            if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
+                correct = (correct or 0) + int((np.argmax(outputs, axis=1) == batch.labels).sum())
         seconds = time.perf_counter() - began
-    correct = None
-    if labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
-        correct = int((np.argmax(outputs, axis=1) == labels[task.start : task.stop]).sum())
-    return ShardResult(
-        outputs=outputs, items=task.stop - task.start, seconds=seconds, correct=correct,
-        node_ray_id=ray.get_runtime_context().get_node_id(), energy=window.energy,
-        peak_memory_bytes=_peak_memory(task.device),
-    )
+    return _result(task, tables, rows, seconds, correct, window.energy)
 
 
-def _warm_up(backend: Backend, module: torch.nn.Module, shard: np.ndarray, task: ShardTask) -> None:
+def _result(task: ShardTask, tables: list[pa.Table], rows: int, seconds: float, correct: int | None,
+            energy: Energy | None) -> ShardResult:
+    import ray
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    return ShardResult(table=to_ipc(concat(tables)), items=rows, seconds=seconds, correct=correct,
+                       node_ray_id=node, energy=energy, peak_memory_bytes=_peak_memory(task.device))
+
+
+@dataclass(frozen=True)
+class ModelBatch:
+    table: pa.RecordBatch  # row_id and the passthrough columns
+    inputs: np.ndarray  # what the model reads
+    labels: np.ndarray | None
+
+
+def model_batches(task: ShardTask, root: Path) -> Iterator[ModelBatch]:
+    """The shard's rows, `batch_size` at a time, as the model reads them."""
+    if task.data is None:  # a callable or a .npy/.npz/.pt file in the job's code: loaded whole, sliced here
+        inputs, labels = load_dataset(task.dataset, root)
+        for start in range(task.start, task.stop, task.batch_size):
+            stop = min(start + task.batch_size, task.stop)
+            table = pa.record_batch({ROW_ID: pa.array(range(start, stop), pa.int64())})
+            yield ModelBatch(table, inputs[start:stop], None if labels is None else labels[start:stop])
+        return
+    spec, plan = task.data.spec, task.data.plan
+    columns = plan.model_inputs(spec)
+    wanted = list(dict.fromkeys([*columns, *spec.passthrough, *spec.label_columns]))
+    needed = ["image", "path"] if plan.format is DataFormat.IMAGES else wanted
+    preprocess = resolve(spec.preprocess, root, "preprocess") if spec.preprocess else None
+    stream = read(plan, task.start, task.stop, needed, task.batch_size, task.data.access)
+    for batch in rebatch(stream, task.batch_size):
+        arrays = numpy_batch(batch, columns, plan.format, plan.location)
+        inputs = model_inputs(arrays, columns, plan.location, preprocess, spec.preprocess or "")
+        labels = None
+        if spec.label:
+            labels = column_to_numpy(batch.column(spec.label), spec.label, batch.column(ROW_ID).to_pylist(),
+                                     plan.location)
+        kept = batch.select([ROW_ID, *spec.passthrough])
+        yield ModelBatch(kept, inputs, labels)
+
+
+def _warm_up(backend: Backend, module: torch.nn.Module, sample: np.ndarray, task: ShardTask,
+             rows: int | None = None) -> None:
     """The shard's batch shapes (a full batch, and its short last one) run once outside the measured window, the
-    first time this worker runs them on the device.
+    first time this worker runs them on the device: `sample` is the shard's first rows, `rows` its length (None:
+    unknown, as a byte range of lines is until it is read; its last batch then warms inside the window).
 
     A model's first batch pays one-off costs: the CUDA context and its kernels' lazy loading, cuDNN's algorithm
     search, the allocator's first blocks, and the kernel tuner's search or its winner's compilation; a new batch
@@ -61,11 +124,13 @@ def _warm_up(backend: Backend, module: torch.nn.Module, shard: np.ndarray, task:
     warmed alone, a shard whose last batch had 4 rows still took 25x. Inside the window these costs would be billed
     to the device's calibration, which would then rank the device by its start-up.
     """
+    rows = len(sample) if rows is None and task.data is None else rows
     warmed = _warm.setdefault(module, set())
-    for rows in {min(task.batch_size, len(shard)), len(shard) % task.batch_size} - {0}:
-        if (task.device, task.tuning, rows) not in warmed:
-            backend.run(module, shard[:rows], task.batch_size, task.device, task.threads, task.tuning)
-            warmed.add((task.device, task.tuning, rows))
+    shapes = {min(task.batch_size, len(sample))} | ({rows % task.batch_size} if rows is not None else set())
+    for size in shapes - {0}:
+        if size <= len(sample) and (task.device, task.tuning, size) not in warmed:
+            backend.run(module, sample[:size], task.batch_size, task.device, task.threads, task.tuning)
+            warmed.add((task.device, task.tuning, size))
 
 
 def _reset_peak_memory(device: str) -> None:

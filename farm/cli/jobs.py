@@ -171,6 +171,11 @@ def job(
             console.print("[bold]shard sizes per device[/] (rows, in the order they were cut; why: each placement)")
             for line in sizes:
                 console.print(f"  {line}", highlight=False)
+        data = [line.message.removeprefix("data: ") for line in lines if line.message.startswith("data: ")]
+        if data:
+            console.print("[bold]data[/] (how the dataset was planned, and where its preprocess runs)")
+            for line in data:
+                console.print(f"  {line}", highlight=False)
         console.print("[bold]placements[/] (each shard, where it went and the score it went on)")
         for line in lines:
             if "→" in line.message:

@@ -136,9 +136,9 @@ class Client:
         return error_class(str(exc.details()))  # type: ignore[attr-defined]
 
     def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0,
-               overwrite: bool = False) -> str:
+               overwrite: bool = False, dataset_location: str = "") -> str:
         request = job_pb2.SubmitRequest(spec_yaml=spec_yaml, items=items, output=output, model_bytes=model_bytes,
-                                        overwrite=overwrite)
+                                        overwrite=overwrite, dataset_location=dataset_location)
         if len(code_zip) <= INLINE_CODE:
             request.code_zip = code_zip
         else:  # the head takes no large message at once: the code goes ahead in chunks
@@ -155,7 +155,8 @@ class Client:
     def submit_prepared(self, job: PreparedJob, overwrite: bool = False) -> str:
         """Submit what `preflight.prepare` checked and packed (`overwrite`: its output folder may hold another job's
         results, which the head removes first)."""
-        return self.submit(job.spec_yaml, job.code_zip, job.items, str(job.output), job.model_bytes, overwrite)
+        return self.submit(job.spec_yaml, job.code_zip, job.items, str(job.output), job.model_bytes, overwrite,
+                           job.dataset_location)
 
     def job(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Get, job_pb2.GetJobRequest(job_id=job_id))  # type: ignore[return-value]

@@ -34,8 +34,10 @@ class Preflight:
 def check_job(spec: ModelJobSpec, workdir: Path, check: bool = True, timeout_s: float = TIMEOUT_S,
               memory_mb: int = MEMORY_MB) -> Preflight:
     """What the child found; SpecError with the reason where a node would fail too."""
-    args = json.dumps({"model": spec.model, "weights": spec.weights, "dataset": spec.dataset, "root": str(workdir),
-                       "more_datasets": list(spec.datasets[1:]), "check": check})
+    located = spec.located_dataset  # read by the head and the nodes, not here: its preprocess must import
+    args = json.dumps({"model": spec.model, "weights": spec.weights, "root": str(workdir), "check": check,
+                       "dataset": spec.dataset if located is None else None, "more_datasets": list(spec.datasets[1:]),
+                       "preprocess": located.preprocess if located is not None else None})
     env = {**os.environ, **spec.env}
     if spec.requirements and check:  # without the check, the dataset loads with what this machine has
         env[REQUIREMENTS_VAR] = json.dumps({"requirements": list(spec.requirements), "find_links": spec.find_links})

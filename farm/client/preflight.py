@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from farm.client.check import Preflight, check_job
+from farm.core.dataset import Location
 from farm.core.errors import SpecError
 from farm.core.spec import JobSpec, ModelJobSpec, parse_spec
 
@@ -30,8 +31,9 @@ class PreparedJob:
     spec_yaml: str
     code_zip: bytes
     items: int
-    output: Path
+    output: Path | str  # a folder on the head's machine, or a bucket's URL (s3://bucket/prefix)
     model_bytes: int  # parameters and buffers: the least memory a node needs to hold the model
+    dataset_location: str = ""  # a located dataset's location, a relative path made absolute (the head plans it)
 
 
 def read_spec(spec_path: Path, workdir: Path) -> tuple[str, JobSpec]:
@@ -58,14 +60,22 @@ def prepare(spec_path: Path, workdir: Path, check: bool = True) -> PreparedJob:
 
         return prepare_kernel_eval(spec, spec_yaml, workdir)
     workdir = workdir.resolve()
-    output = (workdir / spec.output_dir).resolve()
-    code_zip = zip_code(workdir, skip=output)
+    output: Path | str = spec.output_dir if "://" in spec.output_dir else (workdir / spec.output_dir).resolve()
+    skip = [output] if isinstance(output, Path) else []
+    location = ""
+    located = spec.located_dataset
+    if located is not None:  # read by the head (planning) and the nodes; here only its preprocess is imported
+        location = located.location
+        if located.where is Location.HEAD and not location.startswith(("/", "~")):  # (a ~ is the head's home)
+            location = str((workdir / location).resolve())
+            skip.append(Path(location))  # the head serves it to the nodes: not in the code too
+    code_zip = zip_code(workdir, skip=skip)
     key = model_key(spec, code_zip)
     found = PreflightCache().get(key)
     if found is None or (check and not found.checked):
         found = check_job(spec, workdir, check)
         PreflightCache().put(key, found)
-    return PreparedJob(spec, spec_yaml, code_zip, found.items, output, found.model_bytes)
+    return PreparedJob(spec, spec_yaml, code_zip, found.items, output, found.model_bytes, location)
 
 
 def model_key(spec: ModelJobSpec, code_zip: bytes) -> str:
@@ -119,7 +129,8 @@ class PreflightCache:
             pass
 
 
-def zip_code(root: Path, skip: Path | None = None) -> bytes:
+def zip_code(root: Path, skip: Path | list[Path] | None = None) -> bytes:
+    skipped = set([skip] if isinstance(skip, Path) else skip or [])
     buffer = io.BytesIO()
     total = 0
     ignored = git_ignored(root)
@@ -128,8 +139,8 @@ def zip_code(root: Path, skip: Path | None = None) -> bytes:
             here = Path(folder)
             dirs[:] = sorted(
                 d for d in dirs
-                if d not in EXCLUDED_DIRS and not d.startswith(".") and not d.endswith(".egg-info") and here / d != skip
-                and here / d not in ignored
+                if d not in EXCLUDED_DIRS and not d.startswith(".") and not d.endswith(".egg-info")
+                and here / d not in skipped and here / d not in ignored
             )
             for name in sorted(files):
                 path = here / name

@@ -105,7 +105,7 @@ class DatasetSpec(Frozen):
     def _format_known(self) -> DatasetSpec:
         if self.resolved_format is None:
             raise ValueError(f"say the format of {self.location!r}: {', '.join(f.value for f in DataFormat)}")
-        if self.kind is Location.HTTP and self.resolved_format in (DataFormat.IMAGES, DataFormat.HF):
+        if self.where is Location.HTTP and self.resolved_format in (DataFormat.IMAGES, DataFormat.HF):
             raise ValueError(f"an http(s) location is one file; format '{self.resolved_format.value}' is a folder")
         fixed = FIXED_COLUMNS.get(self.resolved_format)
         if fixed and self.inputs and not set(self.inputs) <= set(fixed):
@@ -113,7 +113,7 @@ class DatasetSpec(Frozen):
         return self
 
     @property
-    def kind(self) -> Location:
+    def where(self) -> Location:
         return location_kind(self.location)
 
     @property

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
 
 from farm.core import yaml_strict
 from farm.core.energy import EnergyBasis
+from farm.core.dataset import DatasetSpec
 from farm.core.errors import SpecError
 from farm.core.frozen import Frozen
 from farm.core.kernels import RewardMode
@@ -26,9 +27,9 @@ MAX_REQUIREMENTS = 64
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 RESERVED_ENV = ("RAY_", "FARM_")  # Ray's own and Farm's: a job does not steer its node through them
 URI_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-# Where results may go besides the head's disk: none yet (the data plane adds "s3://" once a job's whole path, from
-# the preflight to the head's writes, goes there); any other URI is one clear line rather than a folder named "s3:".
-OUTPUT_SCHEMES: tuple[str, ...] = ()
+# Where results may go besides the head's disk: an S3-compatible bucket, for the kinds that write there
+# (`bucket_output`); any other URI is one clear line rather than a folder named "s3:".
+OUTPUT_SCHEMES: tuple[str, ...] = ("s3://",)
 
 
 class JobKind(StrEnum):
@@ -138,7 +139,8 @@ class SpecBase(Frozen):
     # What the efficiency policy ranks devices by: energy above their idle draw (default), or all they drew.
     energy: EnergyBasis = EnergyBasis.MARGINAL
     tolerance: Tolerance = Tolerance()
-    output: str | None = None
+    output: str | None = None  # a folder on the head's machine; or a bucket (s3://) where the kind writes one
+    bucket_output: ClassVar[bool] = False
     # The job's environment on the nodes: variables of its processes, and pip requirements installed on each node
     # once per distinct set (farm_agent.environment), from `find_links` alone when given (a folder on every node
     # or an http(s) URL of wheels: nodes without the internet), else from the node's own pip configuration.
@@ -202,10 +204,15 @@ class SpecBase(Frozen):
     @field_validator("output")
     @classmethod
     def _output(cls, value: str | None) -> str | None:
-        if value is not None and URI_SCHEME.match(value) and not value.startswith(OUTPUT_SCHEMES):
+        if value is not None and URI_SCHEME.match(value):
             scheme = value.split("://", 1)[0]
-            raise ValueError(f"{value!r}: {scheme}:// outputs are not supported yet; give a folder on the head's "
-                             "machine")
+            if not value.startswith(OUTPUT_SCHEMES):
+                raise ValueError(f"{value!r}: {scheme}:// outputs are not supported yet; give a folder on the head's "
+                                 "machine (or s3://bucket/prefix for an inference job)")
+            if not cls.bucket_output:
+                raise ValueError(f"{value!r}: this kind writes its outputs to a folder on the head's machine")
+            if not value.removeprefix(f"{scheme}://").strip("/"):
+                raise ValueError(f"{value!r} names no bucket")
         return value
 
     @field_validator("backends")
@@ -243,25 +250,47 @@ class ModelJobSpec(SpecBase):
             raise ValueError(f"{value!r} is not of the form package.module:callable")
         return value
 
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _located(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            raise ValueError("a dataset by location is read by inference jobs; this kind takes package.module:callable"
+                             " or a .npy, .npz or .pt file")
+        return value
+
     @field_validator("dataset")
     @classmethod
-    def _dataset(cls, value: str) -> str:
-        if not (CALLABLE_PATH.match(value) or value.endswith(DATA_FILE_SUFFIXES)):
+    def _dataset(cls, value: str | DatasetSpec) -> str | DatasetSpec:
+        if isinstance(value, str) and not (CALLABLE_PATH.match(value) or value.endswith(DATA_FILE_SUFFIXES)):
             raise ValueError(f"{value!r} is neither package.module:callable nor a .npy, .npz or .pt file")
         return value
 
     @property
     def dataset_is_file(self) -> bool:
-        return not CALLABLE_PATH.match(self.dataset)
+        """A .npy/.npz/.pt file inside the job's code."""
+        return isinstance(self.dataset, str) and not CALLABLE_PATH.match(self.dataset)
+
+    @property
+    def located_dataset(self) -> DatasetSpec | None:
+        """The dataset by location and format, streamed by the nodes; None: a callable or a file in the code."""
+        return self.dataset if isinstance(self.dataset, DatasetSpec) else None
 
     @property
     def datasets(self) -> tuple[str, ...]:
-        """Every dataset the job reads (a client checks each loads before submitting)."""
-        return (self.dataset,)
+        """Every dataset in the job's code it reads (a client checks each loads before submitting)."""
+        return (self.dataset,) if isinstance(self.dataset, str) else ()
+
+
+def _dataset_form(value: Any) -> str:
+    return "located" if isinstance(value, (dict, DatasetSpec)) else "in-code"
+
+
+DATASET_FORMS = ("located", "in-code")  # the tags of InferenceSpec.dataset's union: not fields, left out of errors
 
 
 class InferenceSpec(ModelJobSpec):
     kind: Literal[JobKind.INFERENCE] = JobKind.INFERENCE
+    bucket_output: ClassVar[bool] = True  # its Parquet results go to a folder or a bucket alike (farm.data.results)
     # N fixed shards, or "auto": cut as the job runs, each sized to last a target time on the device it goes to
     # (farm.scheduler.sizing). Unset: auto for a dataset given by location (a mapping), else 1.
     shards: int | Literal["auto"] = 1  # type: ignore[assignment]
@@ -288,6 +317,14 @@ class InferenceSpec(ModelJobSpec):
     def fixed_shards(self) -> int:
         """The shards cut at submit: N; auto-sized jobs cut none then."""
         return self.shards if isinstance(self.shards, int) else 0
+    # Also a location and format (farm.core.dataset), which the nodes stream: only inference reads those so far.
+    dataset: Annotated[Annotated[DatasetSpec, Tag("located")] | Annotated[str, Tag("in-code")],  # type: ignore[assignment]
+                       Discriminator(_dataset_form)]
+
+    @field_validator("dataset", mode="before")
+    @classmethod
+    def _located(cls, value: Any) -> Any:  # replaces ModelJobSpec's: here a mapping is welcome
+        return value
     # Tune the model's kernels on each GPU before its first shard there (farm kernels tune), within this budget;
     # without it a GPU runs the tuner's cached winner when it has one, else eager PyTorch.
     tune_budget_s: float | None = Field(default=None, gt=0, le=3600)
@@ -391,6 +428,7 @@ def parse_spec(text: str, source: str = "spec") -> JobSpec:
 def _first_problem(exc: ValidationError) -> str:
     error = exc.errors()[0]
     loc = error["loc"][1:] if error["loc"] and error["loc"][0] in KINDS else error["loc"]  # the union's tag first
+    loc = tuple(part for part in loc if part not in DATASET_FORMS)
     field = ".".join(str(part) for part in loc) or "spec"
     if error["type"] == "extra_forbidden":
         return f"unknown field '{field}'"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from farm.core.dataset import DatasetPlan, DatasetSpec
 from farm.core.energy import Energy
 
@@ -71,7 +69,9 @@ class ShardTask:
 
 @dataclass(frozen=True)
 class ShardResult:
-    outputs: np.ndarray
+    # The shard's results as an Arrow IPC stream (row_id, passthrough columns, the model's `output`): bytes, so
+    # what travels from node to head is Arrow's format, never a pickle of arrays.
+    table: bytes
     items: int
     seconds: float  # time spent in the model, loading excluded
     correct: int | None  # predictions equal to the dataset's labels, when it has labels

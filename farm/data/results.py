@@ -34,6 +34,21 @@ SHARD_FILE = re.compile(r"^shard-(\d{5,})\.parquet$")
 PARTIAL_PREFIXES = (".shard-", f".{MANIFEST}.")
 
 
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write a file whole or not at all: a hidden temporary file beside it, fsynced, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)  # readers see the whole file or none of it
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def shard_file(index: int) -> str:
     return f"shard-{index:05d}.parquet"
 
@@ -54,21 +69,10 @@ class Results:
 
     def _write(self, name: str, data: bytes) -> None:
         path = join(self.root, name)
-        if not self.local:
+        if self.local:
+            atomic_write(Path(path), data)
+        else:
             self.fs.pipe_file(path, data)
-            return
-        folder = Path(self.root)
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)  # readers see the whole file or none of it
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     def write_shard(self, index: int, table_ipc: bytes) -> int:
         """Write a shard's results (an Arrow IPC stream from its node) as Parquet; its rows."""
@@ -126,10 +130,14 @@ class Results:
         return table.sort_by(ROW_ID) if table.num_rows else table
 
 
+def outputs_array(table: pa.Table, where: str = "results") -> np.ndarray:
+    """A results table's `output` column as one array, in the table's row order."""
+    return column_to_numpy(table.column(OUTPUT), OUTPUT, table.column(ROW_ID).to_pylist(), where)
+
+
 def read_predictions(output: Path | str) -> np.ndarray:
     """Every shard's outputs joined back in input order (a job's whole results: its manifest must be there)."""
     results = Results(str(output))
     with results.open(MANIFEST):
         pass
-    table = results.read_table()
-    return column_to_numpy(table.column(OUTPUT), OUTPUT, table.column(ROW_ID).to_pylist(), str(output))
+    return outputs_array(results.read_table(), str(output))

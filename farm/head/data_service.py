@@ -44,7 +44,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         if self.store.job(job_id).state.finished:
             raise AuthError(f"job {job_id} has ended: its read credential is void")
         saved = datasets.load(self.settings.state_dir, job_id)
-        if saved is None or saved[0].kind is not Location.HEAD:
+        if saved is None or saved[0].where is not Location.HEAD:
             raise NotFoundError(f"job {job_id} reads no dataset from the head")
         spec, plan = saved
         if path not in {f.path for f in plan.files}:

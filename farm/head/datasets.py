@@ -13,6 +13,8 @@ from pathlib import Path
 
 from farm.core.dataset import DatasetPlan, DatasetSpec, Location
 from farm.core.errors import SpecError
+from farm.core.tasks import HeadAccess
+from farm.head.settings import HeadSettings
 from farm.local import write_private
 
 PLAN = "dataset.json"
@@ -26,7 +28,7 @@ def job_dir(state_dir: Path, job_id: str) -> Path:
 def check_location(spec: DatasetSpec, state_dir: Path) -> None:
     """A path on the head's machine may name any data of the head's admin (who holds the API token), but never the
     head's own state folder: its secrets, its store, other jobs' code."""
-    if spec.kind is not Location.HEAD:
+    if spec.where is not Location.HEAD:
         return
     if not os.path.isabs(spec.location):
         raise SpecError(f"dataset {spec.location!r}: a path on the head's machine must be absolute")
@@ -39,12 +41,18 @@ def inside(path: Path, folder: Path) -> bool:
     return os.path.commonpath([real, root]) == root
 
 
+def files(spec: DatasetSpec, plan: DatasetPlan) -> dict[str, bytes]:
+    """What the job's folder keeps of its dataset: the spec and plan, and for a dataset on this machine the job's
+    read credential (a fresh random token)."""
+    kept = {PLAN: json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}).encode()}
+    if spec.where is Location.HEAD:
+        kept[READ_TOKEN] = secrets.token_urlsafe(24).encode()
+    return kept
+
+
 def save(state_dir: Path, job_id: str, spec: DatasetSpec, plan: DatasetPlan) -> None:
-    folder = job_dir(state_dir, job_id)
-    write_private(folder / PLAN, json.dumps({"spec": spec.model_dump(mode="json"),
-                                             "plan": plan.model_dump(mode="json")}).encode())
-    if spec.kind is Location.HEAD:
-        write_private(folder / READ_TOKEN, secrets.token_urlsafe(24).encode())
+    for name, data in files(spec, plan).items():
+        write_private(job_dir(state_dir, job_id) / name, data)
 
 
 @lru_cache(maxsize=256)
@@ -66,3 +74,36 @@ def read_token(state_dir: Path, job_id: str) -> str | None:
 
 def token_matches(presented: str, expected: str | None) -> bool:
     return expected is not None and hmac.compare_digest(presented.encode(), expected.encode())
+
+
+def plan_located(spec: DatasetSpec, location: str, state_dir: Path) -> tuple[DatasetSpec, DatasetPlan]:
+    """At submit, in a worker thread (it reads footers and listings, maybe over the network): the dataset at the
+    location the client resolved, and its plan."""
+    from farm import data
+
+    if location:
+        spec = spec.model_copy(update={"location": location})
+    check_location(spec, state_dir)
+    return spec, data.plan(spec)
+
+
+def access(settings: HeadSettings, job_id: str) -> HeadAccess | None:
+    """How a node reads the job's dataset from this head; None when it lives elsewhere (http, s3)."""
+    token = read_token(settings.state_dir, job_id)
+    if token is None:
+        return None
+    ca_pem = b"" if settings.insecure else (settings.tls_dir / "ca.pem").read_bytes()
+    return HeadAccess(address=settings.address, ca_pem=ca_pem, job_id=job_id, token=token)
+
+
+def describe(spec: DatasetSpec, plan: DatasetPlan) -> str:
+    """The job log's `data:` line, which `farm job --explain` shows."""
+    count = f"{plan.rows:,} rows" if plan.rows is not None else f"{plan.size:,} bytes of lines (ranges in bytes)"
+    files = f"{len(plan.files):,} file{'s' if len(plan.files) != 1 else ''}"
+    where = {Location.HEAD: "on the head's machine, served to the nodes by the head",
+             Location.HTTP: "read by the nodes over http(s)", Location.S3: "read by the nodes from S3"}[spec.where]
+    text = f"data: {plan.format.value} at {plan.location} ({where}): {count} in {files}, planned from metadata"
+    if spec.preprocess:
+        text += (f"; preprocess {spec.preprocess} runs on the nodes inside the energy window, streamed with the "
+                 "model batch by batch (its time and energy count as the shard's)")
+    return text

@@ -23,7 +23,7 @@ from farm.core.energy import Energy, marginal_joules
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobKind, JobSpec, parse_spec
-from farm.head import autoshard, environment, joblog, kinds, node_check, ray_compat, remote, shard_check
+from farm.head import autoshard, environment, joblog, kinds, node_check, ray_compat, remote
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Outcomes, sort_failure
@@ -64,7 +64,7 @@ class Dispatcher:
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
-        self.handlers = kinds.handlers()
+        self.handlers = kinds.handlers(settings)
         self.outcomes = Outcomes(store, settings, notify, self._cancel_running)
         self.round = Round()
 
@@ -225,7 +225,7 @@ class Dispatcher:
         started = {index: r.started for (job_id, index), r in self.running.items() if job_id == job.id}
         nodes, busy = self.round.nodes, self.round.busy
         decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), busy, started, self.store,
-                                 self._deadline(job, spec))
+                                 self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec))
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
             return
@@ -286,8 +286,7 @@ class Dispatcher:
                 return
             joblog.record_output(self.store, job_id, index, result)
             handler, spec = self.handler(job), self.spec(job)
-            shard_check.check(job.shards[index], result.items,
-                              len(result.outputs) if handler.kind is JobKind.INFERENCE else None)
+            handler.check_result(job, spec, job.shards[index], result)
             record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], result)
             if record.marginal_j is None and record.energy is not None:
                 record = replace(record, marginal_j=self._marginal(running, record.energy))
@@ -308,7 +307,11 @@ class Dispatcher:
                 if not isinstance(exc, ray_errors.RayTaskError):  # the head itself failed at the shard's output
                     log.exception("shard %s/%d", job_id, index)
                 joblog.record_error(self.store, job_id, index, exc)
-                self.outcomes.fail(job_id, index, failure.message)
+                if failure.data:  # a malformed input: this shard fails, the job's others go on
+                    job = self.store.job(job_id)
+                    self.outcomes.shard_failed(job_id, index, failure.message, self.handler(job), self.spec(job))
+                else:
+                    self.outcomes.fail(job_id, index, failure.message)
         finally:
             if self.running.get(key) is running:
                 del self.running[key]

@@ -25,31 +25,40 @@ class Jobs:
         self.events = events
         self.settings = settings
 
-    def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0,
-               overwrite: bool = False) -> str:
+    async def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0,
+                     overwrite: bool = False, dataset_location: str = "") -> str:
         """Validate, let the job's kind plan it, then persist the job, its code and its shards before anyone is told
-        it exists (`overwrite`: its output folder may hold another job's results, removed first)."""
+        it exists (`overwrite`: its output folder may hold another job's results, removed first). The kind plans in
+        a worker thread: a located dataset's planning reads footers and listings, maybe over the network, and the
+        event loop carries every heartbeat."""
         spec = parse_spec(spec_yaml, "spec")
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
-        submission = Submission(code_zip, code_archive.names(code_zip, self.settings.max_unzipped_code_mb), items)
+        submission = Submission(code_zip, code_archive.names(code_zip, self.settings.max_unzipped_code_mb), items,
+                                dataset_location)
         handler = self.dispatcher.handlers[spec.kind]
-        plan = handler.plan(spec, submission)
+        plan = await asyncio.to_thread(handler.plan, spec, submission)
         if plan.items < 1 or not (plan.ranges or handler.sizes_shards(spec)):
             raise SpecError("the dataset is empty")
         if len(plan.ranges) > MAX_SHARDS:  # every count a spec multiplies ends here: a row and a file per shard
             raise SpecError(f"the job makes {len(plan.ranges):,} shards: at most {MAX_SHARDS:,}")
-        if not output or not Path(output).is_absolute():
-            raise SpecError("output must be an absolute path on the head's machine")
-        output_place.check(output, self.settings, self.store)
-        output_folder.claim(Path(output), overwrite)
+        if not output.startswith("s3://"):  # a bucket is written with the head's own credentials (farm.data.results)
+            if not output or not Path(output).is_absolute():
+                raise SpecError("output must be an absolute path on the head's machine, or s3://bucket/prefix")
+            output_place.check(output, self.settings, self.store)
+            output_folder.claim(Path(output), overwrite)
         job_id = new_id("j")
-        code_path = self.settings.state_dir / "jobs" / job_id / "code.zip"
+        folder = self.settings.state_dir / "jobs" / job_id
+        code_path = folder / "code.zip"
         write_private(code_path, code_zip)
+        for name, data in plan.keep.items():
+            write_private(folder / name, data)
         self.store.add_job(
             job_id, spec.name, spec.kind.value, spec_yaml, str(code_path), output, plan.items,
             plan.ranges, plan.model_key, max(model_bytes, 0),
         )
+        for note in plan.notes:
+            self.store.log(job_id, "info", note)
         self.dispatcher.admit(job_id, spec)
         return job_id
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ray import exceptions as ray_errors
 
 from farm.core.energy import Energy
-from farm.core.errors import FarmError
+from farm.core.errors import DataError, FarmError
 from farm.core.models import JobState, Node, ShardState
 from farm.head.output import manifest, write_manifest
 from farm.head.settings import HeadSettings
@@ -40,6 +39,7 @@ PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "gloo/tran
 class Failure:
     node: bool  # the node or its worker process failed, not the job's code: the shard may run again
     message: str
+    data: bool = False  # a malformed input (farm.core.errors.DataError): its shard fails, the job's others go on
 
 
 def sort_failure(exc: BaseException, collective: bool = False) -> Failure:
@@ -50,7 +50,8 @@ def sort_failure(exc: BaseException, collective: bool = False) -> Failure:
     if isinstance(exc, ray_errors.RayTaskError):
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
         message = cause.message if isinstance(cause, FarmError) else f"{type(cause).__name__}: {first_line(cause)}"
-        return Failure(collective and any(sign in message for sign in PEER_LOST), message)
+        return Failure(collective and any(sign in message for sign in PEER_LOST), message,
+                       data=isinstance(cause, DataError))
     if isinstance(exc, FarmError):
         return Failure(False, exc.message)
     return Failure(False, f"head: {type(exc).__name__}: {exc}")  # the head itself failed at the job's part
@@ -120,18 +121,35 @@ class Outcomes:
         self.store.set_job_state(job_id, JobState.FAILED, f"shard {index}: {error}" if index is not None else error)
         self.notify(job_id)
 
+    def shard_failed(self, job_id: str, index: int, error: str, handler: KindHandler, spec: JobSpec) -> None:
+        """The shard failed on its own input (a bad row, a truncated file): it alone fails; the job's other shards
+        run on, and the job ends failed once they are done (farm results still fetches theirs)."""
+        if self.store.job_state(job_id).finished:
+            return
+        self.store.shard_failed(job_id, index, error)
+        self.notify(job_id)
+        self.finish_if_done(job_id, handler, spec)
+
     def finish_if_done(self, job_id: str, handler: KindHandler, spec: JobSpec) -> bool:
         """Once every shard is in: the metrics, the kind's joined outputs, then the manifest (written last: its
-        presence says the rest is complete); whether the job finished."""
+        presence says the rest is complete); whether the job finished. Shards that failed on their data leave the
+        job failed, without a manifest, once the others are done."""
         job = self.store.job(job_id)
-        if job.state.finished or any(s.state is not ShardState.SUCCEEDED for s in job.shards):
+        ended = (ShardState.SUCCEEDED, ShardState.FAILED)
+        if job.state.finished or any(s.state not in ended for s in job.shards):
             return False
         if not handler.complete(job, spec):
             return False
         metrics = {**job_metrics(job), **handler.metrics(job, spec)}
         self.store.set_metrics(job_id, metrics)
+        failed = [s for s in job.shards if s.state is ShardState.FAILED]
+        if failed:
+            self.store.set_job_state(job_id, JobState.FAILED, f"{len(failed)} of {len(job.shards)} shards failed on "
+                                     f"their data; shard {failed[0].index}: {failed[0].error}")
+            self.notify(job_id)
+            return True
         fields = handler.finish(job, spec, metrics)
-        write_manifest(Path(job.output), manifest(job, metrics, fields, handler.shard_file))
+        write_manifest(job.output, manifest(job, metrics, fields, handler.shard_file))
         self.store.set_job_state(job_id, JobState.SUCCEEDED)
         self.notify(job_id)
         return True

@@ -1,54 +1,23 @@
 """A job's output folder: every file written atomically (fsynced, then renamed), and manifest.json, of one shape for
-every kind, written last once every shard is in. Inference's own files (one .npy per shard) are here too."""
+every kind, written last once every shard is in. Inference's own files (Parquet, one per shard) are farm.data.results'."""
 
 from __future__ import annotations
 
-import io
-import json
-import os
-import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+# One atomic write for every kind's files (training's checkpoints, kernel-eval's tables), and the partial files'
+# names, as the data plane's results writes them.
+from farm.data.results import PARTIAL_PREFIXES, Results, atomic_write  # noqa: F401
 
 if TYPE_CHECKING:
     from farm.head.store import Job
 
 
-def shard_file(index: int) -> str:
-    return f"shard-{index:05d}.npy"
-
-
-MANIFEST = "manifest.json"
-# How the temporary files of unfinished writes start (".shard-00007.npy.k3j_a9", ".manifest.json.x81q"): hidden, and
-# never a finished file's name.
-PARTIAL_PREFIXES = (".shard-", f".{MANIFEST}.")
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)  # readers see the whole file or none of it
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_shard(output: Path, index: int, outputs: np.ndarray) -> None:
-    buffer = io.BytesIO()
-    np.save(buffer, outputs, allow_pickle=False)
-    atomic_write(output / shard_file(index), buffer.getvalue())
-
-
-def write_manifest(output: Path, manifest: dict[str, Any]) -> None:
-    atomic_write(output / MANIFEST, json.dumps(manifest, indent=2).encode())
+def write_manifest(output: Path | str, manifest: dict[str, Any]) -> None:
+    """At the job's output: a folder on the head's machine, or a bucket (an inference job's `output: s3://...`)."""
+    Results(str(output)).write_manifest(manifest)
 
 
 def manifest(job: Job, metrics: dict[str, float], fields: dict[str, Any],
@@ -76,10 +45,3 @@ def remove_partial_files(output: Path) -> int:
     for path in partial:
         path.unlink(missing_ok=True)
     return len(partial)
-
-
-def read_predictions(output: Path) -> np.ndarray:
-    """Every shard's outputs joined back in input order, as the manifest lists them."""
-    manifest = json.loads((output / MANIFEST).read_text())
-    parts = sorted(manifest["shards"], key=lambda s: s["start"])
-    return np.concatenate([np.load(output / part["file"], allow_pickle=False) for part in parts])

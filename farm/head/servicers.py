@@ -161,8 +161,8 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         code_zip = request.code_zip
         if request.code_upload:
             code_zip = await asyncio.to_thread(uploads.take, self.jobs.settings.state_dir, request.code_upload)
-        job_id = self.jobs.submit(request.spec_yaml, code_zip, request.items, request.output, request.model_bytes,
-                                  request.overwrite)
+        job_id = await self.jobs.submit(request.spec_yaml, code_zip, request.items, request.output,
+                                        request.model_bytes, request.overwrite, request.dataset_location)
         return job_pb2.SubmitReply(job_id=job_id)
 
     async def UploadCode(self, request_iterator: AsyncIterator[job_pb2.CodeChunk], context: grpc.aio.ServicerContext

@@ -3,6 +3,10 @@ must not pass as done, its short file taken for the job's output."""
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from farm.core.dataset import ROW_ID
 from farm.core.errors import FarmError
 from farm.core.models import Shard
 
@@ -18,3 +22,18 @@ def check(shard: Shard, items: int, rows: int | None) -> None:
         raise ShardResultError(f"its result says {items} items for a range of {expected} ({shard.start}-{shard.stop})")
     if rows is not None and rows != expected:
         raise ShardResultError(f"its result holds {rows} output rows for a range of {expected}")
+
+
+def check_table(shard: Shard, items: int, table: pa.Table, in_bytes: bool) -> None:
+    """A results table (row_id first) against its shard: one row per item it claims, every row id inside the range
+    and none twice. `in_bytes`: the range counts bytes of lines (a line's id is its offset), not rows."""
+    if table.num_rows != items:
+        raise ShardResultError(f"its result says {items} items and holds {table.num_rows} output rows")
+    if not in_bytes:
+        check(shard, items, table.num_rows)
+    if table.num_rows:
+        ids = table.column(ROW_ID)
+        low, high = pc.min_max(ids).values()
+        if low.as_py() < shard.start or high.as_py() >= shard.stop or pc.count_distinct(ids).as_py() != len(ids):
+            raise ShardResultError(f"its result's row ids are not each once inside its range ({shard.start}-"
+                                   f"{shard.stop})")

@@ -1,4 +1,5 @@
-"""Chaos: a 200-shard job runs while agents are SIGKILLed (with their Ray nodes) and restarted at random, and the head
+"""Chaos: a 200-shard job over a Parquet dataset on the head's machine (its nodes read it through the head's
+DataService) runs while agents are SIGKILLed (with their Ray nodes) and restarted at random, and the head
 (with its Ray head) is SIGKILLed and restarted once from the same state folder. The job must succeed with every
 shard's output written exactly once: one complete file per shard, no temporary file left, one result per shard in the
 store, and a manifest of all 200.
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import psutil
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -193,9 +195,11 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
     work = tmp_path / "work"
     work.mkdir()
     shutil.copy(Path(chaosjob.__file__), work / "chaosjob.py")
+    chaosjob.write_parquet(tmp_path / "data")
     spec = work / "chaos.yaml"
-    spec.write_text(yaml.safe_dump({"name": "chaos", "model": "chaosjob:sleeper", "dataset": "chaosjob:numbers",
-                                    "shards": SHARDS, "batch_size": 2, "backends": ["cpu"], "output": "out"}))
+    spec.write_text(yaml.safe_dump({
+        "name": "chaos", "model": "chaosjob:sleeper", "shards": SHARDS, "batch_size": 2, "backends": ["cpu"],
+        "dataset": {"location": str(tmp_path / "data"), "format": "parquet", "inputs": "x"}, "output": "out"}))
     cluster = Farm(tmp_path / "state")
     events: list[str] = []
     try:
@@ -273,13 +277,17 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
     nodes = sorted(db.execute("SELECT name, id FROM nodes").fetchall())
     assert nodes == [(n, (read_json(cluster.state / "agents" / n / "node.json") or {}).get("node_id")) for n in AGENTS]
 
-    # The output: exactly one complete file per shard and the manifest, nothing else (no temporary files).
+    # The output: exactly one complete Parquet file per shard, holding its rows once, and the manifest; nothing
+    # else (no temporary files).
     output = Path(final.output)
     files = sorted(p.name for p in output.iterdir())
-    assert files == sorted([*(f"shard-{i:05d}.npy" for i in range(SHARDS)), "manifest.json"]), report
+    assert files == sorted([*(f"shard-{i:05d}.parquet" for i in range(SHARDS)), "manifest.json"]), report
     inputs = chaosjob.numbers()
     for i in range(SHARDS):
-        np.testing.assert_array_equal(np.load(output / f"shard-{i:05d}.npy"), inputs[2 * i : 2 * i + 2] * 2)
+        table = pq.read_table(output / f"shard-{i:05d}.parquet")
+        assert table.column("row_id").to_pylist() == [2 * i, 2 * i + 1], report
+        np.testing.assert_array_equal(np.stack(table.column("output").to_numpy(zero_copy_only=False)),
+                                      inputs[2 * i : 2 * i + 2] * 2)
     manifest = json.loads((output / "manifest.json").read_text())
     assert [s["index"] for s in manifest["shards"]] == list(range(SHARDS))
     assert manifest["items"] == chaosjob.ITEMS and {s["file"] for s in manifest["shards"]} <= set(files)

@@ -8,12 +8,15 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, Node, ShardState
 from farm.core.tasks import ShardResult
 from farm.head.dispatch import Dispatcher, Running
-from farm.head.output import read_predictions, write_shard
+from farm.data.batches import output_column, to_ipc
+from farm.data.results import Results, read_predictions
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 
@@ -39,6 +42,12 @@ def outputs(index: int) -> np.ndarray:
     return np.arange(start * 2, stop * 2, dtype=np.float32).reshape(-1, 2)
 
 
+def results(index: int) -> bytes:
+    """A shard's results as its node sends them: an Arrow IPC stream of row ids and outputs."""
+    start, stop = RANGES[index]
+    return to_ipc(pa.table({"row_id": pa.array(range(start, stop), pa.int64()), "output": output_column(outputs(index))}))
+
+
 def add_job(store: Store, output: Path) -> str:
     store.add_job("j-1", "toy", "inference", SPEC, "/nowhere/code.zip", str(output), 6, RANGES)
     store.set_job_state("j-1", JobState.RUNNING)
@@ -47,7 +56,7 @@ def add_job(store: Store, output: Path) -> str:
 
 def finish_shard(store: Store, output: Path, index: int) -> None:
     store.shard_started("j-1", index, node(store), "cpu", "cpu")
-    write_shard(output, index, outputs(index))
+    Results(str(output)).write_shard(index, results(index))
     store.shard_succeeded("j-1", index, 2, 0.1, None, None)
 
 
@@ -61,11 +70,11 @@ def test_a_head_killed_mid_write_leaves_no_partial_file_and_the_shard_runs_again
     add_job(store, output)
     finish_shard(store, output, 0)
     store.shard_started("j-1", 1, node(store), "cpu", "cpu")
-    (output / ".shard-00001.npy.k3j_a9").write_bytes(b"\x93NUMPY half of it")  # what the dead head was writing
+    (output / ".shard-00001.parquet.k3j_a9").write_bytes(b"PAR1 half of it")  # what the dead head was writing
 
     dispatcher(store, tmp_path).recover()
 
-    assert sorted(p.name for p in output.iterdir()) == ["shard-00000.npy"]
+    assert sorted(p.name for p in output.iterdir()) == ["shard-00000.parquet"]
     job = store.job("j-1")
     assert job.state is JobState.RUNNING
     assert [s.state for s in job.shards] == [ShardState.SUCCEEDED, ShardState.PENDING, ShardState.PENDING]
@@ -83,7 +92,7 @@ def test_a_head_killed_between_the_last_shard_and_the_manifest_finishes_the_job_
 
     assert store.job("j-1").state is JobState.SUCCEEDED
     files = sorted(p.name for p in output.iterdir())
-    assert files == sorted(["manifest.json", *(f"shard-{i:05d}.npy" for i in range(3))])
+    assert files == sorted(["manifest.json", *(f"shard-{i:05d}.parquet" for i in range(3))])
     assert [s["index"] for s in json.loads((output / "manifest.json").read_text())["shards"]] == [0, 1, 2]
     np.testing.assert_array_equal(read_predictions(output), np.arange(12, dtype=np.float32).reshape(6, 2))
 
@@ -102,7 +111,7 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
         collecting = asyncio.create_task(farm._collect("j-1", 0, running))
         await asyncio.sleep(0)
-        result.set_result(ShardResult(outputs=outputs(0), items=2, seconds=0.1, correct=None, node_ray_id="r",
+        result.set_result(ShardResult(table=results(0), items=2, seconds=0.1, correct=None, node_ray_id="r",
                                       energy=None))
         await asyncio.sleep(0)  # the collector's step: the result in hand, the file's write begun
         assert ("j-1", 0) not in farm.running
@@ -111,7 +120,9 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
     asyncio.run(scenario())
     shard = store.job("j-1").shards[0]
     assert (shard.state, shard.attempts) == (ShardState.SUCCEEDED, 1)
-    np.testing.assert_array_equal(np.load(output / "shard-00000.npy"), outputs(0))
+    written = pq.read_table(output / "shard-00000.parquet")
+    assert written.column("row_id").to_pylist() == [0, 1]
+    np.testing.assert_array_equal(np.stack(written.column("output").to_numpy(zero_copy_only=False)), outputs(0))
 
 
 def test_a_result_short_of_its_range_does_not_pass_as_done(store: Store, tmp_path: Path) -> None:
@@ -125,12 +136,12 @@ def test_a_result_short_of_its_range_does_not_pass_as_done(store: Store, tmp_pat
         running = Running("n-1", "cpu", result)
         farm.running[("j-1", 0)] = running
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
-        result.set_result(ShardResult(outputs=outputs(0)[:1], items=2, seconds=0.1, correct=None, node_ray_id="r",
-                                      energy=None))
+        short = to_ipc(pa.table({"row_id": pa.array([0], pa.int64()), "output": output_column(outputs(0)[:1])}))
+        result.set_result(ShardResult(table=short, items=2, seconds=0.1, correct=None, node_ray_id="r", energy=None))
         await farm._collect("j-1", 0, running)
 
     asyncio.run(scenario())
     shard = store.job("j-1").shards[0]
     assert shard.state is not ShardState.SUCCEEDED
-    assert "1 output rows for a range of 2" in store.job("j-1").error + (shard.error or "")
-    assert not (output / "shard-00000.npy").exists()
+    assert "says 2 items and holds 1 output rows" in store.job("j-1").error + (shard.error or "")
+    assert not (output / "shard-00000.parquet").exists()

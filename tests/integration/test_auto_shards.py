@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from farm.head.output import read_predictions
+from farm.data.results import read_predictions
 from tests.conftest import FIXTURES, Cluster
 
 pytestmark = pytest.mark.slow

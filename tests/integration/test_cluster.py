@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from farm.client import Client
-from farm.head.output import read_predictions
+from farm.data.results import read_predictions
 from tests.conftest import FIXTURES, ROOT, Cluster
 
 pytestmark = pytest.mark.slow

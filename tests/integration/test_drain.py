@@ -14,7 +14,7 @@ import yaml
 
 from farm.cli.render import node_state
 from farm.client import Client
-from farm.head.output import read_predictions
+from farm.data.results import read_predictions
 from farm.local import read_json, wait_for
 from farm.proto.v1 import fleet_pb2
 from tests.conftest import FIXTURES, Cluster

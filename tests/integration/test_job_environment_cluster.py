@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import yaml
 
-from farm.head.output import read_predictions
+from farm.data.results import read_predictions
 from tests.conftest import Cluster, farm
 from tests.wheels import make_wheel
 

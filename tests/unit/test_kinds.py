@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from ray import exceptions as ray_errors
 
@@ -24,9 +25,12 @@ from farm.core.tasks import EvaluateResult, ShardResult
 from farm.head import autoshard, kinds
 from farm.head.dispatch import Dispatcher, Round, Running
 from farm.head.kinds.base import Submission
+from farm.data.batches import output_column, to_ipc
 from farm.head.outcomes import NodeLost, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
+
+SETTINGS = HeadSettings(state_dir=Path("/nowhere"))  # planning these kinds reads nothing from the state folder
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
@@ -81,24 +85,25 @@ def test_no_branch_on_the_job_kind_outside_the_handlers(module: str) -> None:
 
 
 def test_plans_inference_in_shards_of_rows_and_checks_its_files() -> None:
-    plan = kinds.HANDLERS[JobKind.INFERENCE]().plan(parse_spec(INFER), submission(10, "toyjob.py"))
+    plan = kinds.HANDLERS[JobKind.INFERENCE](SETTINGS).plan(parse_spec(INFER), submission(10, "toyjob.py"))
     assert (plan.items, plan.ranges) == (10, [(0, 4), (4, 7), (7, 10)]) and len(plan.model_key) == 16
     with pytest.raises(SpecError, match="weights 'w.pt' is not in the job's code"):
-        kinds.HANDLERS[JobKind.INFERENCE]().plan(parse_spec(INFER + "weights: w.pt\n"), submission(10, "toyjob.py"))
+        kinds.HANDLERS[JobKind.INFERENCE](SETTINGS).plan(parse_spec(INFER + "weights: w.pt\n"),
+                                                         submission(10, "toyjob.py"))
     with pytest.raises(SpecError, match="empty"):
-        kinds.HANDLERS[JobKind.INFERENCE]().plan(parse_spec(INFER), submission(0, "toyjob.py"))
+        kinds.HANDLERS[JobKind.INFERENCE](SETTINGS).plan(parse_spec(INFER), submission(0, "toyjob.py"))
 
 
 def test_plans_training_in_stretches_of_steps_between_checkpoints() -> None:
-    plan = kinds.HANDLERS[JobKind.TRAINING]().plan(parse_spec(TRAIN), submission(100, "m.py"))
+    plan = kinds.HANDLERS[JobKind.TRAINING](SETTINGS).plan(parse_spec(TRAIN), submission(100, "m.py"))
     assert (plan.items, plan.ranges) == (250, [(0, 10), (10, 20), (20, 25)])  # 25 steps of 10 samples
     with pytest.raises(SpecError, match="larger than the dataset"):
-        kinds.HANDLERS[JobKind.TRAINING]().plan(parse_spec(TRAIN), submission(5, "m.py"))
+        kinds.HANDLERS[JobKind.TRAINING](SETTINGS).plan(parse_spec(TRAIN), submission(5, "m.py"))
 
 
 def test_plans_kernel_eval_in_pairs_found_in_the_code() -> None:
     names = ("p/relu.py", "c/relu/a.py", "c/relu/b.py", "c/relu/c.py", "p/gelu.py", "c/gelu/x.py")
-    plan = kinds.HANDLERS[JobKind.KERNEL_EVAL]().plan(parse_spec(KERNELS), submission(0, *names))
+    plan = kinds.HANDLERS[JobKind.KERNEL_EVAL](SETTINGS).plan(parse_spec(KERNELS), submission(0, *names))
     assert (plan.items, plan.ranges) == (4, [(0, 1), (1, 3), (3, 4)])  # gelu's one, then relu's three by two
 
 
@@ -107,8 +112,9 @@ def test_every_kind_writes_one_manifest_shape(store: Store, tmp_path: Path) -> N
     farm_ = dispatcher(store, tmp_path)
     node = store.nodes()[0]
     results: dict[str, Any] = {
-        "inference": ShardResult(outputs=np.zeros((2, 2), dtype=np.float32), items=2, seconds=0.1, correct=1,
-                                 node_ray_id="r", energy=None),
+        "inference": ShardResult(table=to_ipc(pa.table({"row_id": pa.array([0, 1], pa.int64()),
+                                                        "output": output_column(np.zeros((2, 2), np.float32))})),
+                                 items=2, seconds=0.1, correct=1, node_ray_id="r", energy=None),
         "kernel-eval": KernelEvalShardResult(rows=[], items=2, seconds=0.1, correct=1),
     }
     manifests = {}
@@ -147,7 +153,7 @@ def test_an_auto_sized_job_cuts_its_shards_while_it_runs(store: Store, tmp_path:
     farm_ = dispatcher(store, tmp_path)
     text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
     spec = parse_spec(text)
-    handler = kinds.HANDLERS[JobKind.INFERENCE]()
+    handler = kinds.HANDLERS[JobKind.INFERENCE](SETTINGS)
     assert handler.sizes_shards(spec) and handler.plan(spec, submission(100, "toyjob.py")).ranges == []
     store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [])
     farm_.round = Round({n.id: n for n in store.nodes()})
@@ -197,7 +203,7 @@ def test_evaluate_reports_accuracy_and_loss_per_device_and_writes_no_outputs(sto
     store.upsert_node("n-2", "other", HW, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.2", "h")
     farm_ = dispatcher(store, tmp_path)
     output = tmp_path / "out"
-    plan = kinds.HANDLERS[JobKind.EVALUATE]().plan(parse_spec(EVALUATE), submission(30, "toyjob.py"))
+    plan = kinds.HANDLERS[JobKind.EVALUATE](SETTINGS).plan(parse_spec(EVALUATE), submission(30, "toyjob.py"))
     assert (plan.items, plan.ranges) == (30, [(0, 15), (15, 30)])
     store.add_job("j-1", "e", "evaluate", EVALUATE, "/nowhere.zip", str(output), 30, [(0, 10), (10, 20), (20, 30)])
     job = store.job("j-1")

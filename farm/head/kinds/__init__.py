@@ -25,6 +25,7 @@ from farm.head.kinds.evaluate import Evaluate
 from farm.head.kinds.inference import Inference
 from farm.head.kinds.kernel_eval import KernelEval
 from farm.head.kinds.training import Training
+from farm.head.settings import HeadSettings
 
 HANDLERS: dict[JobKind, type[KindHandler]] = {  # type: ignore[type-arg]
     JobKind.INFERENCE: Inference,
@@ -34,6 +35,6 @@ HANDLERS: dict[JobKind, type[KindHandler]] = {  # type: ignore[type-arg]
 }
 
 
-def handlers() -> dict[JobKind, KindHandler]:  # type: ignore[type-arg]
+def handlers(settings: HeadSettings) -> dict[JobKind, KindHandler]:  # type: ignore[type-arg]
     """A handler of every kind, for one head (a handler may hold what it drives, as training does)."""
-    return {kind: handler() for kind, handler in HANDLERS.items()}
+    return {kind: handler(settings) for kind, handler in HANDLERS.items()}

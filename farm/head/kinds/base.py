@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, ModelJobSpec, SpecBase
+from farm.head import shard_check
 from farm.head.outcomes import Outcomes, ShardRecord
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -28,6 +30,7 @@ class Submission:
     code_zip: bytes  # the job's code, Ray's working_dir on every node
     names: frozenset[str]  # the archive's file names
     items: int  # the items the client counted in the dataset (0 where the kind counts them itself)
+    dataset_location: str = ""  # a located dataset's location as the client resolved it (empty: the spec's)
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class Plan:
     items: int
     ranges: list[tuple[int, int]]  # [start, stop) in the kind's items (rows, steps, pairs), one per shard
     model_key: str  # jobs with one key share their speed and memory measurements
+    keep: Mapping[str, bytes] = field(default_factory=dict)  # files for the job's folder beside its code (0600)
+    notes: tuple[str, ...] = ()  # lines for the job's log when it is accepted
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,12 @@ class KindHandler(Generic[S]):
 
     kind: ClassVar[JobKind]
 
+    def __init__(self, settings: HeadSettings) -> None:
+        self.settings = settings
+
     def plan(self, spec: S, submission: Submission) -> Plan:
-        """At submit: check the spec against the code, count the items, cut the first shards (SpecError: refused)."""
+        """At submit, in a worker thread (it may read a dataset's metadata): check the spec against the code, count
+        the items, cut the first shards (SpecError: refused)."""
         raise NotImplementedError
 
     def schedule(self, job: Job, spec: S, driver: Driver) -> None:
@@ -116,6 +125,14 @@ class ShardedKind(KindHandler[S]):
     def task(self, job: Job, spec: S, shard: Shard, assignment: Assignment) -> ShardCall:
         """At launch: the call that runs this shard on the assignment's device."""
         raise NotImplementedError
+
+    def check_result(self, job: Job, spec: S, shard: Shard, result: Any) -> None:
+        """Before its output is written: the result covers its shard (ShardResultError otherwise)."""
+        shard_check.check(shard, result.items, None)
+
+    def counts_bytes(self, job: Job, spec: S) -> bool:
+        """Whether the job's ranges count bytes of line files (a dataset by location), not rows or items."""
+        return False
 
     def record(self, job: Job, spec: S, shard: Shard, result: Any) -> ShardRecord:
         """A shard's result arrived: write its output (atomically; this runs in a worker thread), return its

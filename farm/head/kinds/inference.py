@@ -1,18 +1,24 @@
-"""`kind: inference`: a model over a dataset's rows, shard by shard; each shard's outputs one .npy file."""
+"""`kind: inference`: a model over a dataset's rows, shard by shard; each shard's outputs one Parquet file.
+
+The dataset is a callable or a file in the job's code (loaded whole on the node), or a location and format: the data
+seam (farm.data) plans it here at submit from its metadata, and each shard's task carries the plan's slice holding
+its range, which the node streams batch by batch (through the head's DataService for a path on this machine).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.core.errors import SpecError
 from farm.core.models import Shard
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
-from farm.core.tasks import ShardResult, ShardTask, Tuning
-from farm.head import autoshard, remote
+from farm.core.dataset import Unit
+from farm.core.tasks import DataTask, ShardResult, ShardTask, Tuning
+from farm.data.results import FORMAT, Results, shard_file
+from farm.data.batches import from_ipc
+from farm.head import autoshard, datasets, remote, shard_check
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
-from farm.head.output import shard_file, write_shard
 from farm.head.store import Job
 
 if TYPE_CHECKING:
@@ -30,12 +36,12 @@ def plan_rows(spec: ModelJobSpec, submission: Submission, shards: int) -> Plan:
 
 
 def shard_task(job: Job, spec: ModelJobSpec, shard: Shard, assignment: Assignment,
-               tune_budget_s: float | None = None) -> ShardTask:
-    """The model over one shard's rows on the assignment's device."""
+               tune_budget_s: float | None = None, data: DataTask | None = None) -> ShardTask:
+    """The model over one shard's rows on the assignment's device (`data`: the slice of a located dataset)."""
     return ShardTask(
         job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model, weights=spec.weights,
-        dataset=spec.dataset, batch_size=spec.batch_size, backend=assignment.backend.value, device=assignment.device,
-        threads=assignment.threads,
+        dataset=spec.dataset if isinstance(spec.dataset, str) else "", batch_size=spec.batch_size,
+        backend=assignment.backend.value, device=assignment.device, threads=assignment.threads, data=data,
         tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=tune_budget_s),
     )
 
@@ -44,23 +50,44 @@ class Inference(ShardedKind[InferenceSpec]):
     kind = JobKind.INFERENCE
 
     def plan(self, spec: InferenceSpec, submission: Submission) -> Plan:
-        return plan_rows(spec, submission, spec.fixed_shards)
+        located = spec.located_dataset
+        if located is None:
+            return plan_rows(spec, submission, spec.fixed_shards)
+        check_model_files(spec, submission.names)
+        located, plan = datasets.plan_located(located, submission.dataset_location, self.settings.state_dir)
+        # Ranges count the plan's units: rows, or bytes of line files (whose rows are counted as they are read).
+        ranges = shard_ranges(plan.size, spec.fixed_shards) if spec.fixed_shards else []
+        return Plan(plan.size, ranges, model_key(spec, submission.code_zip), keep=datasets.files(located, plan),
+                    notes=(datasets.describe(located, plan),))
 
     def sizes_shards(self, spec: InferenceSpec) -> bool:
         return spec.auto_shards
+
+    def counts_bytes(self, job: Job, spec: InferenceSpec) -> bool:
+        saved = datasets.load(self.settings.state_dir, job.id)
+        return saved is not None and saved[1].unit is Unit.BYTES
 
     def complete(self, job: Job, spec: InferenceSpec) -> bool:
         return not spec.auto_shards or autoshard.complete(job)
 
     def task(self, job: Job, spec: InferenceSpec, shard: Shard, assignment: Assignment) -> ShardCall:
-        return ShardCall(remote.run_shard, shard_task(job, spec, shard, assignment, spec.tune_budget_s))
+        data = None
+        saved = datasets.load(self.settings.state_dir, job.id)
+        if saved is not None:
+            located, plan = saved
+            data = DataTask(spec=located, plan=plan.slice(shard.start, shard.stop),
+                            access=datasets.access(self.settings, job.id))
+        return ShardCall(remote.run_shard, shard_task(job, spec, shard, assignment, spec.tune_budget_s, data))
+
+    def check_result(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> None:
+        shard_check.check_table(shard, result.items, from_ipc(result.table), self.counts_bytes(job, spec))
 
     def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> ShardRecord:
-        write_shard(Path(job.output), shard.index, result.outputs)
+        Results(job.output).write_shard(shard.index, result.table)
         return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes)
 
     def finish(self, job: Job, spec: InferenceSpec, metrics: dict[str, float]) -> dict[str, Any]:
-        return {"format": "npy"}
+        return {"format": FORMAT}
 
     def shard_file(self, index: int) -> str | None:
         return shard_file(index)

@@ -31,6 +31,7 @@ from farm.core.spec import MAX_SHARDS, MAX_STEPS, JobKind, SyncMode, TrainingSpe
 from farm.head import environment, remote
 from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
+from farm.head.settings import HeadSettings
 from farm.head.output import atomic_write
 from farm.head.store import Job
 from farm.scheduler import ShardRequest, calibration
@@ -51,7 +52,8 @@ def checkpoint_path(output: Path, step: int) -> Path:
 class Training(KindHandler[TrainingSpec]):
     kind = JobKind.TRAINING
 
-    def __init__(self) -> None:
+    def __init__(self, settings: HeadSettings) -> None:
+        super().__init__(settings)
         self.runs: dict[str, asyncio.Task[None]] = {}  # job id → its driving task
 
     def plan(self, spec: TrainingSpec, submission: Submission) -> Plan:

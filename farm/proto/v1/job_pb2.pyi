@@ -19,7 +19,7 @@ class CodeUpload(_message.Message):
     def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes", "code_upload", "overwrite")
+    __slots__ = ("spec_yaml", "code_zip", "items", "output", "model_bytes", "code_upload", "overwrite", "dataset_location")
     SPEC_YAML_FIELD_NUMBER: _ClassVar[int]
     CODE_ZIP_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class SubmitRequest(_message.Message):
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CODE_UPLOAD_FIELD_NUMBER: _ClassVar[int]
     OVERWRITE_FIELD_NUMBER: _ClassVar[int]
+    DATASET_LOCATION_FIELD_NUMBER: _ClassVar[int]
     spec_yaml: str
     code_zip: bytes
     items: int
@@ -34,7 +35,8 @@ class SubmitRequest(_message.Message):
     model_bytes: int
     code_upload: str
     overwrite: bool
-    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ..., code_upload: _Optional[str] = ..., overwrite: _Optional[bool] = ...) -> None: ...
+    dataset_location: str
+    def __init__(self, spec_yaml: _Optional[str] = ..., code_zip: _Optional[bytes] = ..., items: _Optional[int] = ..., output: _Optional[str] = ..., model_bytes: _Optional[int] = ..., code_upload: _Optional[str] = ..., overwrite: _Optional[bool] = ..., dataset_location: _Optional[str] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("job_id",)

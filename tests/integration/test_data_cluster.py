@@ -1,0 +1,96 @@
+"""The data plane end to end on the shared cluster (a real head, Ray and two agents): the digits as a Parquet folder
+and as an image folder on the head's machine, read by the agents through the head's DataService, results as Parquet
+fetched by `farm results`; an image that does not decode fails its own shard, and the job's other shards finish."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from farm.data.results import read_predictions
+from tests.conftest import ROOT, Cluster, farm
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from examples.datasets.make import write
+
+    folder = tmp_path_factory.mktemp("digits-data")
+    write(folder)
+    return folder
+
+
+def submit(cluster: Cluster, tmp_path: Path, name: str, dataset: dict[str, object], shards: int = 4
+           ) -> dict[str, object]:
+    spec = tmp_path / f"{name}.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": name, "model": "examples.digits.model:build", "weights": "examples/digits/weights.pt",
+        "dataset": dataset, "shards": shards, "batch_size": 64, "backends": ["cpu"], "output": str(tmp_path / name)}))
+    done = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(ROOT))
+    assert done.stdout, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, digits: Path, tmp_path: Path
+                                                             ) -> None:
+    job = submit(cluster, tmp_path, "pq", {
+        "location": str(digits / "digits-parquet"), "format": "parquet", "inputs": "pixels", "passthrough": ["index"],
+        "label": "label", "preprocess": "examples.datasets.prep:pixels"})
+    assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
+    assert job["metrics"]["accuracy"] >= 0.9 and {s["node_name"] for s in job["shards"]} == {"agent-a", "agent-b"}
+    output = Path(str(job["output"]))
+    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", *(f"shard-{i:05d}.parquet" for i in range(4))]
+    assert json.loads((output / "manifest.json").read_text())["format"] == "parquet"
+    from examples.digits.data import test_set
+
+    import torch
+
+    from farm_agent.jobcode import build_model
+
+    with torch.inference_mode():
+        expected = build_model("examples.digits.model:build", "examples/digits/weights.pt", ROOT)(
+            torch.from_numpy(test_set()[0])).numpy()
+    np.testing.assert_allclose(read_predictions(output), expected, rtol=1e-4, atol=1e-4)
+
+    explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
+    assert "preprocess examples.datasets.prep:pixels runs on the nodes inside the energy window" in explained.stdout
+
+    # From another state folder, as on another machine: the head's address, its API token and its CA.
+    head = cluster.head
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(head.ca_pem or b"")
+    fetched = farm("results", str(job["id"]), "--head", head.address, "--token", head.api_token, "--out",
+                   str(tmp_path / "fetched"), "--format", "jsonl",
+                   env={"FARM_STATE_DIR": str(tmp_path / "elsewhere"), "FARM_CA": str(ca)})
+    assert fetched.returncode == 0, fetched.stderr
+    rows = [json.loads(line) for line in (tmp_path / "fetched" / "results.jsonl").read_text().splitlines()]
+    assert [r["row_id"] for r in rows] == list(range(540)) == [r["index"] for r in rows]
+
+
+def test_an_image_that_does_not_decode_fails_its_shard_only(cluster: Cluster, digits: Path, tmp_path: Path
+                                                            ) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    for path in sorted((digits / "digits-images").iterdir())[:256]:
+        images.joinpath(path.name).write_bytes(path.read_bytes())
+    victim = sorted(images.iterdir())[200]
+    victim.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    job = submit(cluster, tmp_path, "img", {"location": str(images), "format": "images", "passthrough": ["path"],
+                                            "preprocess": "examples.datasets.prep:images"})
+    assert job["state"] == "failed"
+    states = [s["state"] for s in job["shards"]]
+    assert states == ["succeeded", "succeeded", "succeeded", "failed"]  # rows 192-255 hold the bad one
+    error = job["shards"][3]["error"]
+    assert f"images/{victim.name} (row 200): the image does not decode" in error and "\n" not in error
+    assert "1 of 4 shards failed on their data" in str(job["error"])
+    output = Path(str(job["output"]))
+    assert sorted(p.name for p in output.iterdir()) == [f"shard-{i:05d}.parquet" for i in range(3)]
+    assert pq.read_table(output / "shard-00002.parquet").column("path").to_pylist()[0] == sorted(
+        p.name for p in images.iterdir())[128]
