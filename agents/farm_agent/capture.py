@@ -15,6 +15,7 @@ import io
 import sys
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
@@ -30,13 +31,16 @@ R = TypeVar("R")
 
 
 class BoundedText:
-    """Text kept as its first and last `keep` characters, with a count of what was dropped between them."""
+    """Text kept as its first and last `keep` characters, with a count of what was dropped between them. The tail is
+    a queue of the writes, trimmed whole from the front: a shard printing a million short lines costs a million
+    appends, not a million copies of the tail."""
 
     def __init__(self, keep: int = KEEP_BYTES) -> None:
         self.keep = keep
         self.head: list[str] = []
         self.head_len = 0
-        self.tail = ""
+        self.tail: deque[str] = deque()
+        self.tail_len = 0
         self.dropped = 0
         self.lock = threading.Lock()  # a model's threads may print at once
 
@@ -48,14 +52,20 @@ class BoundedText:
                 self.head_len += len(taken)
                 text = text[len(taken):]
             if text:
-                joined = self.tail + text
-                self.dropped += max(len(joined) - self.keep, 0)
-                self.tail = joined[-self.keep:]
+                self.tail.append(text)
+                self.tail_len += len(text)
+                while self.tail_len - len(self.tail[0]) >= self.keep:  # the rest still holds `keep`
+                    dropped = self.tail.popleft()
+                    self.tail_len -= len(dropped)
+                    self.dropped += len(dropped)
 
     def getvalue(self) -> str:
         with self.lock:
-            gap = f"\n[... {self.dropped:,} characters dropped ...]\n" if self.dropped else ""
-            return "".join(self.head) + gap + self.tail
+            tail = "".join(self.tail)
+            extra = max(len(tail) - self.keep, 0)
+            dropped = self.dropped + extra
+            gap = f"\n[... {dropped:,} characters dropped ...]\n" if dropped else ""
+            return "".join(self.head) + gap + tail[extra:]
 
 
 def job_shard(run: Callable[P, R]) -> Callable[P, R]:

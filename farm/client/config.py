@@ -113,7 +113,6 @@ def save_profile(name: str, profile: Profile, make_default: bool = False) -> Pat
     path = config_path()
     data = _read_file(path)
     data.setdefault("profiles", {})[name] = profile.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-    data["profiles"][name]["address"] = profile.address
     if make_default or "profile" not in data:
         data["profile"] = name
     _write_file(path, data)

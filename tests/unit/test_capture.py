@@ -68,3 +68,12 @@ def test_output_is_bounded_keeping_its_start_and_end() -> None:
 
 def test_a_result_without_a_log_field_passes_unchanged() -> None:
     assert job_shard(lambda: 42)() == 42
+
+
+def test_a_shard_printing_a_great_deal_stays_bounded() -> None:
+    text = BoundedText(keep=1000)
+    for index in range(200_000):
+        text.write(f"line {index}\n")
+    assert text.tail_len < 2 * 1000  # what is held, however much was written
+    kept = text.getvalue()
+    assert kept.startswith("line 0\n") and kept.endswith("line 199999\n") and len(kept) < 2100
