@@ -185,31 +185,29 @@ class Job:
 
     def wait(self, timeout: float | None = None, on_change: Callable[[JobInfo], None] | None = None) -> JobInfo:
         """Block until the job ends (succeeded, failed or cancelled) and return its record; `on_change` sees every
-        change on the way. TimeoutError after `timeout` seconds, the job still running."""
+        change on the way. TimeoutError after `timeout` seconds (checked at each change, and every few seconds), the
+        job still running; a head that restarts meanwhile is waited for."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            stream = self.client.api.watch(self.id)
-            try:
-                for message in stream:
-                    info = _job_info(message)
-                    if on_change is not None:
-                        on_change(info)
-                    if info.finished:
-                        return info
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise TimeoutError(f"job {self.id} is still {info.state} after {timeout} s")
-            finally:
-                stream.close()
-            if deadline is not None and time.monotonic() > deadline:  # the stream ended early: ask again
-                raise TimeoutError(f"job {self.id} still running after {timeout} s")
+        while True:  # a head that restarts meanwhile is waited for (api.through_restarts)
+            for message in api.through_restarts(lambda: self.client.api.watch(self.id)):
+                info = _job_info(message)
+                if on_change is not None:
+                    on_change(info)
+                if info.finished:
+                    return info
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"job {self.id} is still {info.state} after {timeout} s")
 
     def logs(self, shard: int | None = None) -> list[LogLine]:
         """The job's log so far: its events, what its shards printed and their tracebacks (`shard`: one shard's)."""
         return [_log_line(line) for line in self.client.api.logs(self.id, shard)]
 
     def follow_logs(self, shard: int | None = None) -> Iterator[LogLine]:
-        """The job's log lines so far, then each new one as it is written, until the job ends."""
-        for line in self.client.api.follow_logs(self.id, shard):
+        """The job's log lines so far, then each new one as it is written, until the job ends (across a head's
+        restart)."""
+        seen = 0
+        for line in api.through_restarts(lambda: self.client.api.follow_logs(self.id, shard, after=seen)):
+            seen = line.id
             yield _log_line(line)
 
     def results(self) -> ResultBatches:

@@ -15,10 +15,12 @@ from farm.cli.render import (
     shards_table, sizes_by_device, summary_table,
 )
 from farm.client import Client
+from farm.client.api import through_restarts
 from farm.client.preflight import prepare
 from farm.proto.v1 import job_pb2
 
 JobId = Annotated[str, typer.Argument(help="The job's id (j-...).")]
+RECONNECT_S = 120.0  # how long `--wait` and `--follow` wait for a head that went away
 
 
 def register(app: typer.Typer) -> None:
@@ -89,7 +91,7 @@ def follow(client: Client, job_id: str, quiet: bool = False) -> job_pb2.Job:
             TimeElapsedColumn(), console=console, disable=quiet, transient=False,
         ) as progress:
             task = progress.add_task(job_id, total=None)
-            for last in client.watch(job_id):
+            for last in through_restarts(lambda: client.watch(job_id), RECONNECT_S, head_gone):
                 progress.update(task, total=last.items, completed=items_done(last),
                                 description=f"{last.name} {last.state}")
     except KeyboardInterrupt:
@@ -97,6 +99,11 @@ def follow(client: Client, job_id: str, quiet: bool = False) -> job_pb2.Job:
     if last is None:
         raise RuntimeError("the head closed the watch stream without a job record")
     return last
+
+
+def head_gone() -> None:
+    errors.print(f"the head does not answer; trying again for {RECONNECT_S} s (Ctrl-C leaves the job running)",
+                 highlight=False, soft_wrap=True)
 
 
 def detach(client: Client, job_id: str) -> NoReturn:
@@ -198,8 +205,11 @@ def logs(
             lines = client.logs(job_id, shard)
             print_json([log_line_json(line) for line in lines]) if json else [print_log_line(x) for x in lines]
             return
+        seen = 0
         try:  # one JSON object a line with --json: a stream
-            for line in client.follow_logs(job_id, shard):
+            for line in through_restarts(lambda: client.follow_logs(job_id, shard, after=seen), RECONNECT_S,
+                                         head_gone):
+                seen = line.id
                 print_json(log_line_json(line), indent=None) if json else print_log_line(line)
         except KeyboardInterrupt:
             detach(client, job_id)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import grpc
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 MAX_MESSAGE = 256 * 1024 * 1024
 INLINE_CODE = 1024 * 1024  # a job's code up to this goes in its Submit; more in chunks of this (UploadCode)
 LOCAL_PROFILE = "local"  # the head running from the local state directory
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -211,3 +213,24 @@ class Client:
             yield from self.jobs.Watch(job_pb2.WatchJobRequest(job_id=job_id), metadata=self.metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+
+
+def through_restarts(open_stream: Callable[[], Iterator[T]], patience_s: float = 120.0,
+                     on_down: Callable[[], None] = lambda: None) -> Iterator[T]:
+    """A stream from the head, opened again while the head is away (a crash, an upgrade: its service manager starts
+    it again on its address) for up to `patience_s`; `open_stream` resumes where the caller left off. `on_down` is
+    told once per outage."""
+    down_since: float | None = None
+    while True:
+        try:
+            for item in open_stream():
+                down_since = None
+                yield item
+            return
+        except HeadUnavailableError:
+            if down_since is None:
+                down_since = time.monotonic()
+                on_down()
+            elif time.monotonic() - down_since > patience_s:
+                raise
+            time.sleep(1.0)

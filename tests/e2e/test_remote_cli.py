@@ -123,3 +123,35 @@ def test_ctrl_c_on_submit_wait_leaves_the_job_running_and_says_how_to_come_back(
         assert following.returncode == 0, err
         lines = out.strip().splitlines()
         assert "accepted: 32 items in 2 shards" in lines[0] and lines[-1].endswith("job cancelled")
+
+
+def test_wait_and_follow_carry_on_when_the_head_restarts(tmp_path: Path) -> None:
+    """A head that goes away (a crash, an upgrade) and comes back on its address: `farm job ID --wait` and
+    `farm logs ID --follow` wait for it and carry on where they were, rather than fail."""
+    from tests.integration.test_output_folder import SPEC, code
+
+    state = tmp_path / "state"
+    with running_head(state) as first:
+        (tmp_path / "token").write_text(first.tokens.api)
+        (tmp_path / "ca.pem").write_bytes(first.ca_pem)
+        env = {**os.environ, "FARM_CONFIG": str(tmp_path / "none.toml"), "FARM_HEAD": first.settings.address,
+               "FARM_TOKEN_FILE": str(tmp_path / "token"), "FARM_CA": str(tmp_path / "ca.pem")}
+        with first.client() as client:
+            job_id = client.submit(SPEC, code(), items=10, output=str(tmp_path / "out"))
+        command = [sys.executable, "-m", "farm.cli.main"]
+        waiting = subprocess.Popen([*command, "job", job_id, "--wait"], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        following = subprocess.Popen([*command, "logs", job_id, "--follow"], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        assert "accepted: 10 items in 2 shards" in following.stdout.readline()  # attached
+        port, mtls_port = first.settings.port, first.settings.mtls_port
+    # The head is gone; it comes back from the same state folder, on the same address.
+    with running_head(state, port=port, mtls_port=mtls_port) as second, second.client() as client:
+        client.cancel(job_id)
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 1 and "cancelled" in out, err  # the job's end, as if nothing had happened
+        assert "the head does not answer; trying again" in err
+        out, err = following.communicate(timeout=60)
+        assert following.returncode == 0, err
+        assert out.strip().splitlines()[-1].endswith("job cancelled")
+        assert "accepted:" not in out  # resumed after the lines it had printed, not from the start

@@ -62,7 +62,8 @@ class Head:
 @contextmanager
 def running_head(state: Path, **options: Any) -> Iterator[Head]:
     """A head's control plane in a thread of this process, with its own CA in `state`."""
-    settings = HeadSettings(state_dir=state, host="127.0.0.1", port=free_port(), mtls_port=free_port(), **options)
+    options = {"port": free_port(), "mtls_port": free_port(), **options}  # a given port: a head started again
+    settings = HeadSettings(state_dir=state, host="127.0.0.1", **options)
     tokens = Tokens.load_or_create(state, settings.ray_token_path)
     loop = asyncio.new_event_loop()
     started = threading.Event()
