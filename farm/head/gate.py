@@ -46,7 +46,7 @@ NEEDS = {
     "/farm.v1.DataService/Read": Needs.BEARER,
     **{f"/farm.v1.{service}/{method}": Needs.READ for service, method in (
         ("FleetService", "ListNodes"), ("JobService", "Get"), ("JobService", "List"), ("JobService", "Watch"),
-        ("JobService", "Logs"))},
+        ("JobService", "Logs"), ("JobService", "FollowLogs"))},
 }
 
 

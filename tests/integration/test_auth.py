@@ -42,7 +42,7 @@ from tests.integration.inprocess_head import HW, Head, running_head
 # Every service of every generated module: a new RPC, or a new service, is called by these tests without being named.
 SERVICES = [service for module in pkgutil.iter_modules(farm.proto.v1.__path__) if module.name.endswith("_pb2")
             for service in importlib.import_module(f"farm.proto.v1.{module.name}").DESCRIPTOR.services_by_name.values()]
-READS = {"ListNodes", "Get", "List", "Watch", "Logs"}
+READS = {"ListNodes", "Get", "List", "Watch", "Logs", "FollowLogs"}
 
 
 @pytest.fixture()
