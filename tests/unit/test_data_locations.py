@@ -167,3 +167,38 @@ def test_results_in_a_bucket(bucket: str) -> None:
     results.write_manifest({"shards": 2})
     assert [name for name, _ in results.files()] == [MANIFEST, shard_file(0), shard_file(1)]
     assert read_predictions(f"s3://{bucket}/out/job").tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_an_inference_job_writes_its_results_and_manifest_to_a_bucket(bucket: str, tmp_path: Path) -> None:
+    """The head's path for `output: s3://...`: a shard's result checked and written by the inference handler, the
+    manifest by the one finishing path, read back as `farm results` reads a job's files."""
+    from farm.core.models import BackendName, BackendOffer, Hardware
+    from farm.core.spec import parse_spec
+    from farm.core.tasks import ShardResult
+    from farm.data.batches import output_column
+    from farm.head.dispatch import Dispatcher
+    from farm.head.settings import HeadSettings
+    from farm.head.store import Store
+
+    spec_yaml = f"name: b\nmodel: m:b\ndataset: d:x\nshards: 2\noutput: s3://{bucket}/out/b\n"
+    assert parse_spec(spec_yaml).output == f"s3://{bucket}/out/b"
+    store = Store(tmp_path / "state.db")
+    hw = Hardware(hostname="h", os="linux", arch="x86_64", cpu_model="c", cpu_cores=2, memory_bytes=2**30)
+    store.upsert_node("n-1", "box", hw, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.1", "h")
+    store.add_job("j-b", "b", "inference", spec_yaml, "/nowhere.zip", f"s3://{bucket}/out/b", 4, [(0, 2), (2, 4)])
+    farm = Dispatcher(store, HeadSettings(state_dir=tmp_path), notify=lambda job_id: None)
+    job = store.job("j-b")
+    handler, spec = farm.handler(job), farm.spec(job)
+    for shard in job.shards:
+        store.shard_started(job.id, shard.index, store.nodes()[0], "cpu", "cpu")
+        table = pa.table({ROW_ID: pa.array(range(shard.start, shard.stop), pa.int64()),
+                          "output": output_column(np.full((2, 3), shard.index, np.float32))})
+        result = ShardResult(table=to_ipc(table), items=2, seconds=0.1, correct=None, node_ray_id="r", energy=None)
+        handler.check_result(job, spec, shard, result)
+        farm.outcomes.succeeded(job.id, shard.index, handler.record(job, spec, shard, result))
+    assert farm.outcomes.finish_if_done(job.id, handler, spec)
+    results = Results(f"s3://{bucket}/out/b")
+    assert [name for name, _ in results.files()] == [MANIFEST, shard_file(0), shard_file(1)]
+    assert read_predictions(f"s3://{bucket}/out/b")[:, 0].tolist() == [0.0, 0.0, 1.0, 1.0]
+    with results.open(MANIFEST) as handle:
+        assert json.loads(handle.read())["format"] == "parquet"
