@@ -159,13 +159,14 @@ def job_metrics(job: Job) -> dict[str, float]:
     """What the kind recorded on the way, then rates over the job's wall time from its first shard's start, as a
     user waiting on it sees them."""
     wall_s = time.time() - job.started_at
-    metrics = {**job.metrics, "items_per_s": job.items / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s}
+    items = job.items_done  # what the shards did: a job over lines counts its range in bytes, its items in rows
+    metrics = {**job.metrics, "items_per_s": items / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s}
     if job.energy_j > 0 and all(s.energy_source for s in job.shards):
-        metrics["items_per_j"] = job.items / job.energy_j
+        metrics["items_per_j"] = items / job.energy_j
         if job.marginal_j:  # above the devices' idle draw: what the efficiency policy ranks by by default
-            metrics["items_per_marginal_j"] = job.items / job.marginal_j
-    if job.correct is not None:
-        metrics["accuracy"] = job.correct / job.items
+            metrics["items_per_marginal_j"] = items / job.marginal_j
+    if job.correct is not None and items:
+        metrics["accuracy"] = job.correct / items
     return metrics
 
 
