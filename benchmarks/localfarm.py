@@ -16,6 +16,9 @@ from farm.client import Client, HeadInfo, find_head
 from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+# As the tests do (tests/conftest.py): a benchmark's farm runs its Ray nodes as the invoking user, whose Python may sit
+# where no other account can read it (/root here); `farm head start` alone would run them as farm-ray.
+os.environ.setdefault("FARM_RAY_USER", "root")
 JOBS = {"digits": "examples/digits/infer.yaml", "embeddings": "examples/embeddings/embed.yaml"}
 
 
