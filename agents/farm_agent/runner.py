@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from farm.core.dataset import ROW_ID, DataFormat, Unit
 from farm.core.energy import Energy
-from farm.core.errors import DataError
+from farm.core.errors import FarmError
 from farm.core.tasks import ShardResult, ShardTask, Tuning
 from farm.data import read
 from farm.data.batches import column_to_numpy, concat, model_inputs, numpy_batch, output_column, rebatch, to_ipc
@@ -61,7 +61,7 @@ def run_shard(task: ShardTask) -> ShardResult:
         for batch in itertools.chain([first], stream):
             outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
             if len(outputs) != batch.table.num_rows:
-                raise DataError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
+                raise FarmError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
             tables.append(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
             rows += len(outputs)
             if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label

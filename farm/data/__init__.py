@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 def plan(spec: DatasetSpec, fs: fsspec.AbstractFileSystem | None = None, root: str | None = None) -> DatasetPlan:
     """The dataset's files, their units and its columns, from metadata only (footers, headers, sizes, listings)."""
     fmt = spec.resolved_format
-    assert fmt is not None  # DatasetSpec refuses a spec without one
+    if fmt is None:  # DatasetSpec refuses one without a format; a copy made without validation may lack it
+        raise SpecError(f"dataset {spec.location!r}: say its format")
     if fs is None or root is None:
         fs, root = filesystem(spec.location)
     try:

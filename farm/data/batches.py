@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from farm.core.dataset import ROW_ID, DataFormat
-from farm.core.errors import DataError
+from farm.core.errors import DataError, FarmError
 
 
 def rebatch(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
@@ -80,7 +80,10 @@ def numpy_batch(batch: pa.RecordBatch, columns: Iterable[str], fmt: DataFormat, 
 def model_inputs(arrays: dict[str, np.ndarray], columns: tuple[str, ...], where: str,
                  preprocess: Callable[[dict[str, np.ndarray]], Any] | None, preprocess_name: str = "") -> np.ndarray:
     """What the model reads for a batch: the preprocess's result, else the input column(s) as one array of numbers
-    (several columns side by side; float64 made float32, PyTorch's default)."""
+    (several columns side by side; float64 made float32, PyTorch's default).
+
+    The preprocess is the job's code: what it raises (or a result of the wrong length) fails the job, as the model's
+    errors do, not only this batch's shard; it may raise DataError itself for a row it finds malformed."""
     rows = len(next(iter(arrays.values()))) if arrays else 0
     if preprocess is not None:
         try:
@@ -88,13 +91,14 @@ def model_inputs(arrays: dict[str, np.ndarray], columns: tuple[str, ...], where:
         except DataError:
             raise
         except Exception as exc:
-            raise DataError(f"preprocess {preprocess_name!r} raised {type(exc).__name__}: {exc} "
-                            f"(on rows of {where})") from None
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise FarmError(f"preprocess {preprocess_name!r} raised {type(exc).__name__}: {first} (on a batch of "
+                            f"{where})") from None
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
         inputs = np.asarray(value)
         if inputs.ndim == 0 or len(inputs) != rows:
-            raise DataError(f"preprocess {preprocess_name!r} returned {inputs.shape} for a batch of {rows} rows")
+            raise FarmError(f"preprocess {preprocess_name!r} returned {inputs.shape} for a batch of {rows} rows")
         return inputs
     parts = [arrays[c] for c in columns]
     for name, part in zip(columns, parts):

@@ -43,8 +43,7 @@ def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int
             if missing:
                 raise DataError(f"{name}: no field {missing[0]!r} in rows from byte {file.offset + batch[0][0]}")
             table = table.select(columns)
-        return table.combine_chunks().to_batches()[0] if table.num_rows else pa.record_batch(
-            {c: pa.array([]) for c in table.column_names})
+        return table.combine_chunks().to_batches()[0]
 
     return lines.read_lines(fs, root, location, pieces, batch_rows, parse)
 
