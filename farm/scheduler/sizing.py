@@ -262,9 +262,12 @@ def size_round(
                 continue
             if share < rows:
                 rows = share
-                why = (f"{_rows(share, units_per_item)}: the tail, {_rows(left_rows, units_per_item)} left split "
-                       f"by speed so that every device ends together in about {finish:.2f} s")
+                shown = _rows(share if units_per_item else units(share), units_per_item)
+                why = (f"{shown}: the tail, {_rows(left_rows, units_per_item)} left split by speed so that every "
+                       f"device ends together in about {finish:.2f} s")
         size = units(rows)
+        if left - size < units(1):  # no sliver of less than a batch (or a row) left behind for a shard of its own
+            size = left
         if units_per_item is not None:
             why += f"; {size:,} bytes at {ratio:,.0f} bytes a row"
         taken = _take(free_pool, min(size, left))

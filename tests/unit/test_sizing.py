@@ -86,7 +86,7 @@ def test_near_the_end_the_rest_is_split_so_that_every_device_ends_together() -> 
     finish, shares = tail_share({("g",): 18_000, ("c",): 600, ("l",): 300}, {("g",): 0.5}, {}, 24_000)  # type: ignore[dict-item]
     assert finish == pytest.approx((24_000 + 9_000) / 18_900)
     assert sizes["h200"] == pytest.approx(shares[("c",)], abs=64) and sizes["laptop"] == pytest.approx(shares[("l",)], abs=64)
-    assert all("the tail" in c.why for c in decided.cuts)
+    assert all(c.why.startswith(f"{c.size:,} rows: the tail") for c in decided.cuts)  # the size as cut
 
 
 def test_a_slow_device_sits_out_a_tail_too_short_for_its_meter() -> None:
@@ -210,3 +210,9 @@ def test_a_simulated_job_ends_near_the_ideal_with_every_device_finishing_togethe
     assert gpu[:5] == [256, 1024, 4096, 16384, 54016] and max(gpu) == 54016  # small first, then its 3 s target
     # Shards of about 3 s each (3 devices over ~106 s), the first few and the tail's smaller: not thousands.
     assert len(cuts) <= 3 * ideal / 3.0 + 15
+
+
+def test_no_sliver_under_a_batch_is_left_behind_for_a_shard_of_its_own() -> None:
+    gpu_only = ShardRequest(job_id="j", index=0, items=0, backends=(BackendName.CUDA,))
+    decided = size_round(gpu_only, FLEET, {}, {}, MEASURED, uncut(0, 54_016 + 30), 64, rules=RULES)
+    assert [c.size for c in decided.cuts] == [54_046]  # not 54,016 and then a shard of 30 rows
