@@ -143,7 +143,8 @@ fi
 [ "$NO_SERVICE" = 0 ] || exit 0
 
 ARGS=(agent install --head "$HEAD")
-if [ -n "$TOKEN_FILE" ]; then ARGS+=(--token-file "$TOKEN_FILE"); else ARGS+=(--token "$TOKEN"); fi
+# A --token is handed on standard input (printf is the shell's own: no process shows it in `ps`).
+if [ -n "$TOKEN_FILE" ]; then ARGS+=(--token-file "$TOKEN_FILE"); else ARGS+=(--token-file -); fi
 [ -z "$NAME" ] || ARGS+=(--name "$NAME")
 [ -z "$CPUS" ] || ARGS+=(--cpus "$CPUS")
 if [ "$INSECURE" = 1 ]; then ARGS+=(--insecure); else ARGS+=(--ca-hash "$CA_HASH"); fi
@@ -157,5 +158,5 @@ fi
 if [ "$DRY_RUN" = 1 ] && [ ! -x "$PREFIX/bin/farm" ]; then
     echo "+ $PREFIX/bin/farm ${ARGS[*]}"
 else
-    ${SUDO[@]+"${SUDO[@]}"} "$PREFIX/bin/farm" "${ARGS[@]}"
+    printf '%s\n' "$TOKEN" | ${SUDO[@]+"${SUDO[@]}"} "$PREFIX/bin/farm" "${ARGS[@]}"
 fi

@@ -124,7 +124,7 @@ class HeadClient:
                 request, metadata=credentials(join_token), timeout=30, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
-                raise AuthError(f"the head at {self.head} refused to register this node: {exc.details()}") from None
+                raise AuthError(f"the head at {self.head} refused the join token: {exc.details()}") from None
             raise AgentError(f"cannot register with the head at {self.head}: {exc.details()}") from None
         finally:
             if proof is not None:

@@ -67,11 +67,11 @@ def start(
     from farm_agent.settings import AgentSettings
 
     name = name or socket.gethostname()
-    token = _join_token(token, token_file)
+    join_token = _join_token(token, token_file)
     if ":" not in head:
         raise UserError(f"--head {head!r}: expected HOST:PORT")
     settings = AgentSettings(
-        head=head, token=token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
+        head=head, token=join_token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
         busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
     )
@@ -79,11 +79,19 @@ def start(
     if status and pid_alive(int(status.get("pid", 0))):
         raise UserError(f"agent {name!r} is already running (pid {status['pid']})")
     _trust_head(settings, ca)  # before detaching: a CA that does not match --ca-hash is one line here, exit 2
+    _warn_if_on_command_line(token)
     if detach:
         _start_detached(settings)
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings)
+
+
+def _warn_if_on_command_line(token: str | None) -> None:
+    """Once the command's input checked out: a join token given with --token is in `ps` for every local user."""
+    if token is not None:
+        errors.print(f"warning: --token shows in `ps` to every user of this machine; give it with {JOIN_TOKEN_ENV}="
+                     "... or --token-file", style="yellow", highlight=False)
 
 
 def _lent_backends(backends: str | None) -> frozenset[BackendName] | None:
@@ -135,16 +143,13 @@ JOIN_TOKEN_ENV = "FARM_JOIN_TOKEN"
 def _join_token(token: str | None, token_file: Path | None) -> str:
     """The join token: from --token-file (`-`: standard input), FARM_JOIN_TOKEN or --token, which every user of
     this machine can read in `ps` (and, with the Ray token it gets, would be a lender of its own)."""
-    if token is not None and token_file is not None:
-        raise UserError("give the join token with one of --token-file, FARM_JOIN_TOKEN and --token")
+    if token is None and token_file is None and os.environ.get(JOIN_TOKEN_ENV, "").strip():
+        return os.environ[JOIN_TOKEN_ENV].strip()
+    if (token is None) == (token_file is None):
+        raise UserError(f"give the join token with exactly one of --token and --token-file (- reads standard "
+                        f"input), or as {JOIN_TOKEN_ENV}=TOKEN")
     if token is not None:
-        errors.print(f"warning: --token shows in `ps` to every user of this machine; give it with {JOIN_TOKEN_ENV}="
-                     "... or --token-file", style="yellow", highlight=False)
         return token
-    if token_file is None:
-        if os.environ.get(JOIN_TOKEN_ENV, "").strip():
-            return os.environ[JOIN_TOKEN_ENV].strip()
-        raise UserError(f"give the join token: {JOIN_TOKEN_ENV}=TOKEN, --token-file FILE (or - for standard input)")
     try:
         read = sys.stdin.read().strip() if str(token_file) == "-" else token_file.read_text().strip()
     except OSError as exc:
@@ -228,7 +233,7 @@ def install(
 
     from farm_agent import service
 
-    token = _join_token(token, token_file)
+    join_token = _join_token(token, token_file)
     if ":" not in head:
         raise UserError(f"--head {head!r}: expected HOST:PORT")
     if bool(ca_hash) == insecure:
@@ -251,7 +256,8 @@ def install(
                                  user_scope=user, run_as=None if run_as == "root" else run_as, ca_hash=ca_hash or "",
                                  insecure=insecure)
     platform = _service_platform()
-    _carry_out(service.install_plan(agent, token, platform, Path.home(), os.getuid()), dry_run)
+    _carry_out(service.install_plan(agent, join_token, platform, Path.home(), os.getuid()), dry_run)
+    _warn_if_on_command_line(token)
     if not dry_run:
         logs = f"journalctl{' --user' if user else ''} -u farm-agent" if platform == "linux" else str(agent.log_path)
         console.print(f"agent {agent.name} installed as a service ({service.service_path(platform, user, Path.home())})"

@@ -74,8 +74,8 @@ def test_a_wrong_api_token(cluster: Cluster) -> None:
 
 
 def test_a_wrong_join_token(cluster: Cluster, tmp_path: Path) -> None:
-    result = farm("agent", "start", "--head", cluster.head.address, "--token", "wrong", "--name", "intruder",
-                  "--state-dir", str(tmp_path), "--ca-hash", cluster.head.ca_hash)
+    result = farm("agent", "start", "--head", cluster.head.address, "--name", "intruder",  # as the join line gives it
+                  "--state-dir", str(tmp_path), "--ca-hash", cluster.head.ca_hash, env={"FARM_JOIN_TOKEN": "wrong"})
     assert_one_line_error(result, 2, "refused the join token")
 
 

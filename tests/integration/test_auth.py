@@ -265,7 +265,9 @@ def test_the_join_line_keeps_the_token_off_the_command_line(head: Head, tmp_path
 
     from_env = agent_start(env={"FARM_JOIN_TOKEN": "s3cret-join"})  # taken: the next check speaks
     assert from_env.returncode == 2 and "expected HOST:PORT" in from_env.stderr, from_env.stderr
-    on_line = agent_start("--token", "s3cret-join")
+    on_line = agent_start("--token", "s3cret-join", "--head", head.settings.address, "--ca-hash", ca_hash(head.ca_pem),
+                          "--name", "n")  # its checks pass, then the head refuses the token
+    assert on_line.returncode == 2 and "refused" in on_line.stderr, on_line.stderr
     assert "--token shows in `ps`" in on_line.stderr
     from_stdin = subprocess.run([sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", "no-port",
                                  "--token-file", "-"], input="s3cret-join\n", capture_output=True, text=True,

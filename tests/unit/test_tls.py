@@ -70,8 +70,9 @@ def test_ca_hash_form_and_join_line(tmp_path: Path) -> None:
     for bad in ("", "sha256:12", "md5:" + "0" * 64, "sha256:" + "g" * 64):
         with pytest.raises(UserError, match="expected sha256:<64 hex digits>"):
             parse_ca_hash(bad)
-    assert join_command("h:1", "T", tls.ca_hash) == f"farm agent start --head h:1 --token T --ca-hash {tls.ca_hash}"
-    assert join_command("h:1", "T", "").endswith("--token T --insecure")
+    # The token in the environment, not on the command line (`ps` shows that to every user of the machine).
+    assert join_command("h:1", "T", tls.ca_hash) == f"FARM_JOIN_TOKEN=T farm agent start --head h:1 --ca-hash {tls.ca_hash}"
+    assert join_command("h:1", "T", "").endswith("--head h:1 --insecure")
 
 
 def test_the_limiter_refuses_a_peer_after_its_allowance_then_forgives() -> None:
