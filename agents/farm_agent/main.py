@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import time
@@ -45,6 +46,7 @@ PAUSE_STOP_S = 2.0
 # A Ray node that exits on its own is started again (after a new Register) this many times within the window; then
 # the agent leaves and says why.
 REJOINS_ALLOWED = 3
+NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # as farm.core.ids makes them (n-1a2b3c4d)
 REJOIN_WINDOW_S = 600.0
 
 
@@ -123,6 +125,8 @@ class Agent:
             settings.token, settings.name, self.hardware, self.offers, self.address,
             str(identity.get("node_id", "")), str(identity.get("node_token", "")), int(identity.get("mtls_port", 0)),
         )
+        if not NODE_ID.fullmatch(reply.node_id):  # it names this node's folders (ray_temp_dir): no path in it
+            raise AgentError(f"the head gave this node an id that is not one: {reply.node_id[:80]!r}")
         self.node_id, self.node_token, self.interval = reply.node_id, reply.node_token, reply.heartbeat_interval_s
         # 0600: the node token (its proof at the next Register to a head without TLS) and where to prove it with TLS
         write_json(settings.identity_path, {"node_id": self.node_id, "node_token": self.node_token,
