@@ -4,7 +4,6 @@ DataService to read a dataset on the head's machine."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import secrets
@@ -15,7 +14,6 @@ from farm.core.dataset import DatasetPlan, DatasetSpec, Location
 from farm.core.errors import SpecError
 from farm.core.tasks import HeadAccess
 from farm.head.settings import HeadSettings
-from farm.local import write_private
 
 PLAN = "dataset.json"
 READ_TOKEN = "read-token"
@@ -50,11 +48,6 @@ def files(spec: DatasetSpec, plan: DatasetPlan) -> dict[str, bytes]:
     return kept
 
 
-def save(state_dir: Path, job_id: str, spec: DatasetSpec, plan: DatasetPlan) -> None:
-    for name, data in files(spec, plan).items():
-        write_private(job_dir(state_dir, job_id) / name, data)
-
-
 @lru_cache(maxsize=256)
 def load(state_dir: Path, job_id: str) -> tuple[DatasetSpec, DatasetPlan] | None:
     """The job's dataset spec and plan; None for a job without one (a callable or a file in its code)."""
@@ -70,10 +63,6 @@ def read_token(state_dir: Path, job_id: str) -> str | None:
         return (job_dir(state_dir, job_id) / READ_TOKEN).read_text().strip() or None
     except (FileNotFoundError, NotADirectoryError):
         return None
-
-
-def token_matches(presented: str, expected: str | None) -> bool:
-    return expected is not None and hmac.compare_digest(presented.encode(), expected.encode())
 
 
 def plan_located(spec: DatasetSpec, location: str, state_dir: Path) -> tuple[DatasetSpec, DatasetPlan]:

@@ -17,6 +17,7 @@ from farm.core.models import JobState
 from farm.core.tasks import HeadAccess
 from farm.head import datasets
 from farm.head.store import Store
+from farm.local import write_private
 from farm.proto.v1 import data_pb2, data_pb2_grpc
 from tests.integration.inprocess_head import Head, running_head
 
@@ -32,7 +33,8 @@ def add_job(head: Head, job_id: str, spec: DatasetSpec) -> tuple[HeadAccess, dat
     store = Store(head.db)
     store.add_job(job_id, "j", "inference", "name: j", "", str(head.settings.state_dir.parent / "out"), 10, [(0, 10)])
     store.close()
-    datasets.save(head.settings.state_dir, job_id, spec, plan)
+    for name, content in datasets.files(spec, plan).items():  # as Jobs.submit keeps them
+        write_private(datasets.job_dir(head.settings.state_dir, job_id) / name, content)
     token = datasets.read_token(head.settings.state_dir, job_id)
     assert token
     return HeadAccess(address=head.settings.address, ca_pem=head.ca_pem, job_id=job_id, token=token), plan
