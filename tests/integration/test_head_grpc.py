@@ -20,6 +20,7 @@ from farm_agent.client import credentials
 from tests.integration.inprocess_head import HW, Head, running_head
 
 SPEC = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"
+KERNELS = "name: toy\nkind: kernel-eval\n"  # a kernel-eval spec names no model nor dataset (its kind has none)
 
 
 def code_zip(*names: str) -> bytes:
@@ -49,12 +50,11 @@ def test_an_accepted_job_is_in_the_store_before_submit_returns(head: Head) -> No
 @pytest.mark.parametrize(
     ("spec", "names", "items", "output", "message"),
     [
-        (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval"), ("toyjob.py", "w.pt"), 10, "/o",
-         "kind 'kernel-eval' needs a 'kernel_eval' section"),
-        (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c}"),
-         ("toyjob.py", "w.pt"), 10, "/o", "kernel_eval.problems: no problem files"),
-        (SPEC.replace("name: toy", "name: toy\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c}"),
-         ("p/a.py", "c/b/x.py"), 10, "/o", "folder 'b' matches no problem file"),
+        (KERNELS, ("toyjob.py", "w.pt"), 10, "/o", "kind 'kernel-eval' needs a 'kernel_eval' section"),
+        (KERNELS + "kernel_eval: {problems: p, candidates: c}", ("toyjob.py", "w.pt"), 10, "/o",
+         "kernel_eval.problems: no problem files"),
+        (KERNELS + "kernel_eval: {problems: p, candidates: c}", ("p/a.py", "c/b/x.py"), 10, "/o",
+         "folder 'b' matches no problem file"),
         (SPEC.replace("name: toy", "name: toy\nkind: training\ntraining: {steps: 5}"), ("toyjob.py", "w.pt"), 10,
          "/o", "batch_size 64 is larger than the dataset"),
         (SPEC, ("toyjob.py",), 10, "/o", "weights 'w.pt' is not in the job's code"),

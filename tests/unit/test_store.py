@@ -4,10 +4,12 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from farm.core.energy import Energy, EnergyScope, EnergySource
 from farm.core.errors import ConflictError, NotFoundError
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
+from farm.core.spec import JobKind
 from farm.head.store import Store
 
 HW = Hardware(hostname="h", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=2, memory_bytes=2**30)
@@ -167,3 +169,25 @@ def test_a_pending_shard_splits_into_its_front_and_a_new_shard_for_its_rest(tmp_
     for index, at in ((0, 3), (2, 7), (2, 10), (9, 1)):  # running, an end, past the end, no such shard
         with pytest.raises(ConflictError):
             store.split_shard("j-1", index, at)
+
+
+def test_a_listing_reads_every_jobs_shards_in_one_query(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    for i in range(30):
+        add_job(store, f"j-{i}")
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    listed = store.jobs(limit=100)
+    assert len(statements) == 2  # the jobs, then their shards: not one query per job
+    assert len(listed) == 30 and all(len(j.shards) == 2 for j in listed)
+    statements.clear()
+    assert len(store.jobs(states=(JobState.QUEUED,))) == 30 and len(statements) == 2
+
+
+def test_a_job_as_read_is_frozen_and_knows_its_kind(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state.db")
+    add_job(store)
+    job = store.job("j-1")
+    assert job.kind is JobKind.INFERENCE
+    with pytest.raises(ValidationError):
+        job.state = JobState.RUNNING  # type: ignore[misc]
