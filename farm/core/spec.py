@@ -10,6 +10,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
 
 from farm.core import yaml_strict
+from farm.core.backends import BACKENDS
 from farm.core.energy import EnergyBasis
 from farm.core.dataset import DatasetSpec
 from farm.core.errors import SpecError
@@ -124,7 +125,7 @@ class KernelEval(Frozen):
     candidates_per_shard: int = Field(default=16, ge=1, le=10_000)  # a shard holds one problem's candidates
 
 
-KERNEL_EVAL_BACKENDS = ("cuda", "cpu")  # where the evaluator runs
+KERNEL_EVAL_BACKENDS = tuple(name.value for name, traits in BACKENDS.items() if traits.kernel_eval)
 
 
 class SpecBase(Frozen):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from farm.core.models import BackendName, BackendOffer, Node, NodeState
+from farm.core.backends import BACKENDS
+from farm.core.models import BackendOffer, Node, NodeState
 from farm.scheduler.types import ShardRequest
 
 Filter = Callable[[Node, BackendOffer, ShardRequest], str | None]
@@ -55,7 +56,7 @@ def memory_fits(node: Node, offer: BackendOffer, shard: ShardRequest) -> str | N
 
 def device_memory(node: Node, offer: BackendOffer) -> int:
     """Bytes the offer's device can hold: its own memory for a GPU, the machine's (unified on a Mac) otherwise."""
-    if offer.name is BackendName.CUDA:
+    if BACKENDS[offer.name].own_memory:
         index = offer.device.partition(":")[2]
         return next((g.memory_bytes for g in node.hardware.gpus if str(g.index) == index), 0)
     return node.hardware.memory_bytes

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from farm.core.energy import UNCERTAINTY
 from farm.core.frozen import Frozen
@@ -57,19 +58,50 @@ def plan(shard_items: Sequence[int], devices: Sequence[DeviceRate], policy: Poli
         return Plan(quotas={}, makespan_s=0.0, energy_j=0.0)
     if not usable:
         return Plan(quotas={}, makespan_s=math.inf, energy_j=None, feasible=False, why="no measured device")
-    if policy is Policy.THROUGHPUT:
-        return _evaluate(_list_schedule(shard_items, usable), usable)
+    return POLICIES[policy].plan(shard_items, usable, deadline_s)
+
+
+def fastest(shard_items: Sequence[int], usable: Sequence[DeviceRate], deadline_s: float | None) -> Plan:
+    """throughput: each shard where it would finish first."""
+    return _evaluate(_list_schedule(shard_items, usable), usable)
+
+
+def most_efficient(shard_items: Sequence[int], usable: Sequence[DeviceRate], deadline_s: float | None) -> Plan:
+    """efficiency: on the most efficient devices, spread among those that cannot be told apart."""
+    return _evaluate(_list_schedule(shard_items, _most_efficient(usable)), usable)
+
+
+def within_deadline(shard_items: Sequence[int], usable: Sequence[DeviceRate], deadline_s: float | None) -> Plan:
+    """deadline: devices by efficiency, each filled up to what it finishes in time."""
+    if deadline_s is None:
+        return most_efficient(shard_items, usable, deadline_s)
     by_efficiency = sorted(usable, key=lambda d: (-(d.items_per_j or 0.0), -d.items_per_s))
-    if policy is Policy.EFFICIENCY or deadline_s is None:
-        return _evaluate(_list_schedule(shard_items, _most_efficient(usable)), usable)
     assignment = _fill(shard_items, by_efficiency, deadline_s)
     if len(assignment) < len(shard_items):
-        fastest = _evaluate(_list_schedule(shard_items, usable), usable)
-        return fastest.model_copy(update={
+        quickest = fastest(shard_items, usable, deadline_s)
+        return quickest.model_copy(update={
             "feasible": False,
-            "why": f"no plan meets deadline_s={deadline_s:g}: the fleet's fastest plan takes {fastest.makespan_s:.1f} s",
+            "why": f"no plan meets deadline_s={deadline_s:g}: the fleet's fastest plan takes "
+                   f"{quickest.makespan_s:.1f} s",
         })
     return _evaluate(assignment, usable)
+
+
+@dataclass(frozen=True)
+class PolicyRule:
+    """What a scheduling policy does: how it plans a round, and what a measured device scores (items per joule
+    where it has the figure, else items per second)."""
+
+    plan: Callable[[Sequence[int], Sequence[DeviceRate], float | None], Plan]
+    scores_energy: bool
+
+
+# Adding a policy: its Policy member (farm.core.spec) and its line here.
+POLICIES: Mapping[Policy, PolicyRule] = {
+    Policy.EFFICIENCY: PolicyRule(most_efficient, scores_energy=True),
+    Policy.THROUGHPUT: PolicyRule(fastest, scores_energy=False),
+    Policy.DEADLINE: PolicyRule(within_deadline, scores_energy=False),
+}
 
 
 def _most_efficient(devices: Sequence[DeviceRate]) -> list[DeviceRate]:

@@ -9,22 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from farm.core.models import BackendName, BackendOffer, Node
+from farm.core.backends import BACKENDS
+from farm.core.models import BackendOffer, Node
 from farm.core.spec import Policy
+from farm.scheduler.plan import POLICIES
 from farm.scheduler.types import Rate
 
-# Relative speed of one device of each kind against one CPU core, for models too small to be measured yet.
-PRIOR_SPEEDUP: Mapping[BackendName, float] = {
-    BackendName.CUDA: 50.0,
-    BackendName.ANE: 20.0,
-    BackendName.MPS: 15.0,
-    BackendName.CPU: 1.0,
-}
-
-
 def prior_rate(offer: BackendOffer) -> float:
-    per_device = PRIOR_SPEEDUP[offer.name]
-    return per_device * max(offer.threads, 1) if offer.name is BackendName.CPU else per_device
+    """The backend's relative speed against one CPU core (farm.core.backends), for models not measured yet."""
+    traits = BACKENDS[offer.name]
+    return traits.prior_speedup * max(offer.threads, 1) if traits.per_thread else traits.prior_speedup
 
 
 def score(
@@ -38,6 +32,6 @@ def score(
     measured = f"measured over {rate.samples} shards: {rate.items_per_s:,.0f} items/s"
     if rate.items_per_j is not None:
         measured += f", {rate.items_per_j:,.1f} items/J ({rate.energy_source})"
-    if policy is Policy.EFFICIENCY and rate.items_per_j is not None:
+    if POLICIES[policy].scores_energy and rate.items_per_j is not None:
         return rate.items_per_j, measured
     return rate.items_per_s, measured

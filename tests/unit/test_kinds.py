@@ -34,7 +34,8 @@ SETTINGS = HeadSettings(state_dir=Path("/nowhere"))  # planning these kinds read
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
-TRAIN = "name: t\nkind: training\nmodel: m:build\ndataset: d:train\nbatch_size: 10\ntraining: {steps: 25, checkpoint_every: 10}\n"
+TRAIN = ("name: t\nkind: training\nmodel: m:build\ndataset: d:train\nbatch_size: 10\n"
+         "training: {steps: 25, checkpoint_every: 10}\n")
 EVALUATE = "name: e\nkind: evaluate\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 2\n"
 KERNELS = "name: k\nkind: kernel-eval\nkernel_eval: {problems: p, candidates: c, candidates_per_shard: 2}\n"
 ROOT = Path(farm.__file__).parent

@@ -122,3 +122,19 @@ def test_a_model_too_large_for_a_device_goes_where_it_fits() -> None:
     # A measured peak on the backend replaces the model's size: this one ran on a CPU before, in less.
     measured = [s.model_copy(update={"peak_bytes": {BackendName.CPU: 2**30}}) for s in big]
     assert {a.node_id for a in place(measured, fleet).assignments} == {"laptop", "h200"}
+
+
+def test_every_backend_and_policy_is_one_entry_of_a_table() -> None:
+    """Adding a backend: its BackendName, its traits and its agent module (found by name); a policy: its Policy and
+    its rule."""
+    import importlib.util
+
+    from farm.core.backends import BACKENDS
+    from farm.core.spec import KERNEL_EVAL_BACKENDS
+    from farm.scheduler.plan import POLICIES
+    from farm_agent.backends import MODULES
+
+    assert set(BACKENDS) == set(BackendName) == set(MODULES)
+    assert all(importlib.util.find_spec(module) is not None for module in MODULES.values())
+    assert KERNEL_EVAL_BACKENDS == ("cuda", "cpu")
+    assert set(POLICIES) == set(Policy)

@@ -7,14 +7,9 @@ from types import ModuleType
 
 from farm.core.models import BackendName, BackendOffer, Hardware
 
-# The backends this agent knows how to run, by name. Each module has `offers(hardware, cpus)` and `run(...)`
-# (see base.Backend).
-MODULES: dict[BackendName, str] = {
-    BackendName.CUDA: "farm_agent.backends.cuda",
-    BackendName.ANE: "farm_agent.backends.ane",
-    BackendName.MPS: "farm_agent.backends.mps",
-    BackendName.CPU: "farm_agent.backends.cpu",
-}
+# The backends this agent knows how to run: one module per backend, named by it. Each module has
+# `offers(hardware, cpus)` and `run(...)` (see base.Backend).
+MODULES: dict[BackendName, str] = {name: f"farm_agent.backends.{name.value}" for name in BackendName}
 
 
 def load(name: str) -> ModuleType:

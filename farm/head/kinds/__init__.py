@@ -5,8 +5,9 @@ the calibration key); each scheduling round the dispatcher asks it to `schedule`
 apart (a `ShardedKind`: inference, kernel-eval, evaluate) lets the dispatcher place them, and answers `task` (a
 shard's Ray call, at launch), `record` (a result arrived: write its output, return its figures) and `sizes_shards`
 (whether its shards are cut as the job runs, sized to the devices that free up: farm.head.autoshard). A kind whose
-workers act together drives them itself (training). Every kind shares one path for results, failures and retries (farm.head.outcomes), one
-atomic write and one manifest shape (farm.head.output); `finish` adds the kind's joined outputs and manifest fields.
+workers act together drives them itself (training). Every kind shares one path for results, failures and retries
+(farm.head.outcomes), one atomic write and one manifest shape (farm.head.output); `finish` adds the kind's joined
+outputs and manifest fields.
 
 Adding a kind (evaluate.py is the smallest whole example):
 1. farm/core/spec.py: a JobKind member, a spec model with `kind: Literal[JobKind.X]`, and its line in `JobSpec`.

@@ -23,6 +23,7 @@ from typing import Any
 
 import ray
 
+from farm.core.backends import BACKENDS
 from farm.core.energy import energy_sum
 from farm.core.errors import FarmError, SpecError
 from farm.core.ids import new_id
@@ -151,7 +152,7 @@ class Run:
         chosen = choose_workers(request, list(nodes.values()), min(spec.training.workers, spec.batch_size),
                                 calibration.rates(self.store.samples(job.model_key), basis=spec.energy))
         group = new_id(f"farm-{job.id}")  # fresh per start: a failed start may leave its rendezvous key behind
-        nccl = all(a.backend is BackendName.CUDA for a in chosen)
+        nccl = all(BACKENDS[a.backend].nccl for a in chosen)
         runtime_env = environment.runtime_env(spec, self.driver.working_dir(job))
         actors = [
             remote.TrainWorker.options(  # type: ignore[attr-defined]
