@@ -29,6 +29,7 @@ from pathlib import Path
 
 from farm.core.errors import FarmError
 from farm.core.tasks import REQUIREMENTS_VAR
+from farm_agent.entry import NODE_LABEL
 
 CACHE_VAR = "FARM_REQUIREMENTS_CACHE"  # the node's cache folder, from the agent's environment (jobs cannot set it)
 INSTALL_TIMEOUT_S = 900
@@ -121,6 +122,6 @@ def _node() -> str:
     ray = sys.modules.get("ray")
     label = None
     if ray is not None and ray.is_initialized():  # in a Ray worker; elsewhere (a preflight) the host alone:
-        label = ray.get_runtime_context().get_node_labels().get("farm.io/node")  # asking would start a driver
+        label = ray.get_runtime_context().get_node_labels().get(NODE_LABEL)  # asking would start a driver
     node = label[0] if isinstance(label, list) and label else label
     return f"node {node} ({platform.node()})" if node else platform.node()

@@ -22,7 +22,7 @@ from ray import exceptions as ray_errors
 from farm.core.energy import Energy, marginal_joules
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
-from farm.core.spec import JobKind, JobSpec, parse_spec
+from farm.core.spec import JobSpec, parse_spec
 from farm.head import autoshard, environment, joblog, kinds, node_check, ray_compat, remote
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
@@ -85,7 +85,7 @@ class Dispatcher:
         self.wake.set()
 
     def handler(self, job: Job) -> KindHandler[Any]:
-        return self.handlers[JobKind(job.kind)]
+        return self.handlers[job.kind]
 
     def spec(self, job: Job) -> JobSpec:
         """The job's spec: parsed at submit, or once from the store after a head restart."""

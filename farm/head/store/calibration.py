@@ -64,4 +64,3 @@ class CalibrationRecords(Database):
             (ShardState.SUCCEEDED.value,),
         ).fetchall()
         return [NodeWork(**dict(r)) for r in rows]
-

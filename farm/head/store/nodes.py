@@ -177,4 +177,3 @@ class NodeRecords(Database):
                 memory_percent=beat.memory_percent, power=beat.power, busy=beat.busy, drain=bool(r["drain"]),
             ))
         return nodes
-

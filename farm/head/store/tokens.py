@@ -54,4 +54,3 @@ class TokenRecords(Database):
         with self._tx() as db:
             if db.execute("UPDATE join_tokens SET revoked=1 WHERE id=?", (token_id,)).rowcount == 0:
                 raise NotFoundError(f"no join token {token_id}")
-
