@@ -5,8 +5,9 @@ OpenAI-compatible chat endpoint (POST {url}/chat/completions) that the user name
 Each round the model sees one conversation: the problem's source and the hardware first, then, for every earlier
 round, its own reply and the evaluator's feedback on it (compiled?, correct?, the error line, the speedups). The code
 block of each reply is a candidate (a file defining ModelNew) and goes through the same hardened evaluator as every
-other candidate: here (farm_agent.local_eval.local_evaluator) or on the fleet as a kernel-eval job (`fleet_evaluator`). The fastest
-correct proposal wins; a local run keeps it in the optimizer's winner cache for this device.
+other candidate: here (farm_agent.local_eval.local_evaluator, with the CLI) or on the fleet as a kernel-eval job
+(`fleet_evaluator`). The fastest correct proposal wins; a local run keeps it in the optimizer's winner cache for this
+device.
 """
 
 from __future__ import annotations
