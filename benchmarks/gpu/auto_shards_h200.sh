@@ -19,9 +19,11 @@ B=benchmarks/gpu/auto_shards.py
 python3 $B data /tmp/bench-data --rows ${ROWS:-400000} | tail -1
 python3 $B raw /tmp/bench-data --batch-size ${BATCH:-512} | tee $OUT/raw.json
 F="python3 -m farm.cli.main"
-$F head start --host 127.0.0.1 --port 7710 --detach 2>&1 | tail -2
+$F head start --host 127.0.0.1 --port 7710 --ray-user root --detach 2>&1 | tail -2
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")
-$F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-gpu --backends cuda --cpus 8 --detach 2>&1 | tail -1
+CA=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['ca_hash'])")
+FARM_JOIN_TOKEN=$JOIN $F agent start --head 127.0.0.1:7710 --ca-hash "$CA" --name h200-gpu --backends cuda --cpus 8 \
+  --max-foreign-cpu 100 --detach 2>&1 | tail -1
 $F nodes --json > $OUT/nodes.json; grep -h "idle" /tmp/farm-state/agents/*/agent.log | tail -2
 timeout ${JOB_TIMEOUT_S:-300} python3 $B job /tmp/bench-data --raw $OUT/raw.json --batch-size ${BATCH:-512} 2>&1 | tee $OUT/table.md
 JOB=$(grep -o "^job j-[0-9a-f]*" $OUT/table.md | cut -d' ' -f2)
