@@ -12,6 +12,7 @@ import torch
 from farm.core.models import JobState
 from farm.core.spec import parse_spec
 from farm.head.kinds.training import Training, checkpoint_path
+from farm.head.settings import HeadSettings
 from farm.head.store import Store
 
 SPEC = ("name: t\nkind: training\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nbatch_size: 1\n"
@@ -35,5 +36,5 @@ def test_a_node_s_checkpoint_cannot_run_code_in_the_head(tmp_path: Path) -> None
     checkpoint_path(output, 2).parent.mkdir(parents=True)
     torch.save({"model": {"w": torch.ones(1)}, "step": 2, "extra": Payload(marker)}, checkpoint_path(output, 2))
     with pytest.raises(Exception, match="[Ww]eights only load failed|Unsupported global"):
-        Training().finish(store.job("j-1"), parse_spec(SPEC), {})
+        Training(HeadSettings(state_dir=tmp_path)).finish(store.job("j-1"), parse_spec(SPEC), {})
     assert not marker.exists()
