@@ -84,11 +84,15 @@ class Agent:
         host = urlsplit(f"//{settings.head}").hostname or "127.0.0.1"
         self.address = local_ip_towards(host)
         await self._register()
+        # Logged once registered, not as they are found: a refused join is then the one line that says why.
         if not hardware.gpus:
             log.info("no NVIDIA GPUs: %s", no_gpus_because)
         for meter in self.meters.values():
             if meter.reason:
                 log.info("%s power: %s", meter.device, meter.reason)
+        for offer in self.offers:
+            if offer.idle_w is not None:
+                log.info("%s idle: %.1f W (%s)", offer.device, offer.idle_w, offer.idle_source)
         self.ray = self._new_ray()
         try:
             # In a thread, so that a SIGTERM during Ray's start-up is heard and the half-started node is stopped.
@@ -280,8 +284,6 @@ async def with_meter_facts(offers: list[BackendOffer], meters: dict[str, PowerMe
             return offer
         idle = await asyncio.to_thread(idle_power, meter)
         step_s = await asyncio.to_thread(lambda: meter.step_s)
-        if idle is not None:
-            log.info("%s idle: %.1f W (%s)", offer.device, idle.watts, idle.source.value)
         return offer.model_copy(update={
             "meter_step_s": step_s, "idle_w": None if idle is None else idle.watts,
             "idle_source": "" if idle is None else idle.source.value,

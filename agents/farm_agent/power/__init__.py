@@ -216,5 +216,5 @@ def _cpu_meter(root: Path, system: str, rated_watts: float | None, apple: Any | 
         if rapl is not None:
             return rapl
     reason = f"{why}; using Farm's model estimate instead"
-    log.info("CPU power: %s", reason)
+    log.debug("CPU power: %s", reason)  # the agent logs meter.reason once it has registered
     return CpuEstimateMeter(rated_watts, reason=reason)

@@ -416,7 +416,7 @@ def open_apple_meter(device: str, *, system: str, tools: AppleTools | None = Non
     scope = SCOPE_OF_COMPONENT[component]
 
     def unavailable(why: str) -> UnavailableMeter:
-        log.info("%s power: %s", device, why)
+        log.debug("%s power: %s", device, why)  # the agent logs meter.reason once it has registered
         return UnavailableMeter(device, why, EnergySource.VENDOR_ESTIMATE, scope)
 
     if system != "darwin":

@@ -295,7 +295,7 @@ def open_nvml_meter(
     device = f"cuda:{which}"
 
     def unavailable(why: str) -> UnavailableMeter:
-        log.info("%s power: %s", device, why)
+        log.debug("%s power: %s", device, why)  # the agent logs meter.reason once it has registered
         return UnavailableMeter(device, why, EnergySource.COUNTER, EnergyScope.DEVICE)
 
     if nvml is None:
@@ -323,7 +323,7 @@ def open_nvml_meter(
     except nvml.NVMLError as exc:
         _shutdown(nvml)
         return unavailable(f"NVML gives neither the energy counter nor power usage ({exc})")
-    log.info("%s power: %s", device, no_counter)
+    log.debug("%s power: %s", device, no_counter)
     return NvmlPowerMeter(nvml, handle, device, clock=clock, wait=wait, reason=no_counter)
 
 
