@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
+from contextlib import closing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -27,6 +28,7 @@ from farm_agent.backends.base import Backend
 from farm_agent.capture import job_shard
 from farm_agent.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
+from farm_agent.prefetch import prefetch
 
 if TYPE_CHECKING:
     import torch
@@ -41,14 +43,19 @@ def run_shard(task: ShardTask) -> ShardResult:
     """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
     the device's energy window, and return its results as an Arrow IPC stream.
 
-    The preprocess runs inside the window, interleaved with the model: streaming keeps a worker's memory at one
-    batch whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
+    The preprocess runs inside the window, interleaved with the model: streaming keeps a worker's memory at a few
+    batches whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
     that node from its bytes to its outputs. Only the first batch is read and prepared before the window, to warm
-    the model up on it."""
+    the model up on it; a thread reads the next batches (prefetch.DEPTH) ahead of the model, from then on, so that
+    reading overlaps compute: the few batches it reads during the warm-up are read outside the window."""
     root = Path.cwd()
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)
-    stream = model_batches(task, root)
+    with closing(prefetch(model_batches(task, root))) as stream:  # closing: the reader stops if the model fails
+        return _run(task, module, backend, stream)
+
+
+def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch]) -> ShardResult:
     first = next(stream, None)
     if first is None:  # a byte range holding no line start: nothing to run
         return _result(task, [], 0, 0.0, None, None)

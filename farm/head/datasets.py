@@ -94,5 +94,6 @@ def describe(spec: DatasetSpec, plan: DatasetPlan) -> str:
     text = f"data: {plan.format.value} at {plan.location} ({where}): {count} in {files}, planned from metadata"
     if spec.preprocess:
         text += (f"; preprocess {spec.preprocess} runs on the nodes inside the energy window, streamed with the "
-                 "model batch by batch (its time and energy count as the shard's)")
+                 "model batch by batch (its time and energy count as the shard's; the node reads a few batches ahead "
+                 "of the model, so reading overlaps compute)")
     return text

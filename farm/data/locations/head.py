@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from farm.core.tasks import HeadAccess
 
-BLOCK = 4 * 1024 * 1024  # bytes a node asks the head for at a time (read ahead)
+BLOCK = 16 * 1024 * 1024  # bytes a node asks the head for at a time (read ahead; the head allows 64 MiB)
 MAX_MESSAGE = 16 * 1024 * 1024
 
 
