@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
-from contextlib import closing
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
