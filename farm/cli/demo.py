@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -39,8 +40,10 @@ def demo(
     try:
         port, ray_port = free_port(), free_port()
         with console.status("starting a local head..."):
+            # Its Ray as the invoking user, root included (not farm-ray, who may not reach a checkout under /root):
+            # a throw-away farm on loopback whose only nodes are this user's own agents; no lender ever joins it.
             _farm("head", "start", "--host", "127.0.0.1", "--port", str(port), "--ray-port", str(ray_port),
-                  "--state-dir", str(state), "--detach")
+                  "--state-dir", str(state), "--detach", "--ray-user", pwd.getpwuid(os.geteuid()).pw_name)
         head = find_head(state_dir=state)
         dashboard = (read_json(state / "head.json") or {}).get("dashboard")
         if dashboard:

@@ -115,7 +115,15 @@ def detach(client: Client, job_id: str) -> NoReturn:
 
 
 def show_summary(job: job_pb2.Job) -> None:
-    console.print(summary_table(job))
+    table = summary_table(job)
+    # At its natural width, never elided to the console's (80 columns in a pipe): a node's name and its figures are
+    # the point of the summary; a narrower terminal wraps the rows instead.
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    width, console.width = console.width, max(console.width, natural)  # print(width=) only narrows
+    try:
+        console.print(table)
+    finally:
+        console.width = width
     metrics = dict(job.metrics)
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
     trained = "step" in metrics and "loss" in metrics  # a training job's progress
