@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from farm.cli.options import Head, Json, Token, connect, reattach_prefix
 from farm.cli.render import (
     console, errors, items_done, job_header, job_json, jobs_table, log_line_json, print_json, print_log_line,
-    shards_table, sizes_by_device, summary_table,
+    print_whole, shards_table, sizes_by_device, summary_table,
 )
 from farm.client import Client
 from farm.client.api import through_restarts
@@ -115,15 +115,7 @@ def detach(client: Client, job_id: str) -> NoReturn:
 
 
 def show_summary(job: job_pb2.Job) -> None:
-    table = summary_table(job)
-    # At its natural width, never elided to the console's (80 columns in a pipe): a node's name and its figures are
-    # the point of the summary; a narrower terminal wraps the rows instead.
-    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
-    width, console.width = console.width, max(console.width, natural)  # print(width=) only narrows
-    try:
-        console.print(table)
-    finally:
-        console.width = width
+    print_whole(summary_table(job))
     metrics = dict(job.metrics)
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
     trained = "step" in metrics and "loss" in metrics  # a training job's progress

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from farm.cli.options import Head, Json, Token, connect
-from farm.cli.render import console, print_json
+from farm.cli.render import console, print_json, print_whole
 from farm.core.errors import NotFoundError, UserError
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def eval_command(
     if json:
         print_json({"problem": str(problem), "device": device, "atol": atol, "rtol": rtol, "results": rows})
     else:
-        console.print(results_table(f"{results[0].problem} on {device} (atol {atol:g}, rtol {rtol:g})", rows))
+        print_whole(results_table(f"{results[0].problem} on {device} (atol {atol:g}, rtol {rtol:g})", rows))
 
 
 def row(result: Result, results: list[Result]) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def tune_command(
     peaks = sorted({sol.peaks.describe() for report in reports if (sol := report.speed_of_light()) is not None})
     if peaks:
         table.caption = sol_caption(peaks)
-    console.print(table)
+    print_whole(table)
     share = f"; geomean {summary.geomean_sol_share:.0%} of the speed of light" \
         if summary.geomean_sol_share is not None else ""
     console.print(f"fast_{p:g}: {summary.fast_p:.0%} of {summary.problems} (correct and more than {p:.0%} faster than "
@@ -188,7 +188,7 @@ def results_command(
     if json:
         print_json({"job_id": job_id, "output": job.output, "results": [r.to_dict() for r in rows]})
     else:
-        console.print(kernel_results_table(f"{job.name} ({job_id}): {job.output}/results.csv", rows))
+        print_whole(kernel_results_table(f"{job.name} ({job_id}): {job.output}/results.csv", rows))
 
 
 def kernel_results_table(title: str, rows: list[KernelResult]) -> Table:
@@ -265,7 +265,7 @@ def propose_command(
         print_json(proposal.to_json())
         return
     rows = [r.result for r in proposal.rounds if r.result is not None]
-    console.print(kernel_results_table(f"{proposal.problem}: {rounds} rounds on {proposal.hardware}", rows))
+    print_whole(kernel_results_table(f"{proposal.problem}: {rounds} rounds on {proposal.hardware}", rows))
     for r in proposal.rounds:
         if r.code is None:
             console.print(f"round {r.number}: no code block in the reply")

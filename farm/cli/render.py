@@ -16,6 +16,17 @@ from farm.proto import convert
 from farm.proto.v1 import fleet_pb2, job_pb2
 
 console = Console()
+
+
+def print_whole(table: Table) -> None:
+    """Print a table at its natural width, never elided to the console's (80 columns in a pipe): its names and figures
+    are the point; a narrower terminal wraps the rows instead."""
+    natural = console.measure(table, options=console.options.update_width(10_000)).maximum
+    width, console.width = console.width, max(console.width, natural)  # print(width=) only narrows
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 errors = Console(stderr=True)
 
 
