@@ -281,10 +281,6 @@ class Dispatcher:
             # Claimed before the first await: the result is here, so losing its node while the file is written must
             # not hand the shard to another node (a second result, a second write).
             del self.running[key]
-            # Its device is free now: the next round may place a shard there while this one's output is written
-            # (seconds for a large shard). The shard stays `running` in the store until recorded, so no round cuts
-            # or places its rows again.
-            self.wake.set()
             job = self.store.job(job_id)
             if job.state.finished:  # cancelled, or failed by another shard
                 return
