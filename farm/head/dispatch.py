@@ -26,11 +26,12 @@ from farm.core.spec import JobSpec, parse_spec
 from farm.head import autoshard, environment, joblog, kinds, node_check, ray_compat, remote
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
-from farm.head.outcomes import Outcomes, sort_failure
+from farm.head.outcomes import Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
 from farm.scheduler import Assignment, ShardRequest, calibration
+from farm.scheduler.calibration import Sample
 from farm.scheduler.rounds import schedule_round
 
 log = logging.getLogger("farm.head")
@@ -59,6 +60,9 @@ class Dispatcher:
         self.notify = notify
         self.wake = asyncio.Event()
         self.running: dict[tuple[str, int], Running] = {}
+        # Shards whose result is in and whose output is being written: what they measured, for sizing and scoring
+        # (the store has it only once the output is written, exactly once; the device is free meanwhile).
+        self.writing: dict[tuple[str, int], Sample] = {}
         self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
         self.unbacked: set[str] = set()  # nodes claiming devices their Ray worker does not offer (told once)
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
@@ -207,8 +211,8 @@ class Dispatcher:
             if job_id == job.id:
                 running_items[(running.node_id, running.device)] += job.shards[index].size
         nodes, busy = self.round.nodes, self.round.busy
-        rates = calibration.rates(self.store.samples(job.model_key), autoshard.meter_steps(list(nodes.values())),
-                                  spec.energy)
+        rates = calibration.rates([*self.store.samples(job.model_key), *self._writing(job)],
+                                  autoshard.meter_steps(list(nodes.values())), spec.energy)
         decided = schedule_round(requests, list(nodes.values()), busy, running_items, rates, self._deadline(job, spec),
                                  now=time.time())
         if decided.infeasible:
@@ -225,7 +229,8 @@ class Dispatcher:
         started = {index: r.started for (job_id, index), r in self.running.items() if job_id == job.id}
         nodes, busy = self.round.nodes, self.round.busy
         decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), busy, started, self.store,
-                                 self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec))
+                                 self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec),
+                                 writing=self._writing(job))
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
             return
@@ -236,6 +241,14 @@ class Dispatcher:
             self.launch(job, spec, handler, autoshard.assignment(job.id, index, cut), nodes[cut.node_id],
                         f"rows {cut.start:,}-{cut.stop:,}: {cut.why}")
         self._explain(job, list(decided.explanation))
+
+    def _writing(self, job: Job) -> list[Sample]:
+        """What shards of the job's model measured whose outputs are being written."""
+        model_keys = {job.id: job.model_key}
+        for job_id, _ in self.writing:
+            if job_id not in model_keys:
+                model_keys[job_id] = self.store.job(job_id).model_key
+        return [sample for (job_id, _), sample in self.writing.items() if model_keys[job_id] == job.model_key]
 
     def _deadline(self, job: Job, spec: Any) -> float | None:
         """Seconds left to the job's deadline, if it has one."""
@@ -287,10 +300,15 @@ class Dispatcher:
             joblog.record_output(self.store, job_id, index, result)
             handler, spec = self.handler(job), self.spec(job)
             handler.check_result(job, spec, job.shards[index], result)
-            record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], result)
-            if record.marginal_j is None and record.energy is not None:
-                record = replace(record, marginal_j=self._marginal(running, record.energy))
-            self.outcomes.succeeded(job_id, index, record)
+            measured = handler.measured(result)
+            if measured is not None:  # its device takes its next shard, sized by this one, while the output is written
+                self.writing[key] = self._sample(running, self._with_marginal(running, measured))
+                self.wake.set()
+            try:
+                record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], result)
+            finally:
+                self.writing.pop(key, None)
+            self.outcomes.succeeded(job_id, index, self._with_marginal(running, record))
             self.outcomes.finish_if_done(job_id, handler, spec)
         except ray_errors.TaskCancelledError:
             pass
@@ -317,6 +335,18 @@ class Dispatcher:
                 del self.running[key]
             self.notify(job_id)
             self.wake.set()
+
+    def _with_marginal(self, running: Running, record: ShardRecord) -> ShardRecord:
+        if record.marginal_j is None and record.energy is not None:
+            return replace(record, marginal_j=self._marginal(running, record.energy))
+        return record
+
+    @staticmethod
+    def _sample(running: Running, record: ShardRecord) -> Sample:
+        energy = record.energy
+        return Sample(node_id=running.node_id, device=running.device, items=record.items, seconds=record.seconds,
+                      energy_j=energy.joules if energy else 0.0, energy_source=energy.source.value if energy else "",
+                      marginal_j=record.marginal_j if energy else None, finished_at=time.time())
 
     def _marginal(self, running: Running, energy: Energy) -> float | None:
         """A shard's energy above its device's idle draw, as the device's agent read that draw on the same meter."""

@@ -134,6 +134,11 @@ class ShardedKind(KindHandler[S]):
         """Whether the job's ranges count bytes of line files (a dataset by location), not rows or items."""
         return False
 
+    def measured(self, result: Any) -> ShardRecord | None:
+        """A shard's figures as its result arrived, before its output is written (None: known only once written).
+        Sizing reads them at once, so that the device's next shard is cut while this one's output is written."""
+        return None
+
     def record(self, job: Job, spec: S, shard: Shard, result: Any) -> ShardRecord:
         """A shard's result arrived: write its output (atomically; this runs in a worker thread), return its
         figures."""

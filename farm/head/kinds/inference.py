@@ -82,9 +82,12 @@ class Inference(ShardedKind[InferenceSpec]):
     def check_result(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> None:
         shard_check.check_table(shard, result.items, from_ipc(result.table), self.counts_bytes(job, spec))
 
+    def measured(self, result: ShardResult) -> ShardRecord:
+        return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes)
+
     def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> ShardRecord:
         Results(job.output).write_shard(shard.index, result.table)
-        return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes)
+        return self.measured(result)
 
     def finish(self, job: Job, spec: InferenceSpec, metrics: dict[str, float]) -> dict[str, Any]:
         return {"format": FORMAT}
