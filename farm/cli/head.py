@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from farm.cli.options import Json, StateDir, start_in_background, state_dir
+from farm.cli.options import Json, StateDir, duration, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.local import pid_alive, primary_ip, read_json, terminate, write_json, write_private
@@ -181,7 +181,7 @@ def token_create(
 
     from farm.head.auth import new_join_token
 
-    seconds = _duration(ttl) if ttl else 0.0
+    seconds = duration(ttl, "--ttl") if ttl else 0.0
     store = _token_store(state)
     info = read_json(state_dir(state) / "head.json") or {}
     token_id, token, token_hash = new_join_token()
@@ -255,15 +255,3 @@ def token_rotate_ray(state: StateDir = None) -> None:
     _token_store(state).close()  # a state folder with a head's state, not a typo
     rotate_ray_token(state_dir(state) / "ray.token")
     console.print(RAY_TOKEN_NEXT, highlight=False)
-
-
-def _duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    number, unit = text[:-1], text[-1:].lower()
-    try:
-        seconds = float(number) * units[unit]
-    except (KeyError, ValueError):
-        raise UserError(f"--ttl {text!r}: expected a number and a unit (s, m, h, d), as 30m or 2h") from None
-    if seconds <= 0:
-        raise UserError(f"--ttl {text!r}: must be positive")
-    return seconds

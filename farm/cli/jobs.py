@@ -1,4 +1,4 @@
-"""`farm submit`, `farm jobs`, `farm job`, `farm logs`, `farm cancel`."""
+"""`farm submit`, `farm jobs [delete|prune]`, `farm job`, `farm logs`, `farm cancel`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, NoReturn
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from farm.cli.options import Head, Json, Token, connect, reattach_prefix
+from farm.cli.options import Head, Json, Token, connect, duration, reattach_prefix
 from farm.cli.render import (
     console, errors, items_done, job_header, job_json, jobs_table, log_line_json, print_json, print_log_line,
     print_whole, shards_table, sizes_by_device, summary_table,
@@ -17,6 +17,7 @@ from farm.cli.render import (
 from farm.client import Client
 from farm.client.api import through_restarts
 from farm.client.preflight import prepare
+from farm.proto import convert
 from farm.proto.v1 import job_pb2
 
 JobId = Annotated[str, typer.Argument(help="The job's id (j-...).")]
@@ -25,7 +26,7 @@ RECONNECT_S = 120.0  # how long `--wait` and `--follow` wait for a head that wen
 
 def register(app: typer.Typer) -> None:
     app.command()(submit)
-    app.command("jobs")(list_jobs)
+    app.add_typer(jobs_app, name="jobs")
     app.command()(job)
     app.command()(logs)
     app.command()(cancel)
@@ -137,11 +138,60 @@ def show_summary(job: job_pb2.Job) -> None:
         console.print(f"[red]error: {job.error}[/]")
 
 
-def list_jobs(json: Json = False, head: Head = None, token: Token = None) -> None:
+jobs_app = typer.Typer(help="List recent jobs; `delete` and `prune` forget finished ones.",
+                       invoke_without_command=True)
+
+
+@jobs_app.callback()
+def list_jobs(ctx: typer.Context, json: Json = False, head: Head = None, token: Token = None) -> None:
     """List recent jobs."""
+    if ctx.invoked_subcommand is not None:
+        return
     with connect(head, token) as client:
         jobs = client.list_jobs()
     print_json([job_json(j) for j in jobs]) if json else console.print(jobs_table(jobs))
+
+
+Outputs = Annotated[bool, typer.Option("--outputs", help="Remove their results too (not where another job on "
+                                                         "record writes).")]
+
+
+@jobs_app.command("delete")
+def delete_jobs(job_ids: Annotated[list[str], typer.Argument(help="The jobs' ids (j-...).")], outputs: Outputs = False,
+                json: Json = False, head: Head = None, token: Token = None) -> None:
+    """Forget finished jobs: their records, logs, code and files on the head (a queued or running one is refused:
+    nothing is deleted then)."""
+    with connect(head, token) as client:
+        deleted = client.delete_jobs(job_ids, outputs)
+    _print_deleted(deleted, json)
+
+
+@jobs_app.command("prune")
+def prune_jobs(
+    older_than: Annotated[str | None, typer.Option(
+        "--older-than", help="Only jobs that ended at least this long ago: 12h, 7d (default: every finished job).")
+    ] = None,
+    state: Annotated[list[str] | None, typer.Option(
+        "--state", help="Only jobs that ended so: succeeded, failed or cancelled (repeatable; default: all three).")
+    ] = None,
+    outputs: Outputs = False, json: Json = False, head: Head = None, token: Token = None,
+) -> None:
+    """Delete every finished job (of these states, that ended long enough ago), as `farm jobs delete` does."""
+    seconds = duration(older_than, "--older-than") if older_than else 0.0
+    with connect(head, token) as client:
+        deleted = client.prune_jobs(seconds, state or [], outputs)
+    _print_deleted(deleted, json)
+
+
+def _print_deleted(deleted: list[job_pb2.DeletedJob], json: bool) -> None:
+    if json:
+        print_json([convert.to_dict(d) for d in deleted])
+        return
+    for d in deleted:
+        results = " and its results" if d.outputs_removed else f"; its results stay: {d.outputs_kept}" \
+            if d.outputs_kept else ""
+        console.print(f"deleted {d.id} ({d.name}, {d.state}){results}", highlight=False)
+    console.print(f"{len(deleted)} job{'s' if len(deleted) != 1 else ''} deleted", highlight=False)
 
 
 def job(

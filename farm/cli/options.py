@@ -56,3 +56,16 @@ def reattach_prefix(client: Client) -> tuple[str, str]:
     if client.head.pid:  # the local head
         return "farm", ""
     return "farm", f" --head {client.head.address}"
+
+
+def duration(text: str, option: str) -> float:
+    """Seconds in `text`: a number and a unit (s, m, h, d), as 30m or 7d."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:].lower()
+    try:
+        seconds = float(number) * units[unit]
+    except (KeyError, ValueError):
+        raise UserError(f"{option} {text!r}: expected a number and a unit (s, m, h, d), as 30m or 2h") from None
+    if not 0 < seconds < 1e11:
+        raise UserError(f"{option} {text!r}: must be positive")
+    return seconds

@@ -169,6 +169,15 @@ class Client:
     def cancel(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Cancel, job_pb2.CancelJobRequest(job_id=job_id))  # type: ignore[return-value]
 
+    def delete_jobs(self, job_ids: list[str], outputs: bool = False) -> list[job_pb2.DeletedJob]:
+        request = job_pb2.DeleteJobsRequest(job_ids=job_ids, outputs=outputs)
+        return list(self._call(self.jobs.Delete, request).jobs)  # type: ignore[attr-defined]
+
+    def prune_jobs(self, older_than_s: float = 0.0, states: list[str] | None = None, outputs: bool = False
+                   ) -> list[job_pb2.DeletedJob]:
+        request = job_pb2.PruneJobsRequest(older_than_s=older_than_s, states=states or [], outputs=outputs)
+        return list(self._call(self.jobs.Prune, request).jobs)  # type: ignore[attr-defined]
+
     def logs(self, job_id: str, shard: int | None = None, after: int = 0) -> list[job_pb2.LogLine]:
         """The job's log (with `shard`: that shard's lines only; `after` a line's id: the lines since)."""
         request = job_pb2.LogsRequest(job_id=job_id, shard=shard, after=after)

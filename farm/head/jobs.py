@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from farm.core.errors import ConflictError, SpecError
+from farm.core.errors import ConflictError, SpecError, UserError
 from farm.core.ids import new_id
+from farm.core.models import JobState
 from farm.core.spec import MAX_SHARDS, parse_spec
-from farm.head import code_archive, output_folder, output_place
+from farm.head import code_archive, datasets, output_folder, output_place
 from farm.head.dispatch import Dispatcher
 from farm.head.kinds.base import Submission
 from farm.head.events import JobEvents
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
 from farm.local import write_private
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A deleted job, as it was, and what became of its results."""
+
+    job: Job
+    outputs_removed: bool = False
+    outputs_kept: str = ""  # why its results stayed, where they were asked for
 
 
 class Jobs:
@@ -48,7 +61,7 @@ class Jobs:
             output_place.check(output, self.settings, self.store)
             output_folder.claim(Path(output), overwrite)
         job_id = new_id("j")
-        folder = self.settings.state_dir / "jobs" / job_id
+        folder = datasets.job_dir(self.settings.state_dir, job_id)
         code_path = folder / "code.zip"
         write_private(code_path, code_zip)
         for name, data in plan.keep.items():
@@ -75,6 +88,39 @@ class Jobs:
         self.dispatcher.cancel(job_id)
         return self.store.job(job_id)
 
+    async def delete(self, job_ids: list[str], outputs: bool = False) -> list[Deleted]:
+        """Forget finished jobs: their records in one transaction (all or none: a job not finished is refused), then
+        their files (`outputs`: their results too)."""
+        return await self._remove_files(self.store.delete_jobs(list(dict.fromkeys(job_ids))), outputs)
+
+    async def prune(self, older_than_s: float, states: list[str], outputs: bool = False) -> list[Deleted]:
+        """Delete every job in `states` (finished ones; none: all three) that ended `older_than_s` ago or earlier."""
+        finished = [s.value for s in JobState if s.finished]
+        if any(s not in finished for s in states):
+            raise UserError(f"prune takes finished states only ({', '.join(finished)}), not {states}")
+        if not 0 <= older_than_s < 1e12:
+            raise UserError("older_than_s must be 0 or more seconds")
+        chosen = tuple(JobState(s) for s in states or finished)
+        return await self._remove_files(self.store.prune_jobs(time.time() - older_than_s, chosen), outputs)
+
+    async def _remove_files(self, jobs: list[Job], outputs: bool) -> list[Deleted]:
+        """Each deleted job's folder in the state folder (its code package, its dataset's plan and read credential)
+        and, with `outputs`, its results, unless a job still on record has the same output (it took the folder
+        over with --overwrite). Files go after the records: a head stopped in between leaves files without a job,
+        never a job without its files."""
+        in_use = {output_key(o) for o in self.store.job_outputs()} if outputs else set()
+        deleted = []
+        for job in jobs:
+            await asyncio.to_thread(shutil.rmtree, datasets.job_dir(self.settings.state_dir, job.id), True)
+            if not outputs or not job.output:
+                deleted.append(Deleted(job))
+            elif output_key(job.output) in in_use:
+                deleted.append(Deleted(job, outputs_kept="another job on record writes the same output"))
+            else:
+                await asyncio.to_thread(output_folder.remove_results, job.output)
+                deleted.append(Deleted(job, outputs_removed=True))
+        return deleted
+
     async def watch(self, job_id: str) -> AsyncIterator[Job]:
         self.store.job(job_id)  # NotFoundError before the stream starts
         with self.events.subscribe(job_id) as changed:
@@ -89,3 +135,8 @@ class Jobs:
                 except asyncio.TimeoutError:
                     pass
                 changed.clear()
+
+
+def output_key(output: str) -> str:
+    """An output's identity: a bucket URI as it is, a folder resolved (links followed)."""
+    return output if "://" in output else str(Path(output).resolve())

@@ -5,9 +5,11 @@ here: the folder appears with the job's first result."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from farm.core.errors import ConflictError, SpecError
+from farm.data.results import Results
 
 # What a job writes into its folder (every kind's results, the manifest, unfinished writes): found to tell a folder
 # of results, and removed on overwrite. Anything else in the folder is the user's and stays.
@@ -29,6 +31,24 @@ def claim(output: Path, overwrite: bool) -> None:
             path.unlink(missing_ok=True)
     except OSError as exc:
         raise SpecError(f"output {output}: cannot remove the results there: {exc.strerror}") from None
+
+
+def remove_results(output: str) -> None:
+    """Remove a deleted job's results (`farm jobs delete --outputs`): in a folder what a job writes there (its
+    checkpoints too), then the folder if nothing else is left in it; in a bucket its shards and manifest."""
+    results = Results(output)
+    if not results.local:
+        for name, _ in results.files():
+            results.fs.rm_file(f"{results.root.rstrip('/')}/{name}")
+        return
+    folder = Path(output)
+    for path in _results(folder):
+        path.unlink(missing_ok=True)
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    try:
+        folder.rmdir()
+    except OSError:  # the user's own files stay, and with them the folder (or it was never made)
+        pass
 
 
 def _results(output: Path) -> list[Path]:

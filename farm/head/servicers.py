@@ -17,7 +17,7 @@ from farm.core.models import NodeState
 from farm.head import joblog, node_input, uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
-from farm.head.jobs import Jobs
+from farm.head.jobs import Deleted, Jobs
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
 from farm.proto import convert
@@ -197,6 +197,18 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         self.tokens.check_api(context)
         return job_to_pb(self.jobs.cancel(request.job_id))
 
+    @unary
+    async def Delete(self, request: job_pb2.DeleteJobsRequest, context: grpc.aio.ServicerContext
+                     ) -> job_pb2.DeleteJobsReply:
+        self.tokens.check_api(context)
+        return _deleted_to_pb(await self.jobs.delete(list(request.job_ids), request.outputs))
+
+    @unary
+    async def Prune(self, request: job_pb2.PruneJobsRequest, context: grpc.aio.ServicerContext
+                    ) -> job_pb2.DeleteJobsReply:
+        self.tokens.check_api(context)
+        return _deleted_to_pb(await self.jobs.prune(request.older_than_s, list(request.states), request.outputs))
+
     @streaming
     async def Watch(self, request: job_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
                     ) -> AsyncIterator[job_pb2.Job]:
@@ -217,6 +229,14 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
         async for line in joblog.follow(self.jobs.store, self.jobs.events, request.job_id, _shard(request),
                                         request.after):
             yield log_line_to_pb(line)
+
+
+def _deleted_to_pb(deleted: list[Deleted]) -> job_pb2.DeleteJobsReply:
+    return job_pb2.DeleteJobsReply(jobs=[
+        job_pb2.DeletedJob(id=d.job.id, name=d.job.name, state=d.job.state.value, output=d.job.output,
+                           outputs_removed=d.outputs_removed, outputs_kept=d.outputs_kept)
+        for d in deleted
+    ])
 
 
 def _shard(request: job_pb2.LogsRequest) -> int | None:

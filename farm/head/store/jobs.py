@@ -294,6 +294,49 @@ class JobRecords(Database):
             )
             return cursor.rowcount
 
+    # ---- deleting finished jobs
+
+    def delete_jobs(self, job_ids: list[str]) -> list[Job]:
+        """Remove these jobs' records (the job, its shards, its log) in one transaction, and return them as they were
+        (their shards left out). All or none: an unknown id is NotFoundError, a job that has not ended is
+        ConflictError, and then nothing is removed."""
+        with self._tx() as db:
+            rows = db.execute("SELECT * FROM jobs WHERE id IN (SELECT value FROM json_each(?)) ORDER BY seq",
+                              (json.dumps(job_ids),)).fetchall()
+            found = {row["id"]: row for row in rows}
+            for job_id in job_ids:
+                row = found.get(job_id)
+                if row is None:
+                    raise NotFoundError(f"no job {job_id!r}")
+                if not JobState(row["state"]).finished:
+                    raise ConflictError(f"job {job_id} is {row['state']}: only a finished job can be deleted "
+                                        f"(cancel it first: farm cancel {job_id})")
+            return self._delete(db, rows)
+
+    def prune_jobs(self, finished_before: float, states: tuple[JobState, ...]) -> list[Job]:
+        """Remove the records of every job in one of `states` (finished ones) that ended before `finished_before`,
+        in one transaction; return them as they were (their shards left out)."""
+        if any(not state.finished for state in states):
+            raise ConflictError("only finished jobs can be pruned (succeeded, failed or cancelled)")
+        with self._tx() as db:
+            rows = db.execute(
+                "SELECT * FROM jobs WHERE state IN (SELECT value FROM json_each(?)) AND finished_at < ? ORDER BY seq",
+                (json.dumps([s.value for s in states]), finished_before),
+            ).fetchall()
+            return self._delete(db, rows)
+
+    def job_outputs(self) -> set[str]:
+        """Every output a job on record writes or wrote."""
+        return {row["output"] for row in self._db.execute("SELECT DISTINCT output FROM jobs")}
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, rows: list[sqlite3.Row]) -> list[Job]:
+        ids = json.dumps([row["id"] for row in rows])
+        for table in ("job_logs", "shards", "jobs"):
+            column = "id" if table == "jobs" else "job_id"
+            db.execute(f"DELETE FROM {table} WHERE {column} IN (SELECT value FROM json_each(?))", (ids,))
+        return [_job(row, []) for row in rows]
+
     # ---- logs
 
     def log(self, job_id: str, level: str, message: str, shard: int | None = None) -> None:

@@ -157,6 +157,46 @@ class WatchJobRequest(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class DeleteJobsRequest(_message.Message):
+    __slots__ = ("job_ids", "outputs")
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    outputs: bool
+    def __init__(self, job_ids: _Optional[_Iterable[str]] = ..., outputs: _Optional[bool] = ...) -> None: ...
+
+class PruneJobsRequest(_message.Message):
+    __slots__ = ("older_than_s", "states", "outputs")
+    OLDER_THAN_S_FIELD_NUMBER: _ClassVar[int]
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    older_than_s: float
+    states: _containers.RepeatedScalarFieldContainer[str]
+    outputs: bool
+    def __init__(self, older_than_s: _Optional[float] = ..., states: _Optional[_Iterable[str]] = ..., outputs: _Optional[bool] = ...) -> None: ...
+
+class DeletedJob(_message.Message):
+    __slots__ = ("id", "name", "state", "output", "outputs_removed", "outputs_kept")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUTS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    state: str
+    output: str
+    outputs_removed: bool
+    outputs_kept: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., output: _Optional[str] = ..., outputs_removed: _Optional[bool] = ..., outputs_kept: _Optional[str] = ...) -> None: ...
+
+class DeleteJobsReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[DeletedJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[DeletedJob, _Mapping]]] = ...) -> None: ...
+
 class LogsRequest(_message.Message):
     __slots__ = ("job_id", "shard", "after")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

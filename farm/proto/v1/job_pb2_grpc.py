@@ -74,6 +74,16 @@ class JobServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.LogLine.FromString,
                 _registered_method=True)
+        self.Delete = channel.unary_unary(
+                '/farm.v1.JobService/Delete',
+                request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsReply.FromString,
+                _registered_method=True)
+        self.Prune = channel.unary_unary(
+                '/farm.v1.JobService/Prune',
+                request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.PruneJobsRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsReply.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -131,6 +141,21 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Delete(self, request, context):
+        """Finished jobs forgotten: their records and logs, their code and files in the head's state folder, and with
+        `outputs` their results. All or none: a job that has not ended is refused (FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prune(self, request, context):
+        """Every finished job of the given states that ended long enough ago, deleted as Delete does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +198,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.FollowLogs,
                     request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.LogLine.SerializeToString,
+            ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsReply.SerializeToString,
+            ),
+            'Prune': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prune,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.PruneJobsRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -391,6 +426,60 @@ class JobService:
             '/farm.v1.JobService/FollowLogs',
             farm_dot_proto_dot_v1_dot_job__pb2.LogsRequest.SerializeToString,
             farm_dot_proto_dot_v1_dot_job__pb2.LogLine.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.JobService/Delete',
+            farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prune(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.JobService/Prune',
+            farm_dot_proto_dot_v1_dot_job__pb2.PruneJobsRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_job__pb2.DeleteJobsReply.FromString,
             options,
             channel_credentials,
             insecure,
