@@ -14,6 +14,7 @@ import pytest
 
 from farm.client import HeadInfo, find_head
 from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
+from tests.servers import s3_environment, serve_s3
 
 ROOT = Path(__file__).resolve().parents[1]
 # Heads and agents the tests start keep Ray as the tests' own user (farm.ray_user: as root they would run it as
@@ -36,6 +37,7 @@ def farm(*args: str, env: dict[str, str] | None = None, timeout: float = 300, cw
 class Cluster:
     state_dir: Path
     head: HeadInfo
+    s3: dict[str, str]  # the loopback bucket server's endpoint and credentials, in the head's and agents' environment
 
     def env(self) -> dict[str, str]:
         return {"FARM_STATE_DIR": str(self.state_dir)}
@@ -53,20 +55,28 @@ class Cluster:
 
 
 @pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 for the whole session (tests.servers): the stand-in for a real bucket."""
+    with serve_s3() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("farm-state")
+    s3 = s3_environment(s3_endpoint)  # as an operator gives a farm a bucket: in its processes' environment
     started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
-                   str(free_port()), "--state-dir", str(state), "--detach")
+                   str(free_port()), "--state-dir", str(state), "--detach", env=s3)
     assert started.returncode == 0, started.stderr
     head = find_head(state_dir=state)
-    cluster = Cluster(state_dir=state, head=head)
+    cluster = Cluster(state_dir=state, head=head, s3=s3)
     try:  # an agent that fails to start must not leave the head and the other agent running
         agents = [
             subprocess.Popen(
                 [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.address, "--token",
                  head.join_token, "--ca-hash", head.ca_hash, "--name", name, "--cpus", "1", "--state-dir", str(state),
                  "--detach", "--max-foreign-cpu", "100"],  # both agents share this host: neither is the other's owner
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **s3},
             )
             for name in ("agent-a", "agent-b")
         ]

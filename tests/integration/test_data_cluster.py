@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from farm.data.results import read_predictions
 from tests.conftest import ROOT, Cluster, farm
+from tests.servers import new_bucket, serve_http
 
 pytestmark = pytest.mark.slow
 
@@ -27,15 +29,32 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def submit(cluster: Cluster, tmp_path: Path, name: str, dataset: dict[str, object], shards: int = 4
-           ) -> dict[str, object]:
+def submit(cluster: Cluster, tmp_path: Path, name: str, dataset: dict[str, object], shards: int = 4,
+           output: str | None = None) -> dict[str, object]:
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump({
         "name": name, "model": "examples.digits.model:build", "weights": "examples/digits/weights.pt",
-        "dataset": dataset, "shards": shards, "batch_size": 64, "backends": ["cpu"], "output": str(tmp_path / name)}))
+        "dataset": dataset, "shards": shards, "batch_size": 64, "backends": ["cpu"],
+        "output": output or str(tmp_path / name)}))
     done = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(ROOT))
     assert done.stdout, done.stderr
     return json.loads(done.stdout)
+
+
+def shard_rows(folder: Path) -> pa.Table:
+    return pa.concat_tables(pq.read_table(path) for path in sorted(folder.glob("shard-*.parquet")))
+
+
+def expected_predictions() -> np.ndarray:
+    """The digits model over the digits, in this process."""
+    import torch
+
+    from examples.digits.data import test_set
+    from farm_agent.jobcode import build_model
+
+    with torch.inference_mode():
+        return build_model("examples.digits.model:build", "examples/digits/weights.pt", ROOT)(
+            torch.from_numpy(test_set()[0])).numpy()
 
 
 def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, digits: Path, tmp_path: Path
@@ -48,16 +67,7 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
     output = Path(str(job["output"]))
     assert sorted(p.name for p in output.iterdir()) == ["manifest.json", *(f"shard-{i:05d}.parquet" for i in range(4))]
     assert json.loads((output / "manifest.json").read_text())["format"] == "parquet"
-    from examples.digits.data import test_set
-
-    import torch
-
-    from farm_agent.jobcode import build_model
-
-    with torch.inference_mode():
-        expected = build_model("examples.digits.model:build", "examples/digits/weights.pt", ROOT)(
-            torch.from_numpy(test_set()[0])).numpy()
-    np.testing.assert_allclose(read_predictions(output), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(read_predictions(output), expected_predictions(), rtol=1e-4, atol=1e-4)
 
     explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
     assert "preprocess examples.datasets.prep:pixels runs on the nodes inside the energy window" in explained.stdout
@@ -94,3 +104,37 @@ def test_an_image_that_does_not_decode_fails_its_shard_only(cluster: Cluster, di
     assert sorted(p.name for p in output.iterdir()) == [f"shard-{i:05d}.parquet" for i in range(3)]
     assert pq.read_table(output / "shard-00002.parquet").column("path").to_pylist()[0] == sorted(
         p.name for p in images.iterdir())[128]
+
+
+def test_jobs_over_a_bucket_and_a_web_server_with_results_in_the_bucket(cluster: Cluster, digits: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two other locations on the real cluster: a Parquet folder in an S3 bucket (moto's server on loopback, a
+    stand-in for a real bucket; the agents read it themselves, with the credentials in their own environment) with
+    the results written to the bucket by the head; and one Parquet file on a web server, read by ranged GETs."""
+    for key, value in cluster.s3.items():
+        monkeypatch.setenv(key, value)
+    bucket = new_bucket()
+    import boto3
+
+    client = boto3.client("s3")
+    for path in sorted((digits / "digits-parquet").iterdir()):
+        client.upload_file(str(path), bucket, f"digits/{path.name}")
+    parquet = {"format": "parquet", "inputs": "pixels", "label": "label", "passthrough": ["index"],
+               "preprocess": "examples.datasets.prep:pixels"}
+    job = submit(cluster, tmp_path, "bucket", {"location": f"s3://{bucket}/digits/", **parquet}, shards=3,
+                 output=f"s3://{bucket}/out/bucket")
+    assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
+    assert job["metrics"]["accuracy"] >= 0.9
+    assert sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]) == [
+        "out/bucket/manifest.json", *(f"out/bucket/shard-{i:05d}.parquet" for i in range(3))]
+    expected = expected_predictions()
+    np.testing.assert_allclose(read_predictions(f"s3://{bucket}/out/bucket"), expected, rtol=1e-4, atol=1e-4)
+    fetched = cluster.farm("results", str(job["id"]), "--out", str(tmp_path / "fetched"))
+    assert fetched.returncode == 0, fetched.stderr
+    assert shard_rows(tmp_path / "fetched").column("index").to_pylist() == list(range(540))
+
+    with serve_http(digits / "digits-parquet") as url:
+        job = submit(cluster, tmp_path, "web", {"location": f"{url}/part-1.parquet", **parquet}, shards=2)
+    assert job["state"] == "succeeded" and job["items"] == 180, job.get("error")
+    assert shard_rows(Path(str(job["output"]))).column("index").to_pylist() == list(range(180, 360))
+    np.testing.assert_allclose(read_predictions(Path(str(job["output"]))), expected[180:360], rtol=1e-4, atol=1e-4)

@@ -4,10 +4,7 @@ real bucket (AWS, MinIO, R2), reached through the same s3fs client and credentia
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,60 +18,14 @@ from farm.core.dataset import ROW_ID, DatasetSpec
 from farm.data.batches import to_ipc
 from farm.data.results import MANIFEST, Results, read_predictions, shard_file
 
+from tests.servers import RangeHandler, new_bucket, s3_environment, serve_http
 from tests.unit.test_data_formats import read_all
-
-
-class RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """Python's file server, plus the Range requests a ranged reader sends (as every real web server answers)."""
-
-    ranges: list[str] = []
-
-    def send_head(self):  # type: ignore[no-untyped-def]
-        wanted = self.headers.get("Range")
-        path = Path(self.translate_path(self.path))
-        if not wanted or not path.is_file():
-            return super().send_head()
-        self.ranges.append(wanted)
-        size = path.stat().st_size
-        first, _, last = wanted.removeprefix("bytes=").partition("-")
-        start, end = int(first), min(int(last) if last else size - 1, size - 1)
-        handle = path.open("rb")
-        handle.seek(start)
-        self.send_response(206)
-        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-        self.send_header("Content-Length", str(end - start + 1))
-        self.send_header("Accept-Ranges", "bytes")
-        self.end_headers()
-        return _Limited(handle, end - start + 1)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-class _Limited:
-    def __init__(self, handle, left: int) -> None:  # type: ignore[no-untyped-def]
-        self.handle, self.left = handle, left
-
-    def read(self, size: int = -1) -> bytes:
-        size = self.left if size < 0 else min(size, self.left)
-        data = self.handle.read(size)
-        self.left -= len(data)
-        return data
-
-    def close(self) -> None:
-        self.handle.close()
 
 
 @pytest.fixture()
 def http_root(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(RangeHandler, directory=str(tmp_path)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(tmp_path) as url:
+        yield url, tmp_path
 
 
 def test_an_http_parquet_file_is_read_by_ranges(http_root: tuple[str, Path]) -> None:
@@ -96,31 +47,12 @@ def test_an_http_jsonl_file(http_root: tuple[str, Path]) -> None:
     assert table.column("x").to_pylist() == list(range(300))
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server on 127.0.0.1, in this process: the stand-in for a real bucket."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture()
 def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh bucket; the credentials and the endpoint only in the environment, as Farm expects them."""
-    import boto3
-
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint}.items():
+    for key, value in s3_environment(s3_endpoint).items():
         monkeypatch.setenv(key, value)
-    name = f"farm-{np.random.default_rng().integers(1 << 30)}"
-    boto3.client("s3").create_bucket(Bucket=name)
-    return name
+    return new_bucket()
 
 
 def test_an_s3_parquet_folder(bucket: str, tmp_path: Path) -> None:
