@@ -15,6 +15,7 @@ import grpc
 from farm.core.dataset import Location
 from farm.core.errors import AuthError, NotFoundError, UserError
 from farm.data.locations import join
+from farm.data.locations.head import MAX_READ
 from farm.data.results import MANIFEST, SHARD_FILE, Results
 from farm.head import datasets
 from farm.head.auth import Tokens
@@ -24,7 +25,6 @@ from farm.head.store import Store
 from farm.proto.v1 import data_pb2, data_pb2_grpc
 
 CHUNK = 1024 * 1024  # bytes a Chunk message carries
-MAX_READ = 64 * 1024 * 1024  # bytes one Read may ask for
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 

@@ -15,6 +15,7 @@ from farm import data
 from farm.core.dataset import DatasetSpec
 from farm.core.models import JobState
 from farm.core.tasks import HeadAccess
+from farm.data.locations.head import HeadFileSystem
 from farm.head import datasets
 from farm.head.store import Store
 from farm.local import write_private
@@ -90,7 +91,7 @@ def test_a_dataset_inside_the_state_folder_is_refused(head: Head) -> None:
                                 head.settings.state_dir)
 
 
-def test_every_format_reads_through_the_head(head: Head, tmp_path: Path) -> None:
+def test_every_format_reads_through_the_head(head: Head, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from PIL import Image
 
     from farm.data.batches import numpy_batch
@@ -101,7 +102,13 @@ def test_every_format_reads_through_the_head(head: Head, tmp_path: Path) -> None
     np.save(tmp_path / "a.npy", np.arange(40, dtype=np.float32).reshape(20, 2))
     (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(30)))
     access, plan = add_job(head, "j-i", DatasetSpec(location=str(tmp_path / "imgs"), format="images"))
+    reads = []
+    read_range = HeadFileSystem.read_range
+    monkeypatch.setattr(HeadFileSystem, "info", lambda *a, **k: pytest.fail("a Stat before each image"))
+    monkeypatch.setattr(HeadFileSystem, "read_range", lambda fs, *args: reads.append(args) or read_range(fs, *args))
     batch = next(data.read(plan, 1, 4, None, 8, access))
+    assert len(reads) == 3  # one call per image
+    monkeypatch.undo()
     assert numpy_batch(batch, ["image"], plan.format, plan.location)["image"][:, 0, 0].tolist() == [1, 2, 3]
     access, plan = add_job(head, "j-n", DatasetSpec(location=str(tmp_path / "a.npy")))
     rows = [r for b in data.read(plan, 5, 15, None, 4, access) for r in b.column("data").to_pylist()]

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
     from farm.core.tasks import HeadAccess
 
-BLOCK = 16 * 1024 * 1024  # bytes a node asks the head for at a time (read ahead; the head allows 64 MiB)
+BLOCK = 16 * 1024 * 1024  # bytes a node asks the head for at a time (read ahead)
+MAX_READ = 64 * 1024 * 1024  # bytes one Read may ask for (the head's DataService holds to it)
 MAX_MESSAGE = 16 * 1024 * 1024
 
 
@@ -81,8 +82,17 @@ class HeadFileSystem(AbstractFileSystem):
             chunk.data for chunk in self.stub.Read(request, metadata=self.metadata, timeout=300)))
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
-        size = self.info(path)["size"]
-        return self.read_range(path, start or 0, size if end is None else end)
+        if end is not None:
+            return self.read_range(path, start or 0, end)
+        # To its end in reads of the most one may ask for, without a Stat first: a folder of images is one call
+        # per image. A read shorter than asked for is the file's end.
+        parts, offset = [], start or 0
+        while True:
+            part = self.read_range(path, offset, offset + MAX_READ)
+            parts.append(part)
+            offset += len(part)
+            if len(part) < MAX_READ:
+                return b"".join(parts)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_options: dict[str, Any] | None = None, **kwargs: Any) -> AbstractBufferedFile:
