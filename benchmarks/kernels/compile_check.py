@@ -1,5 +1,5 @@
 """Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
-ptxas it ships, down to a cubin, for each template form (conv GEMM and direct, normal and transposed, each precision;
+ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each precision;
 GEMM; pooling max and average; each row op one-pass and looped), each with an epilogue chain of every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
@@ -20,7 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from farm_agent.tuner.templates import codegen, conv, gemm, pool, rowreduce  # noqa: E402
+from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
 CHAIN = (Step("add", "channel"), Step("mul", "scalar", value=0.5), Step("gelu"), Step("add", "full"),
@@ -56,7 +56,8 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
     ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
     geometry = dict(SD=2, SH=2, SW=1, PD=1, PH=1, PW=0, DD=1, DH=1, DW=2, KD=3, KH=3, KW=2)
     for transposed in (False, True):
-        src = conv._GEMM_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines))
+        src = conv._GEMM_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines),
+                                       helpers=conv._GEMM_HELPERS)
         module = codegen.load_source(src, "check_conv_gemm")
         for precision, (bm, bn, bk, warps, stages) in (("ieee", (64, 64, 16, 4, 2)), ("tf32x3", (128, 64, 32, 4, 3)),
                                                        ("tf32", (128, 128, 32, 8, 3))):
@@ -66,7 +67,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                           {**geometry, "TRANSPOSED": transposed, "PRECISION": precision, "BLOCK_M": bm,
                            "BLOCK_N": bn, "BLOCK_K": bk}, warps, stages))
         if transposed:
-            src = conv._PHASED_SOURCE.format(epi_params=epi, epilogue="\n".join(lines))
+            src = conv._PHASED_SOURCE.format(epi_params=epi, epilogue="\n".join(lines), helpers=conv._GEMM_HELPERS)
             module_p = codegen.load_source(src, "check_conv_phased")
             for precision in ("ieee", "tf32x3"):
                 found.append((f"conv-phased {precision}", module_p.kernel,
@@ -75,12 +76,14 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                                       "COG")},
                               {**{k: v for k, v in geometry.items() if k[0] != "D"}, "PRECISION": precision,
                                "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32}, 4, 3))
-        src = conv._DIRECT_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines))
+        src = conv._DIRECT_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines),
+                                         plane_tile=plane.PLANE_TILE)
         module = codegen.load_source(src, "check_conv_direct")
-        found.append((f"conv-direct transposed={transposed}", module.kernel,
-                      {"X": "*fp32", "Wt": "*fp32", "Y": "*fp32", **epi_types(params),
-                       **ints("TOTAL", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
-                      {**geometry, "TRANSPOSED": transposed, "BLOCK": 512}, 4, 2))
+        for bh, bw, warps in ((8, 128, 4), (1, 1024, 8)):
+            found.append((f"conv-direct transposed={transposed} {bh}x{bw}", module.kernel,
+                          {"X": "*fp32", "Wt": "*fp32", "Y": "*fp32", **epi_types(params),
+                           **ints("C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
+                          {**geometry, "TRANSPOSED": transposed, "BH": bh, "BW": bw}, warps, 2))
     module = codegen.load_source(gemm._SOURCE.format(epi_params=epi, epilogue="\n".join(lines)), "check_gemm")
     for precision, (bm, bn, bk, warps, stages) in (("ieee", (128, 128, 16, 8, 2)), ("tf32x3", (128, 128, 32, 8, 3)),
                                                    ("tf32", (128, 256, 32, 8, 3))):
@@ -89,12 +92,12 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                        **ints("M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn")},
                       {"PRECISION": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, warps,
                       stages))
-    module = codegen.load_source(pool._SOURCE.format(epi_params=epi, epilogue="\n".join(lines)), "check_pool")
-    for is_max in (True, False):
-        found.append((f"pool max={is_max}", module.kernel,
-                      {"X": "*fp32", "Y": "*fp32", **epi_types(params),
-                       **ints("TOTAL", "C", "D", "H", "W", "OD", "OH", "OW")},
-                      {**geometry, "IS_MAX": is_max, "INCLUDE_PAD": False, "BLOCK": 1024}, 4, 2))
+    module = codegen.load_source(pool._SOURCE.format(epi_params=epi, epilogue="\n".join(lines),
+                                                     plane_tile=plane.PLANE_TILE), "check_pool")
+    for is_max, (bh, bw, warps) in ((True, (16, 128, 8)), (False, (1, 1024, 4))):
+        found.append((f"pool max={is_max} {bh}x{bw}", module.kernel,
+                      {"X": "*fp32", "Y": "*fp32", **epi_types(params), **ints("C", "D", "H", "W", "OD", "OH", "OW")},
+                      {**geometry, "IS_MAX": is_max, "INCLUDE_PAD": False, "BH": bh, "BW": bw}, warps, 2))
     src = rowreduce._SOURCE.format(epi_params=epi, epilogue_row="\n".join(triton_lines(CHAIN, " " * 8)[1]),
                                    epilogue_full="\n".join(triton_lines(CHAIN, " " * 8)[1]),
                                    epilogue_loop="\n".join(triton_lines(CHAIN, " " * 12)[1]))

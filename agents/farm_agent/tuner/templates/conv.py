@@ -13,7 +13,8 @@ meet only every s-th tap, at consecutive inputs, so each phase is a dense stride
 spent on taps that miss (the gather form would waste s^dims - 1 of every s^dims: 75% for a 2-D stride 2).
 
 Groups with few input channels per group (depthwise and the like, where a dot of 16-wide tiles would mostly multiply
-zeros) get the direct kernel instead: one lane per output element, a loop over its taps.
+zeros) get the direct kernel instead: one program per block of an output plane (templates.plane), a loop over the
+taps with the tap's weight a scalar.
 
 precision: "ieee" (fp32 FMA: exact fp32), "tf32x3" (split-TF32 on tensor cores: three TF32 products that carry the
 low bits too, fp32-level error), "tf32" (one TF32 product: lowers precision).
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.templates import codegen, plane
 from farm_agent.tuner.templates.epilogue import Step, tensor_operands, triton_lines
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
@@ -207,10 +208,36 @@ _COORDS = '''
             ok = (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
 '''
 
-_GEMM_SOURCE = '''
+# Shared by the two implicit-GEMM forms (the gather form and the phase form differ only in which taps and inputs
+# they visit): one step of the reduction, and the output tile's channels, offsets and mask.
+_GEMM_HELPERS = """
+@triton.jit
+def channel_step(acc, x_rows, spatial, ok, Wp, w_row, c0, rk, rn, n_ok, CG, COG, DHW, PRECISION: tl.constexpr):
+    # acc plus one tap's product over the input channels c0 + rk: the input gathered at `spatial` where `ok`,
+    # times the tap's packed weight rows from `w_row`
+    c = c0 + rk
+    c_ok = c < CG
+    a = tl.load(x_rows[:, None] + spatial[:, None] + c[None, :].to(tl.int64) * DHW, mask=ok[:, None] & c_ok[None, :],
+                other=0.0)
+    b = tl.load(Wp + (w_row + c)[:, None] * COG + rn[None, :], mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+    return tl.dot(a, b, acc=acc, input_precision=PRECISION)
+
+
+@triton.jit
+def output_tile(nb, od, oh, ow, g, rn, m_ok, n_ok, CO, COG, OD, OH, OW):
+    # (channel, flat offsets, mask) of a tile whose rows are output pixels and columns channels g * COG + rn
+    ODHW = OD * OH * OW
+    co = g * COG + rn
+    offs = (nb.to(tl.int64) * CO * ODHW + (od * OH + oh) * OW + ow)[:, None] + (co.to(tl.int64) * ODHW)[None, :]
+    return co[None, :], offs, m_ok[:, None] & n_ok[None, :]
+"""
+
+# The reduction over (tap, channel block) is one flat loop, not a loop of loops: Triton's software pipeliner then
+# overlaps the next step's loads with this step's dot across taps too (Inductor's convolution template does the same).
+_GEMM_SOURCE = """
 import triton
 import triton.language as tl
-
+{helpers}
 
 @triton.jit
 def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
@@ -236,77 +263,65 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
     x_rows = X + (nb * C_IN + g * CG).to(tl.int64) * DHW
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     TAPS: tl.constexpr = KD * KH * KW
-    for tap in range(TAPS):
+    KSTEPS = tl.cdiv(CG, BLOCK_K)
+    for step in range(TAPS * KSTEPS):
+        tap = step // KSTEPS
+        c0 = (step - tap * KSTEPS) * BLOCK_K
         kd = tap // (KH * KW)
         kh = (tap // KW) % KH
         kw = tap % KW
 {coords}
-        ok = ok & m_ok
-        a_ptrs = x_rows[:, None] + ((id_ * H + ih) * W + iw)[:, None] + rk[None, :].to(tl.int64) * DHW
-        b_ptrs = Wp + ((g * TAPS + tap) * CG + rk)[:, None] * COG + rn[None, :]
-        for c0 in range(0, CG, BLOCK_K):
-            c_ok = (c0 + rk) < CG
-            a = tl.load(a_ptrs, mask=ok[:, None] & c_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
-            acc += tl.dot(a, b, input_precision=PRECISION)
-            a_ptrs += BLOCK_K * DHW
-            b_ptrs += BLOCK_K * COG
-    ODHW = OD * OH * OW
-    co = g * COG + rn
-    chan = co[None, :]
-    offs = (nb.to(tl.int64) * CO * ODHW + (od * OH + oh) * OW + ow)[:, None] + (co.to(tl.int64) * ODHW)[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
+        acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok & m_ok, Wp, (g * TAPS + tap) * CG, c0, rk, rn,
+                           n_ok, CG, COG, DHW, PRECISION)
+    chan, offs, mask = output_tile(nb, od, oh, ow, g, rn, m_ok, n_ok, CO, COG, OD, OH, OW)
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
-'''
+"""
 
-_DIRECT_SOURCE = '''
+# One program per output plane (batch x channel) and BH x BW block of one output depth (templates.plane): no
+# per-element index division, and each tap's loads are a shifted tile of the plane that the caches serve.
+_DIRECT_SOURCE = """
 import triton
 import triton.language as tl
-
+{plane_tile}
 
 @triton.jit
-def kernel(X, Wt, Y, {epi_params}TOTAL, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
+def kernel(X, Wt, Y, {epi_params}C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
            SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
            PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KD: tl.constexpr,
-           KH: tl.constexpr, KW: tl.constexpr, TRANSPOSED: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < TOTAL
-    ow = offs % OW
-    t = offs // OW
-    oh = t % OH
-    t = t // OH
-    od = t % OD
-    t = t // OD
-    co = t % CO
-    nb = t // CO
-    chan = co
+           KH: tl.constexpr, KW: tl.constexpr, TRANSPOSED: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr):
+    plane, od, oh, ow, mask = plane_tile(OD, OH, OW, BH, BW)
+    co = plane % CO
+    nb = plane // CO
     g = co // COG
+    chan = co + tl.zeros((BH, BW), dtype=tl.int32)
     DHW = D * H * W
+    x_plane = X + (nb * C_IN + g * CG).to(tl.int64) * DHW
     TAPS: tl.constexpr = KD * KH * KW
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    acc = tl.zeros((BH, BW), dtype=tl.float32)
     for tap in tl.static_range(TAPS):
         kd = tap // (KH * KW)
         kh = (tap // KW) % KH
         kw = tap % KW
 {coords}
         ok = ok & mask
-        x_at = X + (nb * C_IN + g * CG) * DHW + (id_ * H + ih) * W + iw
+        x_at = x_plane + (id_ * H + ih) * W + iw
         for c in range(0, CG):
             xv = tl.load(x_at + c * DHW, mask=ok, other=0.0)
             if TRANSPOSED:  # weight [C_IN, COG, taps]
-                wv = tl.load(Wt + ((g * CG + c) * COG + (co - g * COG)) * TAPS + tap, mask=mask, other=0.0)
+                wv = tl.load(Wt + ((g * CG + c) * COG + (co - g * COG)) * TAPS + tap)
             else:  # weight [CO, CG, taps]
-                wv = tl.load(Wt + (co * CG + c) * TAPS + tap, mask=mask, other=0.0)
+                wv = tl.load(Wt + (co * CG + c) * TAPS + tap)
             acc += xv * wv
+    offs = plane.to(tl.int64) * (OD * OH * OW) + (od * OH + oh) * OW + ow
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
-'''
+"""
 
-_PHASED_SOURCE = '''
+_PHASED_SOURCE = """
 import triton
 import triton.language as tl
-
+{helpers}
 
 @triton.jit
 def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, CG, COG,
@@ -331,6 +346,9 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, C
     bd = (rd + PD - k0d) // SD
     bh = (rh + PH - k0h) // SH
     bw = (rw + PW - k0w) // SW
+    td = (KD - k0d + SD - 1) // SD  # the taps that reach this phase, per dim
+    th = (KH - k0h + SH - 1) // SH
+    tw = (KW - k0w + SW - 1) // SW
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     qw = rm % QW
     t = rm // QW
@@ -348,34 +366,24 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, C
     DHW = D * H * W
     x_rows = X + (nb * C_IN + g * CG).to(tl.int64) * DHW
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for jd in range(0, (KD - k0d + SD - 1) // SD):
-        kd = k0d + jd * SD
+    KSTEPS = tl.cdiv(CG, BLOCK_K)
+    for step in range(td * th * tw * KSTEPS):  # one flat loop, as in the gather form
+        j = step // KSTEPS
+        c0 = (step - j * KSTEPS) * BLOCK_K
+        jd = j // (th * tw)
+        jh = (j // tw) % th
+        jw = j % tw
         id_ = qd + bd - jd
-        for jh in range(0, (KH - k0h + SH - 1) // SH):
-            kh = k0h + jh * SH
-            ih = qh + bh - jh
-            for jw in range(0, (KW - k0w + SW - 1) // SW):
-                kw = k0w + jw * SW
-                iw = qw + bw - jw
-                ok = m_ok & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                tap = (kd * KH + kh) * KW + kw
-                a_ptrs = x_rows[:, None] + ((id_ * H + ih) * W + iw)[:, None] + rk[None, :].to(tl.int64) * DHW
-                b_ptrs = Wp + ((g * TAPS + tap) * CG + rk)[:, None] * COG + rn[None, :]
-                for c0 in range(0, CG, BLOCK_K):
-                    c_ok = (c0 + rk) < CG
-                    a = tl.load(a_ptrs, mask=ok[:, None] & c_ok[None, :], other=0.0)
-                    b = tl.load(b_ptrs, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
-                    acc += tl.dot(a, b, input_precision=PRECISION)
-                    a_ptrs += BLOCK_K * DHW
-                    b_ptrs += BLOCK_K * COG
-    ODHW = OD * OH * OW
-    co = g * COG + rn
-    chan = co[None, :]
-    offs = (nb.to(tl.int64) * CO * ODHW + (od * OH + oh) * OW + ow)[:, None] + (co.to(tl.int64) * ODHW)[None, :]
-    mask = m_ok[:, None] & n_ok[None, :]
+        ih = qh + bh - jh
+        iw = qw + bw - jw
+        ok = m_ok & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        tap = ((k0d + jd * SD) * KH + k0h + jh * SH) * KW + k0w + jw * SW
+        acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok, Wp, (g * TAPS + tap) * CG, c0, rk, rn, n_ok,
+                           CG, COG, DHW, PRECISION)
+    chan, offs, mask = output_tile(nb, od, oh, ow, g, rn, m_ok, n_ok, CO, COG, OD, OH, OW)
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
-'''
+"""
 
 
 def phase_plan(phase: int, kernel: int, stride: int, padding: int) -> tuple[int, int, int]:
@@ -421,12 +429,6 @@ def gemm_configs(precision: str, cg: int, cog: int, m: int) -> list[Any]:
     return configs
 
 
-def direct_configs() -> list[Any]:
-    import triton
-
-    return [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((256, 4), (512, 4), (128, 4))]
-
-
 class ConvKernel:
     """One convolution region's compiled kernel (built on its first call, for its spec, epilogue and precision)."""
 
@@ -436,16 +438,18 @@ class ConvKernel:
         self.spec, self.chain, self.precision = spec, chain, precision
         self._kernels: dict[str, Any] = {}
 
-    def _kernel(self, form: str, cg: int, cog: int, m: int) -> Any:
+    def _kernel(self, form: str, cg: int, cog: int, m: int, out_hw: tuple[int, int] = (1, 1)) -> Any:
         """form: "direct", "gemm" or "phased"."""
         if form not in self._kernels:
             params, lines = triton_lines(self.chain)
             template = {"direct": _DIRECT_SOURCE, "gemm": _GEMM_SOURCE, "phased": _PHASED_SOURCE}[form]
             source = template.format(epi_params="".join(f"{p}, " for p in params), coords=_COORDS,
-                                     epilogue="\n".join(lines))
+                                     epilogue="\n".join(lines), helpers=_GEMM_HELPERS, plane_tile=plane.PLANE_TILE)
             module = codegen.load_source(source, f"conv_{form}")
-            configs = direct_configs() if form == "direct" else gemm_configs(self.precision, cg, cog, m)
-            key = ["TOTAL", "CG", "COG"] if form == "direct" else ["M", "CG", "COG"]
+            if form == "direct":
+                configs, key = plane.configs(*out_hw), ["CO", "OD", "OH", "OW", "CG"]
+            else:
+                configs, key = gemm_configs(self.precision, cg, cog, m), ["M", "CG", "COG"]
             self._kernels[form] = codegen.autotuned(module.kernel, configs, key)
         return self._kernels[form]
 
@@ -467,10 +471,9 @@ class ConvKernel:
                         DW=p3["dilation"][2], KD=kd, KH=kh, KW=kw, TRANSPOSED=spec.transposed)
         direct = uses_direct(spec, x.shape, weight.shape)
         if direct:
-            total = y.numel()
-            kernel = self._kernel("direct", cg, cog, total)
-            kernel[lambda meta: (triton_cdiv(total, meta["BLOCK"]),)](
-                x, weight.contiguous(), y, *operands, total, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry)
+            kernel = self._kernel("direct", cg, cog, 0, (oh, ow))
+            kernel[plane.grid(n * co, od, oh, ow)](
+                x, weight.contiguous(), y, *operands, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry)
         elif uses_phases(spec):
             sd, sh, sw = p3["stride"]
             qd, qh, qw = -(-od // sd), -(-oh // sh), -(-ow // sw)

@@ -1,6 +1,6 @@
 """Max and average pooling, 1-D to 3-D (kernel, stride, padding, dilation for max, count_include_pad for average),
-one lane per output element with the window unrolled, and the epilogue chain before the store (`chan`: the
-channel). Like the convolutions, every pooling runs as a 3-D one.
+one program per block of an output plane (templates.plane) with the window unrolled, and the epilogue chain before
+the store (`chan`: the channel). Like the convolutions, every pooling runs as a 3-D one.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.templates import codegen, plane
 from farm_agent.tuner.templates.epilogue import Step, triton_lines
 
 
@@ -113,38 +113,34 @@ def window_reference(x: torch.Tensor, spec: PoolSpec) -> torch.Tensor:
     return acc.reshape(*lead, *out_shape[-spec.dims:]).to(x.dtype)
 
 
-_SOURCE = '''
+_SOURCE = """
 import triton
 import triton.language as tl
-
+{plane_tile}
 
 @triton.jit
-def kernel(X, Y, {epi_params}TOTAL, C, D, H, W, OD, OH, OW,
+def kernel(X, Y, {epi_params}C, D, H, W, OD, OH, OW,
            KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, SD: tl.constexpr, SH: tl.constexpr,
            SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr, PW: tl.constexpr, DD: tl.constexpr,
-           DH: tl.constexpr, DW: tl.constexpr, IS_MAX: tl.constexpr, INCLUDE_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < TOTAL
-    ow = offs % OW
-    t = offs // OW
-    oh = t % OH
-    t = t // OH
-    od = t % OD
-    plane = t // OD
-    chan = plane % C
-    base = X + plane * D * H * W
+           DH: tl.constexpr, DW: tl.constexpr, IS_MAX: tl.constexpr, INCLUDE_PAD: tl.constexpr,
+           BH: tl.constexpr, BW: tl.constexpr):
+    plane, od, oh, ow, mask = plane_tile(OD, OH, OW, BH, BW)
+    chan = plane % C + tl.zeros((BH, BW), dtype=tl.int32)
+    base = X + plane.to(tl.int64) * (D * H * W)
     if IS_MAX:
-        acc = tl.full((BLOCK,), float("-inf"), dtype=tl.float32)
+        acc = tl.full((BH, BW), float("-inf"), dtype=tl.float32)
     else:
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    count = tl.zeros((BLOCK,), dtype=tl.float32)
+        acc = tl.zeros((BH, BW), dtype=tl.float32)
+    count = tl.zeros((BH, BW), dtype=tl.float32)
     for kd in tl.static_range(KD):
         id_ = od * SD - PD + kd * DD
+        d_ok = (id_ >= 0) & (id_ < D)
         for kh in tl.static_range(KH):
             ih = oh * SH - PH + kh * DH
+            h_ok = d_ok & (ih >= 0) & (ih < H)
             for kw in tl.static_range(KW):
                 iw = ow * SW - PW + kw * DW
-                ok = (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                ok = h_ok & (iw >= 0) & (iw < W)
                 if IS_MAX:
                     v = tl.load(base + (id_ * H + ih) * W + iw, mask=mask & ok, other=float("-inf"))
                     acc = tl.maximum(acc, v)
@@ -157,9 +153,10 @@ def kernel(X, Y, {epi_params}TOTAL, C, D, H, W, OD, OH, OW,
             acc = acc / (KD * KH * KW)
         else:
             acc = acc / count
+    offs = plane.to(tl.int64) * (OD * OH * OW) + (od * OH + oh) * OW + ow
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
-'''
+"""
 
 
 class PoolKernel:
@@ -168,26 +165,23 @@ class PoolKernel:
         self._kernel: Any = None
 
     def __call__(self, x: torch.Tensor, operands: Sequence[torch.Tensor]) -> torch.Tensor:
-        import triton
-
         spec = self.spec
         out_shape = spec.output_shape(x.shape)
+        d, h, w = _three(x.shape[-spec.dims:], 1)
+        od, oh, ow = _three(out_shape[-spec.dims:], 1)
         if self._kernel is None:
             params, lines = triton_lines(self.chain)
             module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
-                                                        epilogue="\n".join(lines)), "pool")
-            configs = [triton.Config({"BLOCK": b}, num_warps=w) for b, w in ((512, 4), (1024, 4), (256, 2))]
-            self._kernel = codegen.autotuned(module.kernel, configs, ["TOTAL"])
+                                                        epilogue="\n".join(lines), plane_tile=plane.PLANE_TILE), "pool")
+            self._kernel = codegen.autotuned(module.kernel, plane.configs(oh, ow), ["OD", "OH", "OW"])
         x = x.contiguous()
         y = torch.empty(out_shape, device=x.device, dtype=torch.float32)
         channels = x.shape[-spec.dims - 1] if x.dim() > spec.dims else 1
-        d, h, w = _three(x.shape[-spec.dims:], 1)
-        od, oh, ow = _three(out_shape[-spec.dims:], 1)
+        planes = x.numel() // (d * h * w)
         k3, s3, p3, d3 = (_three(spec.kernel, 1), _three(spec.stride, 1), _three(spec.padding, 0),
                           _three(spec.dilation, 1))
-        total = y.numel()
-        self._kernel[lambda meta: (triton.cdiv(total, meta["BLOCK"]),)](
-            x, y, *operands, total, channels, d, h, w, od, oh, ow, KD=k3[0], KH=k3[1], KW=k3[2], SD=s3[0], SH=s3[1],
+        self._kernel[plane.grid(planes, od, oh, ow)](
+            x, y, *operands, channels, d, h, w, od, oh, ow, KD=k3[0], KH=k3[1], KW=k3[2], SD=s3[0], SH=s3[1],
             SW=s3[2], PD=p3[0], PH=p3[1], PW=p3[2], DD=d3[0], DH=d3[1], DW=d3[2], IS_MAX=spec.kind == "max",
             INCLUDE_PAD=spec.count_include_pad)
         return y
