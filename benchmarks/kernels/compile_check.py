@@ -1,6 +1,7 @@
 """Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
-ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each precision;
-GEMM; pooling max and average; each row op one-pass and looped), each with an epilogue chain of every operand kind.
+ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
+precision; GEMM and pairwise distances; pooling max and average; each row op one-pass and looped), each with an
+epilogue chain of every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 
@@ -84,14 +85,17 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                           {"X": "*fp32", "Wt": "*fp32", "Y": "*fp32", **epi_types(params),
                            **ints("C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
                           {**geometry, "TRANSPOSED": transposed, "BH": bh, "BW": bw}, warps, 2))
-    module = codegen.load_source(gemm._SOURCE.format(epi_params=epi, epilogue="\n".join(lines)), "check_gemm")
-    for precision, (bm, bn, bk, warps, stages) in (("ieee", (128, 128, 16, 8, 2)), ("tf32x3", (128, 128, 32, 8, 3)),
-                                                   ("tf32", (128, 256, 32, 8, 3))):
-        found.append((f"gemm {precision}", module.kernel,
-                      {"A": "*fp32", "B": "*fp32", "Y": "*fp32", **epi_types(params),
-                       **ints("M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn")},
-                      {"PRECISION": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, warps,
-                      stages))
+    for distance in (False, True):
+        module = codegen.load_source(gemm.GemmKernel(CHAIN, "ieee", distance=distance).source(), "check_gemm")
+        norms = {"XN": "*fp32", "YN": "*fp32", "s_yn": "i32"} if distance else {}
+        for precision, (bm, bn, bk, warps, stages) in (("ieee", (128, 128, 16, 8, 2)),
+                                                       ("tf32x3", (128, 128, 32, 8, 3)),
+                                                       ("tf32", (128, 256, 32, 8, 3))):
+            found.append((f"{'distance' if distance else 'gemm'} {precision}", module.kernel,
+                          {"A": "*fp32", "B": "*fp32", "Y": "*fp32", **norms, **epi_types(params),
+                           **ints("M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn")},
+                          {"PRECISION": precision, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                          warps, stages))
     module = codegen.load_source(pool._SOURCE.format(epi_params=epi, epilogue="\n".join(lines),
                                                      plane_tile=plane.PLANE_TILE), "check_pool")
     for is_max, (bh, bw, warps) in ((True, (16, 128, 8)), (False, (1, 1024, 4))):

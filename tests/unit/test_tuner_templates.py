@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 import types
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,15 +22,19 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from farm_agent.tuner.candidates import build
-from farm_agent.tuner.templates import codegen
+from farm_agent.tuner.problem import load_problem
+from farm_agent.tuner.templates import codegen, plane
 from farm_agent.tuner.templates.conv import (ConvSpec, gather_reference, packed_weight, phase_plan, source_coords,
                                              torch_conv, uses_direct, uses_phases)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
-from farm_agent.tuner.templates.matcher import ConvRegion, GemmRegion, PoolRegion, RowRegion, regions, rewrite
+from farm_agent.tuner.templates.gemm import GemmKernel
+from farm_agent.tuner.templates.matcher import (ConvRegion, DistanceRegion, GemmRegion, PoolRegion, RowRegion, regions,
+                                                rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.rowreduce import RowSpec, torch_rows
 
 torch.manual_seed(0)
+PROBLEMS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "problems"
 
 CONVS = [  # (spec, input shape, weight shape)
     (ConvSpec(1, (1,), (0,), (1,)), (2, 6, 17), (5, 6, 3)),
@@ -136,6 +142,26 @@ def test_pool_specs_come_from_modules_and_refuse_ceil_mode() -> None:
         PoolSpec.of(nn.MaxPool1d(2, ceil_mode=True))
     with pytest.raises(ValueError, match="half the kernel"):
         PoolSpec("max", 1, (3,), (1,), (2,), (1,))
+
+
+@pytest.mark.parametrize(("od", "oh", "ow"), [(1, 1, 37), (1, 1, 3000), (3, 11, 9), (2, 30, 56), (1, 1, 1)])
+def test_the_plane_tiles_cover_every_output_once(od: int, oh: int, ow: int) -> None:
+    planes = 3
+    for bh, bw, _ in plane.tile_shapes(oh, ow):
+        seen: Counter[tuple[int, ...]] = Counter()
+        for pid in range(plane.programs(planes, od, oh, ow, bh, bw)):
+            p, d, rows, cols = plane.plane_coords(pid, od, oh, ow, bh, bw)
+            assert p < planes and d < od
+            seen.update((p, d, r, c) for r in rows for c in cols if r < oh and c < ow)  # the kernel's mask
+        assert len(seen) == planes * od * oh * ow and set(seen.values()) == {1}
+
+
+def test_plane_tiles_fit_the_output() -> None:
+    assert plane.tile_shapes(1, 4096) == [(1, 1024, 4), (1, 1024, 8), (1, 512, 4)]  # a 1-D output: one long row
+    assert [(bh, bw) for bh, bw, _ in plane.tile_shapes(112, 112)] == [(8, 128), (16, 128), (4, 128)]
+    assert [(bh, bw) for bh, bw, _ in plane.tile_shapes(56, 56)] == [(16, 64), (32, 64), (8, 64)]
+    assert plane.tile_shapes(3, 5) == [(4, 8, 4), (4, 8, 8)]  # no tile much larger than the output
+    assert plane.grid(6, 2, 56, 56)({"BH": 16, "BW": 64}) == (6 * 2 * 4 * 1,)
 
 
 def test_row_specs_view_inputs_as_rows() -> None:
@@ -334,6 +360,59 @@ def test_a_region_whose_template_fails_falls_back_and_records_why(monkeypatch: p
     assert list(codegen.FAILURES.values()) == ["RuntimeError: PassManager::run failed"]
 
 
+class Kernels(nn.Module):
+    """Pairwise distances, written the ways models write them, each followed by an elementwise chain."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rbf = torch.exp(-0.5 * torch.cdist(x, y))  # a Gaussian kernel: the chain is fused into the GEMM
+        near = torch.cdist(x, y, compute_mode="use_mm_for_euclid_dist") + z  # a full-shaped operand
+        return rbf, near
+
+
+def test_the_matcher_turns_pairwise_distances_into_the_distance_gemm() -> None:
+    model, x, y, z = Kernels().eval(), torch.randn(40, 7), torch.randn(30, 7), torch.randn(40, 30)
+    for precision in ("ieee", "tf32x3"):  # fused work: a region even where a bare fp32 GEMM is left to cuBLAS
+        rewritten, counts = rewrite(model, [x, y, z], precision)
+        assert counts == {"distance": 2}
+        assert sorted(r.describe() for r in regions(rewritten)) == [f"cdist {precision} add[full]",
+                                                                     f"cdist {precision} mul[scalar]+exp"]
+        for got, want in zip(rewritten(x, y, z), model(x, y, z), strict=True):
+            torch.testing.assert_close(got, want)
+    batched = torch.randn(2, 40, 7), torch.randn(2, 30, 7), torch.randn(2, 40, 30)
+    assert rewrite(model, list(batched), "ieee")[1] == {"distance": 2}
+
+
+def test_distances_pytorch_computes_directly_are_left_alone() -> None:
+    class Others(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (torch.cdist(x, y, p=1.0), torch.cdist(x, y, compute_mode="donot_use_mm_for_euclid_dist"),
+                    torch.cdist(x[:20], y[:20]))  # at most 25 rows each: PyTorch's direct form
+
+    x, y = torch.randn(40, 7), torch.randn(30, 7)
+    assert rewrite(Others(), [x, y], "tf32x3")[1] == {}
+
+
+def test_distance_kernel_source_adds_the_norms_before_the_chain() -> None:
+    source = GemmKernel((Step("exp"),), "ieee", distance=True).source()
+    assert "def kernel(A, B, Y, XN, YN, s_yn, M, N, K," in source
+    assert source.index("tl.sqrt_rn(tl.maximum(xn[:, None] + yn[None, :] - 2.0 * acc, 0.0))") < \
+        source.index("acc = tl.exp(acc)")
+    assert "XN" not in GemmKernel((Step("exp"),), "ieee").source()
+
+
+@pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
+                                             ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
+                                             ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
+                                             ("conv_transpose3d_bn_relu", {"conv": 1})])
+def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
+    problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
+    rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
+    assert counts == kinds
+    if name in ("depthwise_bn_hardswish", "conv_transpose3d_bn_relu"):  # BatchNorm and the activation fused
+        assert [r.describe().split()[-1] for r in regions(rewritten)] in (
+            ["add[channel]+mul[channel]+add[channel]+relu"], ["mul[channel]+add[channel]+hardswish"])
+
+
 # --- under Triton's CPU interpreter, where Triton is installed ---------------------------------------------------
 
 
@@ -376,3 +455,28 @@ def test_every_conv_form_runs_under_the_interpreter(interpreter: None) -> None:
             torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
         assert not regions(rewritten)[0].failed, codegen.FAILURES
 
+
+
+def test_every_pool_form_runs_under_the_interpreter(interpreter: None) -> None:
+    for spec, shape in POOLS:
+        region = PoolRegion(spec, (Step("mul", "channel"), Step("relu")), [("arg", 0)])
+        x = torch.randn(shape)
+        scale = torch.randn(shape[-spec.dims - 1])
+        want = torch.relu(torch_pool(x, spec) * scale.reshape(-1, *[1] * spec.dims))
+        torch.testing.assert_close(region(x, scale), want, rtol=1e-5, atol=1e-5)
+        assert not region.failed, codegen.FAILURES
+
+
+def test_the_distance_gemm_runs_under_the_interpreter(interpreter: None) -> None:
+    model = Kernels().eval()
+    for shapes in (((40, 7), (30, 7), (40, 30)), ((2, 33, 5), (2, 27, 5), (2, 33, 27)), ((2, 33, 5), (27, 5),
+                                                                                         (2, 33, 27))):
+        x, y, z = (torch.randn(s) for s in shapes)
+        for precision in ("ieee", "tf32x3"):
+            rewritten, counts = rewrite(model, [x, y, z], precision)
+            assert counts == {"distance": 2}
+            with torch.no_grad():
+                for got, want in zip(rewritten(x, y, z), model(x, y, z), strict=True):
+                    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+            assert all(isinstance(r, DistanceRegion) for r in regions(rewritten))

@@ -37,15 +37,15 @@ from typing import Any
 
 import torch
 
-# Imported up front, in the fork server, once: FlopCounterMode needs dynamo (seconds to import) and torch.compile
-# needs inductor; importing them in every child would cost each child those seconds.
+# Imported up front, in the fork server, once: FlopCounterMode (farm_agent.tuner.flops) needs dynamo (seconds to
+# import) and torch.compile needs inductor; importing them in every child would cost each child those seconds.
 import torch._dynamo  # noqa: F401
 import torch._inductor  # noqa: F401
 from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.compile_worker.subproc_pool import SubprocPool
 from torch._inductor.compile_worker.timer import Timer as InductorTimer
-from torch.utils.flop_counter import FlopCounterMode
 
+from farm_agent.tuner.flops import flop_counter
 from farm_agent.tuner.problem import MODEL_SEED, Problem, import_candidate, load_problem, one_line
 
 # The worker's own references to what it times and checks with, taken before any candidate code runs: a candidate
@@ -337,7 +337,7 @@ class Session:
         for i, value in enumerate(inputs):
             if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(value.ne(0).any()):
                 raise ValueError(f"get_inputs()[{i}] is all zeros: inputs must be random, never zeros")
-        with torch.no_grad(), strict_precision(), FlopCounterMode(display=False) as counter:
+        with torch.no_grad(), strict_precision(), flop_counter() as counter:
             out = tensors_of(self.reference(*inputs), "Model")
         self.sync()
         for i, t in enumerate(out):

@@ -5,6 +5,10 @@ runs on the grid's second axis (a broadcast operand has batch stride 0). Tiles a
 blocks that share the B columns while they are in L2. The epilogue (bias, scale, activation, residual, clamp ...)
 runs on the accumulator before the single store: `chan` is the output column, `offs` the element's flat offset.
 
+Pairwise Euclidean distances (torch.cdist, p = 2) are the same kernel with `distance` on: the product x @ y^T and,
+before the epilogue, sqrt(max(|x_i|^2 + |y_j|^2 - 2 x_i.y_j, 0)) with the squared norms read per row and column
+(computed beforehand, as PyTorch's own matrix form of cdist does): one pass where eager makes several.
+
 precision: "ieee" (fp32 FMA), "tf32x3" (split-TF32, fp32-level error), "tf32" (lowers precision).
 """
 
@@ -26,7 +30,7 @@ import triton.language as tl
 
 
 @triton.jit
-def kernel(A, B, Y, {epi_params}M, N, K, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
+def kernel(A, B, Y, {distance_params}{epi_params}M, N, K, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
            PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
            GROUP_M: tl.constexpr):
     pid = tl.program_id(0)
@@ -54,9 +58,16 @@ def kernel(A, B, Y, {epi_params}M, N, K, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
     chan = rn[None, :]
     offs = batch * M * N + rm[:, None].to(tl.int64) * N + rn[None, :]
     mask = (rm[:, None] < M) & (rn[None, :] < N)
+{distance}
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
 '''
+
+
+_DISTANCE = """\
+    xn = tl.load(XN + batch * M + rm, mask=rm < M, other=0.0)
+    yn = tl.load(YN + batch * s_yn + rn, mask=rn < N, other=0.0)
+    acc = tl.sqrt_rn(tl.maximum(xn[:, None] + yn[None, :] - 2.0 * acc, 0.0))"""
 
 
 def configs(precision: str, m: int, n: int, k: int) -> list[Any]:
@@ -100,24 +111,33 @@ def batched_views(a: torch.Tensor, bt: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 class GemmKernel:
-    def __init__(self, chain: tuple[Step, ...], precision: str) -> None:
+    def __init__(self, chain: tuple[Step, ...], precision: str, distance: bool = False) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}")
-        self.chain, self.precision = chain, precision
+        self.chain, self.precision, self.distance = chain, precision, distance
         self._kernel: Any = None
 
+    def source(self) -> str:
+        params, lines = triton_lines(self.chain)
+        return _SOURCE.format(epi_params="".join(f"{p}, " for p in params), epilogue="\n".join(lines),
+                              distance_params="XN, YN, s_yn, " if self.distance else "",
+                              distance=_DISTANCE if self.distance else "")
+
     def __call__(self, a: torch.Tensor, bt: torch.Tensor, operands: Sequence[torch.Tensor]) -> torch.Tensor:
+        """chain(a @ bt), or with `distance` chain(the distances between a's rows and bt's columns)."""
         a3, b3, out_shape = batched_views(a, bt)
         batches, m, k = a3.shape
         n = b3.shape[-1]
         if self._kernel is None:
-            params, lines = triton_lines(self.chain)
-            module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
-                                                        epilogue="\n".join(lines)), "gemm")
+            module = codegen.load_source(self.source(), "distance" if self.distance else "gemm")
             self._kernel = codegen.autotuned(module.kernel, configs(self.precision, m, n, k), ["M", "N", "K"])
         y = torch.empty((batches, m, n), device=a.device, dtype=torch.float32)
         s_bb = b3.stride(0) if b3.shape[0] > 1 else 0
+        norms: list[Any] = []
+        if self.distance:  # squared norms of a's rows and bt's columns, in the views' batch layout
+            yn = b3.square().sum(1).contiguous()
+            norms = [a3.square().sum(2).contiguous(), yn, n if yn.shape[0] > 1 else 0]
         self._kernel[lambda meta: (-(-m // meta["BLOCK_M"]) * -(-n // meta["BLOCK_N"]), batches)](
-            a3, b3, y, *operands, m, n, k, a3.stride(0), a3.stride(1), a3.stride(2), s_bb, b3.stride(1),
+            a3, b3, y, *norms, *operands, m, n, k, a3.stride(0), a3.stride(1), a3.stride(2), s_bb, b3.stride(1),
             b3.stride(2), PRECISION=self.precision)
         return y.reshape(out_shape)

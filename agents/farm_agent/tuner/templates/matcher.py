@@ -1,12 +1,12 @@
 """The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
 
-A region is an anchor (a convolution, a GEMM, a pooling, a row reduction or normalisation) and the elementwise chain
-that follows it: each next node is the previous one's only user and applies one elementwise op to it, with at most
-one other operand that is a number, a per-channel vector (a bias, a BatchNorm in eval, a learned scale) or a tensor
-of the output's own shape (a residual). The anchor can be a module (nn.Conv2d, nn.Linear, nn.MaxPool3d, nn.GroupNorm
-...), a function (F.linear, torch.matmul, torch.softmax, torch.logsumexp ...) or a method (x.softmax(-1), x.mean(...)),
-written anywhere in the forward: the graph is what is matched, not the module tree. Everything else stays as it was,
-for eager or Inductor to run.
+A region is an anchor (a convolution, a GEMM, pairwise distances, a pooling, a row reduction or normalisation)
+and the elementwise chain that follows it: each next node is the previous one's only user and applies one
+elementwise op to it, with at most one other operand that is a number, a per-channel vector (a bias, a BatchNorm in
+eval, a learned scale) or a tensor of the output's own shape (a residual). The anchor can be a module (nn.Conv2d,
+nn.Linear, nn.MaxPool3d, nn.GroupNorm ...), a function (F.linear, torch.matmul, torch.cdist, torch.softmax,
+torch.logsumexp ...) or a method (x.softmax(-1), x.mean(...)), written anywhere in the forward: the graph is what is
+matched, not the module tree. Everything else stays as it was, for eager or Inductor to run.
 
 Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
 against the region's output. A model fx cannot trace as a whole has its children matched one by one.
@@ -168,6 +168,28 @@ class GemmRegion(TemplateRegion):
 
     def describe(self) -> str:
         return f"gemm {self.precision} {super().describe()}"
+
+
+class DistanceRegion(TemplateRegion):
+    """torch.cdist(x, y) (p = 2, in PyTorch's matrix form): the distance GEMM, its chain on the distances."""
+
+    kind = "distance"
+
+    def __init__(self, chain: Sequence[Step], sources: Sequence[tuple[str, Any]], precision: str) -> None:
+        super().__init__(chain, sources, 2, -1)
+        self.precision = precision
+        self.kernel = GemmKernel(self.chain, precision, distance=True)
+
+    def produce(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cdist(x, y, compute_mode="use_mm_for_euclid_dist")
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        x, y = inputs
+        out_shape = (*torch.broadcast_shapes(x.shape[:-2], y.shape[:-2]), x.shape[-2], y.shape[-2])
+        return self.kernel(x, y.transpose(-1, -2), kernel_operands(self.chain, operands, out_shape))
+
+    def describe(self) -> str:
+        return f"cdist {self.precision} {super().describe()}"
 
 
 class PoolRegion(TemplateRegion):
@@ -337,6 +359,8 @@ class Matcher:
                 return GemmRegion(None, chain, sources, precision)
 
             return Anchor("gemm", [a, b], -1, make_matmul)  # type: ignore[list-item]
+        if node.op == "call_function" and node.target is torch.cdist:
+            return self._distance(node)
         pool = self._pool(node, mod)
         if pool is not None:
             spec = pool
@@ -346,6 +370,27 @@ class Matcher:
 
             return Anchor("pool", [node.args[0]], -(spec.dims + 1), make_pool)  # type: ignore[list-item]
         return self._rows(node, mod, out)
+
+    def _distance(self, node: fx.Node) -> Anchor | None:
+        """torch.cdist(x, y, p=2) where PyTorch itself takes its matrix form (the same arithmetic as the template;
+        where it computes the differences directly, near-equal rows keep more digits than a product form can)."""
+        args = dict(zip(("x1", "x2", "p", "compute_mode"), node.args, strict=False)) | dict(node.kwargs)
+        x, y = args.get("x1"), args.get("x2")
+        mode = args.get("compute_mode") or "use_mm_for_euclid_dist_if_necessary"
+        if not isinstance(x, fx.Node) or not isinstance(y, fx.Node) or float(args.get("p", 2.0)) != 2.0:
+            return None
+        sx, sy = _shape(x), _shape(y)
+        if sx is None or sy is None or len(sx) < 2 or len(sy) < 2 or _dtype(y) != torch.float32:
+            return None
+        if mode == "donot_use_mm_for_euclid_dist" or (mode == "use_mm_for_euclid_dist_if_necessary"
+                                                       and sx[-2] <= 25 and sy[-2] <= 25):
+            return None
+        precision = self.precision
+
+        def make_distance(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return DistanceRegion(chain, sources, precision)
+
+        return Anchor("distance", [x, y], -1, make_distance)
 
     def _pool(self, node: fx.Node, mod: nn.Module | None) -> PoolSpec | None:
         pool_types = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
@@ -635,7 +680,7 @@ class _Recorder:
 def rewrite(model: nn.Module, example_inputs: Sequence[Any], precision: str = "ieee"
             ) -> tuple[nn.Module, Counter[str]]:
     """A copy of `model` whose covered regions call template kernels, and how many regions of each kind (conv,
-    gemm, pool, rows) it has. `example_inputs`: on the model's device (one forward, for the shapes)."""
+    gemm, distance, pool, rows) it has. `example_inputs`: on the model's device (one forward, for the shapes)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}")
     model = copy.deepcopy(model).eval()
