@@ -208,8 +208,10 @@ def main() -> None:
             items = len(load_dataset(parsed.dataset, ROOT)[0])
             info = farm.head_json()
             ray_env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN"}
+            # The local farm's Ray listens on loopback only: a driver reaches it in Ray's local-only mode
+            # (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0; farm.local.RAY_START_ON_LOOPBACK says why).
             ray_env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(farm.state / "ray.token"),
-                           RAY_USAGE_STATS_ENABLED="0")
+                           RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
             cfg = {"address": info["ray_address"], "root": str(ROOT), "excludes": EXCLUDES, "cpus": 1,
                    "output": str(scratch / "ray-out"), "items": items, "shards": parsed.shards,
                    "batch_size": parsed.batch_size, "model": parsed.model, "weights": parsed.weights,

@@ -14,6 +14,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,9 +34,29 @@ def default_state_dir() -> Path:
     return Path(os.environ.get("FARM_STATE_DIR") or Path.home() / ".farm").expanduser()
 
 
+def private_folder(path: Path) -> None:
+    """Make `path` and its missing parents, each 0700 (state folders hold tokens and keys)."""
+    for folder in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
+def keep_private(folder: Path) -> None:
+    """Make `folder` 0700 and everything in it the owner's alone (folders 0700, files 0600): a state folder, as a
+    head or agent starts, whatever made its files (an older Farm, SQLite's own files, a copy)."""
+    private_folder(folder)
+    folder.chmod(0o700)
+    for parent, folders, files in os.walk(folder):
+        for name in folders:
+            os.chmod(os.path.join(parent, name), 0o700, follow_symlinks=False)
+        for name in files:
+            path = os.path.join(parent, name)
+            if not os.path.islink(path):
+                os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o700)
+
+
 def write_private(path: Path, data: bytes) -> None:
     """Write atomically, readable by the owner only (state files hold tokens)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, 0o600)
@@ -106,9 +127,11 @@ def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None
     """Start a process in its own session (it outlives the terminal), output appended to `log`. With
     `die_with_parent` (Linux), it gets SIGTERM when the calling thread dies, however it dies. With `user`, it runs
     as that user (this process being root), with no supplementary groups."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(log.parent)
     as_user: dict[str, Any] = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    with open(log, "ab") as out:
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # a log is state: the owner's alone
+    os.fchmod(fd, 0o600)
+    with open(fd, "ab") as out:
         return subprocess.Popen(
             list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(env) if env is not None else None,
@@ -191,14 +214,44 @@ def ray_executable() -> str:
     return str(candidate) if candidate.exists() else "ray"
 
 
-def ray_env(token_path: Path) -> dict[str, str]:
-    """The environment for Ray processes and drivers: token authentication, with Farm's own token file."""
+def on_loopback(address: str) -> bool:
+    return address in ("localhost", "::1") or address.startswith("127.")
+
+
+# `ray start` for a node on loopback. Ray 2.60 never keeps a node there: it turns `--node-ip-address 127.0.0.1`, and a
+# GCS address on 127.0.0.1, into the machine's reachable address (ray._private.services.resolve_ip_for_localhost),
+# and its GCS, raylet and object manager then listen on every interface: a head started with --host 127.0.0.1 had
+# Ray open to the network. This program keeps loopback addresses as they are; the node's Ray processes get Ray's
+# local-only mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, see ray_env), in which they take this host's address to be
+# 127.0.0.1, and the one check that mode makes (no worker node may join) is lifted for `ray start` alone. It imports
+# Ray's modules only: the node may run as a user who cannot reach Farm's.
+RAY_START_ON_LOOPBACK = """\
+import sys
+from ray._private import ray_constants, services
+from ray._raylet import get_localhost_ip, is_localhost
+services.resolve_ip_for_localhost = lambda host: get_localhost_ip() if is_localhost(host) else host
+ray_constants.ENABLE_RAY_CLUSTER = True
+from ray.scripts.scripts import main
+sys.exit(main())
+"""
+
+
+def ray_start_command(args: Sequence[str], loopback: bool) -> list[str]:
+    """`ray start ARGS`; for a node on loopback through RAY_START_ON_LOOPBACK."""
+    if loopback:
+        return [sys.executable, "-P", "-c", RAY_START_ON_LOOPBACK, "start", *args]
+    return [ray_executable(), "start", *args]
+
+
+def ray_env(token_path: Path, loopback: bool = False) -> dict[str, str]:
+    """The environment for Ray processes and drivers: token authentication, with Farm's own token file; for a node
+    on loopback, Ray's local-only mode (RAY_START_ON_LOOPBACK says why)."""
     env = dict(os.environ)
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("FARM_JOIN_TOKEN", None)  # `farm agent start`'s: Ray's processes, job code among them, get none of it
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: Ray 2.60 refuses worker nodes on macOS without it (the default on Linux).
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token_path), RAY_USAGE_STATS_ENABLED="0",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0" if loopback else "1")
     # NVLink multicast (NVLS) off for the NCCL groups of multi-GPU training: on shared multi-GPU hosts a program
     # using it can put the host's GPUs out of service for everyone. An environment that sets these keeps its values.
     for name, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
@@ -233,7 +286,9 @@ class RayProcess:
         folders it unpacks job code into 0777, so nobody else on the machine may reach them), its HOME, holding its
         own copy of the Ray token; removed when the node stops."""
         temp_dir = ["--temp-dir", str(folder / "r")] if folder is not None else []
-        self.args = [ray_executable(), "start", "--block", "--disable-usage-stats", *args, *temp_dir]
+        node_ip = next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--node-ip-address"), "")
+        self.loopback = on_loopback(node_ip)
+        self.args = ray_start_command(["--block", "--disable-usage-stats", *args, *temp_dir], self.loopback)
         self.token_path = token_path
         self.log = log
         self.record = record
@@ -261,7 +316,7 @@ class RayProcess:
                 if self.stopped:
                     return
                 offset = self.log.stat().st_size if self.log.exists() else 0
-                env = ray_env(token_path)
+                env = ray_env(token_path, loopback=self.loopback)
                 if self.folder is not None:
                     env["HOME"] = str(self.folder)
                 if self.user is not None:

@@ -27,7 +27,9 @@ import psutil
 
 from farm.core.errors import AgentError, FarmError
 from farm.core.models import BackendName, BackendOffer, Hardware
-from farm.local import RayProcess, local_ip_towards, python_command, ray_temp_dir, read_json, write_json, write_private
+from farm.local import (
+    RayProcess, keep_private, local_ip_towards, python_command, ray_temp_dir, read_json, write_json, write_private,
+)
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
 from farm_agent.entry import NODE_LABEL
@@ -318,8 +320,7 @@ async def probe_machine(cpus: int) -> tuple[Hardware, list[BackendOffer], str]:
 
 def serve(settings: AgentSettings) -> None:
     """Run the agent in the foreground until SIGTERM or SIGINT."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    settings.state_dir.chmod(0o700)  # its tokens and keys, its store and logs: this user's alone
+    keep_private(settings.state_dir)  # its tokens and keys, its logs: this user's alone
 
     async def main() -> None:
         agent = Agent(settings)

@@ -26,11 +26,11 @@ from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.gate import AuthGate
 from farm.head.jobs import Jobs
-from farm.head.ray_compat import use_ray_token
+from farm.head.ray_compat import keep_loopback, use_ray_token
 from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import RayProcess, clear_left_behind, free_port, pid_alive, read_json, write_json
+from farm.local import RayProcess, clear_left_behind, free_port, keep_private, pid_alive, read_json, write_json
 from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
 from farm.tls import HeadTLS, join_command
 
@@ -82,8 +82,7 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
           services: Sequence[HeadService] = ()) -> None:
     """Run the head in the foreground until SIGTERM or SIGINT; leaves no Ray process behind."""
     check_can_start(settings)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
-    settings.state_dir.chmod(0o700)  # its tokens and keys, its store and logs: this user's alone
+    keep_private(settings.state_dir)  # its tokens and keys, its store and logs: this user's alone
     check_store(settings.state_dir / "state.db")
     tokens = Tokens.load_or_create(settings.state_dir, settings.ray_token_path)
     use_ray_token(settings.ray_token_path)
@@ -106,6 +105,8 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     try:
         if not ray_head.running:
             raise ray_head.failure()
+        if ray_head.loopback:
+            keep_loopback()
         ray.init(address=settings.ray_address, namespace="farm", log_to_driver=False, logging_level=logging.WARNING)
         run_loop(_serve(settings, tokens, on_ready, services))
     finally:

@@ -83,7 +83,9 @@ def test_a_lender_s_task_on_the_head_s_node_cannot_read_the_head_s_secrets(
                 join_token=info["join_token"], name="lender", hardware=convert.hardware_to_pb(HW)),
                 metadata=credentials(info["join_token"]), timeout=10)
         lender = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        lender.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=reply.ray_token)
+        # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: Ray's local-only mode, in which a driver reaches a Ray kept on
+        # loopback (farm.local.RAY_START_ON_LOOPBACK) at 127.0.0.1, not at the machine's reachable address.
+        lender.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=reply.ray_token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
         stolen = subprocess.run([sys.executable, "-c", STEAL, reply.ray_address, str(state / "head.json")],
                                 capture_output=True, text=True, timeout=180, env=lender, cwd=tmp_path)
         assert stolen.returncode == 0, stolen.stderr[-2000:]

@@ -14,6 +14,8 @@ class Database:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Made 0600 before SQLite makes it (0644): the WAL and shared-memory files take the database file's mode.
+        path.touch(mode=0o600, exist_ok=True)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
