@@ -77,6 +77,16 @@ def test_channels_last_only_for_convolutions_and_no_lowered_arithmetic_without_a
         "triton-templates", "triton-templates-compile"]  # no 3xtf32/tf32 templates: they change only dots
 
 
+def test_pairwise_distances_get_the_split_tf32_templates_too() -> None:
+    class Distances(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.cdist(x, y)
+
+    offered = names(Distances(), [torch.randn(40, 8), torch.randn(30, 8)], 1e-4, "cuda")
+    assert {"triton-templates", "triton-templates-3xtf32"} <= set(offered)  # a distance region is a matrix product
+    assert "triton-templates-tf32" in names(Distances(), [torch.randn(40, 8), torch.randn(30, 8)], 1e-2, "cuda")
+
+
 def test_the_matcher_fuses_linear_with_its_activation_and_swaps_norms_and_softmax() -> None:
     model = Block().eval()
     rewritten, counts = rewrite(model, "ieee")

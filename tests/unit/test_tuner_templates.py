@@ -458,12 +458,12 @@ def test_every_conv_form_runs_under_the_interpreter(interpreter: None) -> None:
 
 
 def test_every_pool_form_runs_under_the_interpreter(interpreter: None) -> None:
-    for spec, shape in POOLS:
-        region = PoolRegion(spec, (Step("mul", "channel"), Step("relu")), [("arg", 0)])
+    for spec, shape in POOLS:  # with a per-channel and a full-shaped operand in the chain
+        region = PoolRegion(spec, (Step("mul", "channel"), Step("add", "full"), Step("relu")), [("arg", 0), ("arg", 1)])
         x = torch.randn(shape)
-        scale = torch.randn(shape[-spec.dims - 1])
-        want = torch.relu(torch_pool(x, spec) * scale.reshape(-1, *[1] * spec.dims))
-        torch.testing.assert_close(region(x, scale), want, rtol=1e-5, atol=1e-5)
+        scale, residual = torch.randn(shape[-spec.dims - 1]), torch.randn(spec.output_shape(shape))
+        want = torch.relu(torch_pool(x, spec) * scale.reshape(-1, *[1] * spec.dims) + residual)
+        torch.testing.assert_close(region(x, scale, residual), want, rtol=1e-5, atol=1e-5)
         assert not region.failed, codegen.FAILURES
 
 
@@ -480,3 +480,27 @@ def test_the_distance_gemm_runs_under_the_interpreter(interpreter: None) -> None
                     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
             assert all(isinstance(r, DistanceRegion) for r in regions(rewritten))
+
+
+def test_a_depthwise_block_with_its_residual_runs_as_one_plane_kernel_under_the_interpreter(interpreter: None) -> None:
+    class Block(nn.Module):
+        def __init__(self, conv: nn.Module) -> None:
+            super().__init__()
+            self.conv, self.bn = conv, nn.BatchNorm2d(6)
+            with torch.no_grad():
+                self.bn.running_mean.normal_()
+                self.bn.running_var.uniform_(0.5, 2.0)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.hardswish(self.bn(self.conv(x))) + x
+
+    for conv in (nn.Conv2d(6, 6, 3, padding=1, groups=6, bias=False),
+                 nn.ConvTranspose2d(6, 6, 3, padding=1, groups=6), nn.Conv2d(6, 6, (3, 5), padding=(2, 4),
+                                                                           dilation=(2, 2), groups=3)):
+        model, x = Block(conv).eval(), torch.randn(2, 6, 9, 11)
+        rewritten, counts = rewrite(model, [x], "ieee")
+        assert counts == {"conv": 1} and uses_direct(regions(rewritten)[0].spec, x.shape, conv.weight.shape)
+        assert regions(rewritten)[0].describe().endswith("hardswish+add[full]")
+        with torch.no_grad():
+            torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
+        assert not regions(rewritten)[0].failed, codegen.FAILURES

@@ -45,7 +45,7 @@ class Family:
     needs_conv: bool = False
     needs_gemm: bool = False  # the lowered arithmetic (TF32, autocast) touches only matrix products and convolutions
     needs_triton_match: bool = False
-    needs_template: str | None = None  # a template region of these kinds: "any" or "dot" (conv and GEMM regions)
+    needs_template: str | None = None  # a template region of these kinds: "any" or "dot" (DOT_REGIONS)
     params: tuple[tuple[str, Any], ...] = ()
 
 
@@ -73,6 +73,8 @@ FAMILIES: tuple[Family, ...] = (
            needs_triton_match=True, params=(("precision", "fp16"),)),
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+# The region kinds whose templates compute matrix products (the only work tf32x3 and tf32 change).
+DOT_REGIONS = ("conv", "gemm", "distance")
 BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
 # Families whose fp32 result comes from split-TF32 products (see the module's docstring): marked in tables.
 EMULATED_FP32 = frozenset({"triton-templates-3xtf32"})
@@ -114,13 +116,16 @@ def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: f
             if precision not in regions:
                 regions[precision] = template_regions(model, example_inputs, precision)
             kinds = regions[precision]
-            wanted = sum(kinds.values()) if family.needs_template == "any" else kinds.get("conv", 0) + kinds.get(
-                "gemm", 0)
-            if not wanted:
+            if not template_wanted(family.needs_template, kinds):
                 continue
         found.append(Candidate(name=family.name, transform=family.name, params=params,
                                lowers_precision=family.lowers_precision))
     return found
+
+
+def template_wanted(needs: str, kinds: dict[str, int]) -> bool:
+    """Whether region counts by kind give a template family (needs "any" region or a "dot" one) work to do."""
+    return sum(n for kind, n in kinds.items() if needs == "any" or kind in DOT_REGIONS) > 0
 
 
 def template_regions(model: nn.Module, example_inputs: Sequence[Any], precision: str) -> dict[str, int]:
