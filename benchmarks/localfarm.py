@@ -10,10 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Self
 
+import psutil
 from rich.console import Console
 
 from farm.client import Client, HeadInfo, find_head
-from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
+from farm.local import free_port, processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 # As the tests do (tests/conftest.py): a benchmark's farm runs its Ray nodes as the invoking user, whose Python may sit
@@ -81,9 +82,9 @@ class LocalFarm:
     def stop(self) -> None:
         """Agents first (they deregister from a head that still listens), then the head, then any straggler of
         theirs (only processes in the sessions they and their Ray nodes run in)."""
-        agents = [int(s["pid"]) for s in self.agent_status() if pid_alive(int(s.get("pid", 0)))]
+        agents = [int(s["pid"]) for s in self.agent_status() if recorded_alive(s)]
         info = self.head_json()
-        head = [int(info["pid"])] if pid_alive(int(info.get("pid", 0))) else []
+        head = [int(info["pid"])] if recorded_alive(info) else []
         sessions = sessions_of(agents + head) - {os.getsid(0)}
         terminate(*agents)
         if head:
@@ -97,7 +98,7 @@ class LocalFarm:
 
 def report_cleanup(console: Console, farms: list[LocalFarm]) -> None:
     left = set().union(*(f.leftover for f in farms)) if farms else set()
-    still = {pid for pid in left if pid_alive(pid)}
+    still = {pid for pid in left if psutil.pid_exists(pid)}
     if left:
         console.print(f"[yellow]cleanup: {len(left)} process(es) outlived the stop and were terminated; "
                       f"{len(still)} still alive[/]")

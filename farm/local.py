@@ -81,10 +81,31 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def pid_alive(pid: int) -> bool:
+def this_process() -> dict[str, Any]:
+    """This process as a state file records it (head.json, agent.json): its pid and its start time, which together
+    name it. A pid alone does not: once the process exits, the system gives its number to the next process."""
+    return {"pid": os.getpid(), "pid_started": psutil.Process().create_time()}
+
+
+def pid_alive(pid: int, started: float) -> bool:
+    """Whether process `pid` runs and is the one that started at `started` (its psutil create_time, recorded with
+    the pid): a process that has since taken the pid over has another start time."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        process = psutil.Process(pid)
+        # create_time is the kernel's start tick (1/100 s) over the boot time: the same in every process that reads it
+        return abs(process.create_time() - started) < 0.01 and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
+        return False
+
+
+def recorded_alive(record: Mapping[str, Any] | None) -> bool:
+    """Whether the process a state file records (this_process()) still runs. A record without a start time is not
+    trusted: its pid may be anyone's by now."""
+    if not record:
+        return False
+    try:
+        return pid_alive(int(record.get("pid", 0)), float(record.get("pid_started", 0)))
+    except (TypeError, ValueError):
         return False
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from farm.client import HeadInfo, find_head
-from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
+from farm.local import free_port, processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
 from tests.servers import s3_environment, serve_s3
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ class Cluster:
         found = {}
         for path in (self.state_dir / "agents").glob("*/agent.json"):
             status = read_json(path) or {}
-            if pid_alive(int(status.get("pid", 0))):
+            if recorded_alive(status):
                 found[str(status["name"])] = int(status["pid"])
         return found
 

@@ -28,7 +28,8 @@ import psutil
 from farm.core.errors import AgentError, FarmError
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import (
-    RayProcess, keep_private, local_ip_towards, python_command, ray_temp_dir, read_json, write_json, write_private,
+    RayProcess, keep_private, local_ip_towards, python_command, ray_temp_dir, read_json, this_process, write_json,
+    write_private,
 )
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
@@ -107,7 +108,7 @@ class Agent:
             if not self.ray.running:
                 raise self.ray.failure()
             self.status = {
-                "pid": os.getpid(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
+                **this_process(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
                 "started_at": time.time(), "state": "joining", "ray_pid": self.ray.proc.pid if self.ray.proc else 0,
             }
             write_json(settings.status_path, self.status)

@@ -24,7 +24,7 @@ from pathlib import Path
 from string import Template
 from typing import Any, Literal
 
-from farm.local import pid_alive, read_json
+from farm.local import read_json, recorded_alive
 
 Platform = Literal["linux", "darwin"]
 
@@ -284,6 +284,6 @@ def query(platform: Platform, user_scope: bool, home: Path, uid: int, run: Run =
     if name and state_dir:
         agent_dir = Path(state_dir) / "agents" / name
         running = read_json(agent_dir / "agent.json")  # pid, node id, state, busy: written while the agent runs
-        found["agent"] = running if running and pid_alive(int(running.get("pid", 0))) else None
+        found["agent"] = running if recorded_alive(running) else None
         found["node_id"] = (read_json(agent_dir / "node.json") or {}).get("node_id")
     return found

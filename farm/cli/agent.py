@@ -15,7 +15,7 @@ from farm.cli.options import Json, StateDir, state_dir
 from farm.cli.render import console, errors
 from farm.core.errors import UserError
 from farm.core.models import BackendName
-from farm.local import pid_alive, python_command, read_json, spawn_detached, terminate, wait_for, write_private
+from farm.local import python_command, read_json, recorded_alive, spawn_detached, terminate, wait_for, write_private
 
 if TYPE_CHECKING:
     from farm_agent.service import Plan
@@ -76,7 +76,7 @@ def start(
         busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
     )
     status = read_json(settings.status_path)
-    if status and pid_alive(int(status.get("pid", 0))):
+    if recorded_alive(status):
         raise UserError(f"agent {name!r} is already running (pid {status['pid']})")
     _trust_head(settings, ca)  # before detaching: a CA that does not match --ca-hash is one line here, exit 2
     _warn_if_on_command_line(token)
@@ -198,7 +198,7 @@ def stop(
     """Stop local agents: their shards are rescheduled elsewhere, their Ray nodes stop."""
     root = state_dir(state) / "agents"
     paths = [agent_dir(state_dir(state), name) / "agent.json"] if name else sorted(root.glob("*/agent.json"))
-    running = [(p, s) for p in paths if (s := read_json(p)) and pid_alive(int(s.get("pid", 0)))]
+    running = [(p, s) for p in paths if recorded_alive(s := read_json(p))]
     if not running:
         raise UserError(f"no agent{' ' + repr(name) if name else ''} running from {root}")
     terminate(*[int(status["pid"]) for _, status in running])

@@ -20,7 +20,7 @@ from farm.cli.render import console
 from farm.client import Client, find_head
 from farm.client.preflight import prepare
 from farm.core.errors import FarmError, UserError
-from farm.local import free_port, pid_alive, read_json, terminate, write_private
+from farm.local import free_port, read_json, recorded_alive, terminate, write_private
 
 SPEC = Path("examples/digits/infer.yaml")
 ACCURACY_BAR = 0.90
@@ -111,7 +111,7 @@ def _farm_all(commands: list[list[str]]) -> None:
 def _stop_all(state: Path) -> None:
     """Agents first (together), so that they deregister from a head that still listens; then the head."""
     agents = [read_json(path) or {} for path in (state / "agents").glob("*/agent.json")]
-    terminate(*[int(status["pid"]) for status in agents if pid_alive(int(status.get("pid", 0)))])
+    terminate(*[int(status["pid"]) for status in agents if recorded_alive(status)])
     info = read_json(state / "head.json") or {}
-    if pid_alive(int(info.get("pid", 0))):
+    if recorded_alive(info):
         terminate(int(info["pid"]))

@@ -12,7 +12,7 @@ import typer
 from farm.cli.options import Json, StateDir, duration, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
-from farm.local import pid_alive, primary_ip, read_json, terminate, write_json, write_private
+from farm.local import primary_ip, read_json, recorded_alive, terminate, write_json, write_private
 from farm.tls_pin import ca_hash, join_command
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def _adopt_secrets(folder: Path, settings: HeadSettings) -> None:
 
 def _start_detached(directory: Path, argv: list[str]) -> None:
     info = read_json(directory / "head.json")
-    if info and pid_alive(int(info.get("pid", 0))):
+    if recorded_alive(info):
         raise UserError(f"a head is already running from {directory} (pid {info['pid']})")
     (directory / "head.json").unlink(missing_ok=True)  # a stale one, from a head that did not stop cleanly
     log = directory / "head.log"
@@ -135,7 +135,7 @@ def stop(state: StateDir = None) -> None:
     """Stop the local head (and its Ray head)."""
     directory = state_dir(state)
     info = read_json(directory / "head.json")
-    if info is None or not pid_alive(int(info.get("pid", 0))):
+    if info is None or not recorded_alive(info):
         raise UserError(f"no head running from {directory}")
     terminate(int(info["pid"]))
     console.print(f"head {info['pid']} stopped")

@@ -13,7 +13,7 @@ import grpc
 from farm.client.preflight import PreparedJob
 from farm.core.kernels import KernelResult
 from farm.core.errors import ERRORS_BY_STATUS, FarmError, HeadUnavailableError, UserError
-from farm.local import default_state_dir, pid_alive, read_json
+from farm.local import default_state_dir, read_json, recorded_alive
 from farm.proto.v1 import fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def find_head(head: str | None = None, token: str | None = None, state_dir: Path
                         ca_pem=_read_ca(ca) if ca and not chosen.insecure else None, profile=name)
     state_dir = state_dir or default_state_dir()
     info = read_json(state_dir / "head.json")
-    if info is None or not pid_alive(int(info.get("pid", 0))):
+    if info is None or not recorded_alive(info):
         raise HeadUnavailableError(
             f"no head running from {state_dir}: start one with `farm head start`, pass --head HOST:PORT or "
             "--profile NAME, or set FARM_HEAD"

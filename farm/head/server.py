@@ -30,7 +30,9 @@ from farm.head.ray_compat import keep_loopback, use_ray_token
 from farm.head.servicers import AgentServicer, FleetServicer, JobServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import RayProcess, clear_left_behind, free_port, keep_private, pid_alive, read_json, write_json
+from farm.local import (
+    RayProcess, clear_left_behind, free_port, keep_private, read_json, recorded_alive, this_process, write_json,
+)
 from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
 from farm.tls import HeadTLS, join_command
 
@@ -60,7 +62,7 @@ def head_tls(settings: HeadSettings) -> HeadTLS:
 
 def check_can_start(settings: HeadSettings) -> None:
     info = read_json(settings.info_path)
-    if info and pid_alive(int(info.get("pid", 0))):
+    if recorded_alive(info):
         raise UserError(f"a head is already running from {settings.state_dir} (pid {info['pid']})")
     ended = clear_left_behind(settings.ray_record_path)  # the Ray head of a head killed outright holds its ports
     if ended:
@@ -193,7 +195,7 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     # the collector's full passes, which otherwise stall the event loop (and every heartbeat) for a large fleet.
     gc.freeze()
     write_json(settings.info_path, {
-        "pid": os.getpid(), "address": settings.address, "ray_address": settings.ray_address,
+        **this_process(), "address": settings.address, "ray_address": settings.ray_address,
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
         "tls": tls is not None, "ca_hash": tls.ca_hash if tls else "",
         "ca": str(settings.tls_dir / "ca.pem") if tls else "", "mtls_port": settings.mtls_listen_port if tls else 0,

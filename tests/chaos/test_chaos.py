@@ -33,10 +33,10 @@ from farm.client import Client, find_head
 from farm.core.errors import FarmError
 from farm.local import (
     free_port,
-    pid_alive,
     processes_in_sessions,
     ray_temp_dir,
     read_json,
+    recorded_alive,
     sessions_of,
     terminate,
     wait_for,
@@ -87,8 +87,8 @@ class Farm:
         return tries
 
     def head_pid(self) -> int | None:
-        pid = int((read_json(self.state / "head.json") or {}).get("pid", 0))
-        return pid if pid_alive(pid) else None
+        info = read_json(self.state / "head.json")
+        return int(info["pid"]) if info and recorded_alive(info) else None
 
     def start_agent(self, name: str) -> None:
         head = find_head(state_dir=self.state) if self.head_pid() else None
@@ -106,8 +106,8 @@ class Farm:
         return read_json(self.state / "agents" / name / "agent.json") or {}
 
     def agent_pid(self, name: str) -> int | None:
-        pid = int(str(self.agent_status(name).get("pid", 0)))
-        return pid if pid_alive(pid) else None
+        status = self.agent_status(name)
+        return int(str(status["pid"])) if recorded_alive(status) else None
 
     def agent_ready(self, name: str) -> bool:
         return name not in self.starting and self.agent_pid(name) is not None and \

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from farm.client import Client, find_head
-from farm.local import free_port, pid_alive, processes_in_sessions, read_json, sessions_of, terminate, wait_for
+from farm.local import free_port, processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
 from farm.proto.v1 import agent_pb2, fleet_pb2, job_pb2
 from tests.conftest import farm
 
@@ -93,7 +93,7 @@ class Head:
     def __init__(self, state: Path) -> None:
         self.state = state
         info = read_json(state / "head.json") or {}
-        self.pid = int(info["pid"])
+        self.info = info
         self.client = Client(find_head(state_dir=state), timeout=5)
         self.known = {"join_token": str(info["join_token"])}
 
@@ -145,5 +145,5 @@ def test_any_request_gets_a_status_the_head_chose(head: Head, method: MethodDesc
         assert code in CHOSEN, f"{method.full_name} answered {code.name} to {request!r}"
 
     any_request()
-    assert pid_alive(head.pid)
+    assert recorded_alive(head.info)
     head.client.nodes()  # still answering

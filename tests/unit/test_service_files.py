@@ -16,6 +16,7 @@ from farm_agent.service import AgentService, Plan
 
 from farm.cli.agent import _join_token
 from farm.core.errors import UserError
+from farm.local import this_process, write_json
 
 TOKEN = "join-SECRET-7f3a"
 
@@ -147,7 +148,7 @@ def test_install_status_uninstall(farm_exe: Path, tmp_path: Path) -> None:
     assert (unit.read_bytes(), svc.token_file.read_bytes()) == before
 
     (svc.agent_dir / "node.json").write_text('{"node_id": "n-1"}')
-    (svc.agent_dir / "agent.json").write_text(f'{{"pid": {os.getpid()}, "state": "ready", "node_id": "n-1"}}')
+    write_json(svc.agent_dir / "agent.json", {**this_process(), "state": "ready", "node_id": "n-1"})
     found = service.query("linux", True, home, os.getuid(), manager)
     assert found["installed"] and found["enabled"] and found["active"]
     assert (found["head"], found["name"], found["cpus"], found["node_id"]) == ("10.0.0.5:7700", "box 1", "4", "n-1")
