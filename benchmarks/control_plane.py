@@ -53,6 +53,7 @@ from typing import Any
 
 import psutil
 import uvloop
+from farm_agent.backoff import Backoff
 from rich.console import Console
 from rich.table import Table
 
@@ -63,7 +64,6 @@ from localfarm import LocalFarm, _farm_cli, report_cleanup  # noqa: E402  (bench
 HERE = Path(__file__).resolve().parent
 RTT_P99_TARGET_MS = 100.0
 LATE_S = 0.1  # a beat written this long after its slot counts as late (the generator fell behind)
-RECONNECT_S = 2.0  # as a real agent: wait this long before reopening a lost heartbeat stream
 FINISH_S = 10.0  # after the window, how long an agent's last beat may wait for its answer before it is cut off
 
 
@@ -127,6 +127,7 @@ async def _beat(stub: Any, node_id: str, node_token: str, interval_s: float, win
     request = agent_pb2.HeartbeatRequest(node_id=node_id, node_token=node_token, memory_percent=40.0,
                                          ray_running=True, power=[power])
     slot = time.monotonic() + random.uniform(0.0, interval_s)
+    backoff = Backoff()  # as a real agent: a lost heartbeat stream is reopened after a growing, jittered wait
     while slot < window.end:
         call = stub.Heartbeat(metadata=(("authorization", f"Bearer {node_token}"), ("farm-node-id", node_id)))
         try:
@@ -142,6 +143,7 @@ async def _beat(stub: Any, node_id: str, node_token: str, interval_s: float, win
                 reply = await call.read()
                 if reply is grpc.aio.EOF:
                     raise ConnectionError("the head closed the heartbeat stream")
+                backoff.reset()
                 if measured:
                     stats.answered += 1
                     stats.rtt_s.append(time.monotonic() - sent)
@@ -150,7 +152,7 @@ async def _beat(stub: Any, node_id: str, node_token: str, interval_s: float, win
         except (grpc.aio.AioRpcError, ConnectionError) as exc:
             stats.errors[exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else type(exc).__name__] += 1
             call.cancel()
-            await asyncio.sleep(RECONNECT_S)
+            await asyncio.sleep(backoff.next_delay())
             slot = max(slot + interval_s, time.monotonic())
 
 

@@ -32,6 +32,7 @@ from farm.local import (
     write_private,
 )
 from farm.proto.v1 import agent_pb2, common_pb2
+from farm_agent.backoff import Backoff
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
 from farm_agent.entry import NODE_LABEL
 from farm_agent.idle import IdlePolicy
@@ -40,8 +41,6 @@ from farm_agent.settings import AgentSettings
 
 log = logging.getLogger("farm.agent")
 
-# How often the agent retries its heartbeat stream after losing the head, in seconds.
-RECONNECT_S = 2.0
 # How long Ray's own shutdown may take when the owner's grace has run out, in seconds. Ray's drain would let running
 # tasks go on (~20 s here); the owner wants the machine back now and the shards had their grace: what is left of the
 # node is killed, and the head re-queues its shards.
@@ -157,24 +156,29 @@ class Agent:
                           folder=ray_temp_dir(self.node_id))  # its own, not the head's: see ray_temp_dir
 
     async def _heartbeat_until_stopped(self) -> None:
+        backoff = Backoff()  # a lost head is tried again after waits that grow and spread (see backoff.py)
         while not self.stopping.is_set():
             call = self.client.heartbeats(self._beats(), self.node_id, self.node_token)
             try:
                 async for reply in call:
+                    backoff.reset()
                     if reply.state != self.status["state"]:  # `farm agent start --detach` waits on this
                         self.status["state"] = reply.state
                         write_json(self.settings.status_path, self.status)
             except grpc.aio.AioRpcError as exc:
                 if self.stopping.is_set():
                     return
-                log.warning("heartbeat stream lost (%s); retrying in %.0f s", exc.code().name, RECONNECT_S)
+                delay = backoff.next_delay()
+                log.warning("heartbeat stream lost (%s); retrying in %.1f s", exc.code().name, delay)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
                     raise
                 continue  # not this task: a new Register closed the stream's channel; beat on the new one
+            else:
+                delay = backoff.next_delay()  # the head ended the stream: as lost, though it answered before
             try:
-                await asyncio.wait_for(self.stopping.wait(), RECONNECT_S)
+                await asyncio.wait_for(self.stopping.wait(), delay)
             except asyncio.TimeoutError:
                 pass
 
