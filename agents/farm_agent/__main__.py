@@ -1,4 +1,4 @@
-"""The agent daemon's lean entry point: `python -m farm_agent --head HOST:PORT --token-file F --name N --state-dir D`.
+"""The agent daemon's lean entry point: `python -m farm_agent --head HOST:PORT [--token-file F] --name N --state-dir D`.
 
 `farm agent start --detach` runs the daemon through this, not through the `farm` CLI: the daemon lives for days on
 someone's machine, and typer, rich and the CLI's other commands would stay resident in it for nothing.
@@ -76,15 +76,15 @@ def main() -> None:
         return
     if args.token_file and not args.token:
         args.token = args.token_file.read_text().strip()
-    if not (args.head and args.token and args.name and args.state_dir):
-        parser.error("--head, --token (or --token-file), --name and --state-dir are required")
+    if not (args.head and args.name and args.state_dir):  # no token: a node that joined before (node.json)
+        parser.error("--head, --name and --state-dir are required")
 
     from farm_agent.main import serve
     from farm_agent.settings import AgentSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(AgentSettings(head=args.head, token=args.token, name=args.name, state_dir=args.state_dir, cpus=args.cpus,
-                        ca_hash=args.ca_hash, insecure=args.insecure,
+    serve(AgentSettings(head=args.head, token=args.token or "", name=args.name, state_dir=args.state_dir,
+                        cpus=args.cpus, ca_hash=args.ca_hash, insecure=args.insecure,
                         max_foreign_cpu=args.max_foreign_cpu, drain_grace_s=args.drain_grace_s,
                         busy_file=args.busy_file,
                         backends=frozenset(args.backends.split(",")) if args.backends else None))

@@ -102,7 +102,9 @@ class HeadClient:
         node_token: str = "", mtls_port: int = 0,
     ) -> agent_pb2.RegisterReply:
         """Join, or join again as `node_id`: a node that exists proves it is itself, over mutual TLS (`mtls_port`)
-        with its certificate from the last Register (a TLS head), or with its last `node_token` (a head without)."""
+        with its certificate from the last Register (a TLS head), or with its last `node_token` (a head without).
+        Without a `join_token` the call carries the node's own token and id instead: a node joining again needs no
+        join token (its own may have expired or been revoked since)."""
         key_pem, csr_pem = b"", b""
         stub, proof = self.stub, None
         host = self.head.rpartition(":")[0]
@@ -121,10 +123,12 @@ class HeadClient:
         )
         try:
             reply: agent_pb2.RegisterReply = await stub.Register(
-                request, metadata=credentials(join_token), timeout=30, wait_for_ready=True)
+                request, metadata=credentials(join_token) if join_token else credentials(node_token, node_id),
+                timeout=30, wait_for_ready=True)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.UNAUTHENTICATED:
-                raise AuthError(f"the head at {self.head} refused the join token: {exc.details()}") from None
+                what = "the join token" if join_token else f"node {node_id}'s own credentials"
+                raise AuthError(f"the head at {self.head} refused {what}: {exc.details()}") from None
             raise AgentError(f"cannot register with the head at {self.head}: {exc.details()}") from None
         finally:
             if proof is not None:

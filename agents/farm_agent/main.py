@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import grpc
 import psutil
 
-from farm.core.errors import AgentError, FarmError
+from farm.core.errors import AgentError, AuthError, FarmError
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import (
     RayProcess, keep_private, local_ip_towards, python_command, ray_temp_dir, read_json, this_process, write_json,
@@ -124,19 +124,39 @@ class Agent:
             log.info("stopped")
 
     async def _register(self) -> None:
-        """Register (again: as the node this machine is, proven by its certificate) and note how to join Ray."""
+        """Register (again: as the node this machine is, proven by its certificate) and note how to join Ray.
+
+        A node that joined before joins again on its own credentials, with no join token (an agent started again,
+        a machine rebooted, a Ray node that exited with its cluster): its join token may have expired or been revoked
+        since, and nodes that joined stay. Refused (an operator forgot the node), it falls back on the join token
+        when it was given one."""
         settings = self.settings
         identity = read_json(settings.identity_path) or {}
-        reply = await self.client.register(
-            settings.token, settings.name, self.hardware, self.offers, self.address,
-            str(identity.get("node_id", "")), str(identity.get("node_token", "")), int(identity.get("mtls_port", 0)),
-        )
+        node_id, node_token = str(identity.get("node_id", "")), str(identity.get("node_token", ""))
+        mtls_port = int(identity.get("mtls_port", 0))
+        reply = None
+        if node_id and node_token:
+            try:
+                reply = await self.client.register("", settings.name, self.hardware, self.offers, self.address,
+                                                   node_id, node_token, mtls_port)
+            except AuthError as exc:
+                if not settings.token:
+                    raise AuthError(f"{exc.message}; give a join token (FARM_JOIN_TOKEN=... or --token-file) to "
+                                    "join afresh") from None
+                log.warning("%s; joining with the join token", exc.message)
+        elif not settings.token:
+            raise AgentError(f"node {settings.name!r} has not joined a head yet (no {settings.identity_path}): "
+                             "give the join token")
+        if reply is None:
+            reply = await self.client.register(settings.token, settings.name, self.hardware, self.offers,
+                                               self.address, node_id, node_token, mtls_port)
         if not NODE_ID.fullmatch(reply.node_id):  # it names this node's folders (ray_temp_dir): no path in it
             raise AgentError(f"the head gave this node an id that is not one: {reply.node_id[:80]!r}")
         self.node_id, self.node_token, self.interval = reply.node_id, reply.node_token, reply.heartbeat_interval_s
-        # 0600: the node token (its proof at the next Register to a head without TLS) and where to prove it with TLS
+        # 0600: the node token (its proof at the next Register, and with TLS where to prove it with its certificate)
+        # and the head it joined, which `farm agent start` without --head joins again
         write_json(settings.identity_path, {"node_id": self.node_id, "node_token": self.node_token,
-                                            "mtls_port": reply.mtls_port})
+                                            "mtls_port": reply.mtls_port, "head": settings.head})
         write_private(settings.ray_token_path, reply.ray_token.encode())
         log.info("registered with %s as node %s", settings.head, self.node_id)
         resources: dict[str, int] = {}  # summed per backend: a 2-GPU node offers farm.cuda=2

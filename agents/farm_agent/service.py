@@ -282,8 +282,24 @@ def query(platform: Platform, user_scope: bool, home: Path, uid: int, run: Run =
     name, state_dir = option(argv, "--name"), option(argv, "--state-dir")
     found.update(head=option(argv, "--head"), name=name, cpus=option(argv, "--cpus") or "all")
     if name and state_dir:
-        agent_dir = Path(state_dir) / "agents" / name
-        running = read_json(agent_dir / "agent.json")  # pid, node id, state, busy: written while the agent runs
-        found["agent"] = running if recorded_alive(running) else None
-        found["node_id"] = (read_json(agent_dir / "node.json") or {}).get("node_id")
+        agent = local_agent(Path(state_dir) / "agents" / name)
+        found["agent"] = agent["running"]
+        found["node_id"] = agent["node_id"]
     return found
+
+
+def local_agent(agent_dir: Path) -> dict[str, Any]:
+    """What an agent's state folder says of it, however it was started (a service, by hand): its name, the head and
+    node it joined as (node.json, kept), and while it runs its own record (agent.json: pid, state, busy)."""
+    running = read_json(agent_dir / "agent.json")  # written while the agent runs, removed when it stops
+    joined = read_json(agent_dir / "node.json") or {}
+    return {"name": agent_dir.name, "head": (running or {}).get("head") or joined.get("head"),
+            "node_id": (running or {}).get("node_id") or joined.get("node_id"),
+            "running": running if recorded_alive(running) else None}
+
+
+def local_agents(state_dir: Path) -> list[dict[str, Any]]:
+    """Every agent that joined or runs from this Farm state folder."""
+    root = state_dir / "agents"
+    folders = sorted({p.parent for p in (*root.glob("*/agent.json"), *root.glob("*/node.json"))})
+    return [local_agent(folder) for folder in folders]

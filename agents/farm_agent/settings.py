@@ -14,7 +14,9 @@ class AgentSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     head: str  # HOST:PORT of the head's gRPC endpoint
-    token: str = Field(repr=False)  # the join token
+    # The join token; "" for a node that joined before, which joins again on its own credentials (node.json, and
+    # with TLS its certificate node.pem) that the head gave it.
+    token: str = Field(default="", repr=False)
     # How the agent trusts the head: the hash of the head's CA (pinned at the first join, then kept as ca.pem in
     # the state folder), or nothing at all for a head started with --insecure.
     ca_hash: str = ""

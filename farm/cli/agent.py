@@ -37,9 +37,11 @@ def agent_dir(state: Path, name: str) -> Path:
 
 @app.command()
 def start(
-    head: Annotated[str, typer.Option(help="HOST:PORT of the head.")],
+    head: Annotated[str | None, typer.Option(
+        help="HOST:PORT of the head (default: the head this node joined before).")] = None,
     token: Annotated[str | None, typer.Option(
-        help="The join token (shows in `ps`: prefer FARM_JOIN_TOKEN, as the join line does, or --token-file).")
+        help="The join token (shows in `ps`: prefer FARM_JOIN_TOKEN, as the join line does, or --token-file). "
+             "A node that joined before joins again on its own credentials, without one.")
     ] = None,
     token_file: Annotated[Path | None, typer.Option(
         help="Read the join token from this file (- for standard input); else from $FARM_JOIN_TOKEN.")] = None,
@@ -62,14 +64,23 @@ def start(
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
 ) -> None:
-    """Register this machine with a head and run shards for it."""
+    """Register this machine with a head and run shards for it. Started again (after a stop, a reboot), a node
+    that joined before needs neither --head nor the join token: it joins its head again on its own credentials."""
     from farm_agent.main import serve
     from farm_agent.settings import AgentSettings
 
     name = name or socket.gethostname()
-    join_token = _join_token(token, token_file)
+    joined = read_json(agent_dir(state_dir(state), name) / "node.json") or {}
+    head = head or joined.get("head")
+    if not head:
+        raise UserError(f"--head HOST:PORT is needed: agent {name!r} has not joined a head from "
+                        f"{agent_dir(state_dir(state), name)}")
     if ":" not in head:
         raise UserError(f"--head {head!r}: expected HOST:PORT")
+    # The node's own credentials, from its last Register: for the head they came from (an older node.json names
+    # none: then they are tried, and the head says whether they hold).
+    rejoining = bool(joined.get("node_id") and joined.get("node_token")) and joined.get("head", head) == head
+    join_token = _join_token(token, token_file, required=not rejoining)
     settings = AgentSettings(
         head=head, token=join_token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
@@ -140,11 +151,14 @@ def _trust_local_head(settings: AgentSettings) -> None:
 JOIN_TOKEN_ENV = "FARM_JOIN_TOKEN"
 
 
-def _join_token(token: str | None, token_file: Path | None) -> str:
+def _join_token(token: str | None, token_file: Path | None, required: bool = True) -> str:
     """The join token: from --token-file (`-`: standard input), FARM_JOIN_TOKEN or --token, which every user of
-    this machine can read in `ps` (and, with the Ray token it gets, would be a lender of its own)."""
+    this machine can read in `ps` (and, with the Ray token it gets, would be a lender of its own). Not `required`
+    (a node joining again on its own credentials): "" when none is given."""
     if token is None and token_file is None and os.environ.get(JOIN_TOKEN_ENV, "").strip():
         return os.environ[JOIN_TOKEN_ENV].strip()
+    if token is None and token_file is None and not required:
+        return ""
     if (token is None) == (token_file is None):
         raise UserError(f"give the join token with exactly one of --token and --token-file (- reads standard "
                         f"input), or as {JOIN_TOKEN_ENV}=TOKEN")
@@ -166,9 +180,10 @@ def _start_detached(settings: AgentSettings) -> None:
     settings.status_path.unlink(missing_ok=True)
     log = settings.state_dir / "agent.log"
     token_file = settings.state_dir / "join.token"  # 0600; on the command line the token would show in `ps`
-    write_private(token_file, settings.token.encode())
+    if settings.token:
+        write_private(token_file, settings.token.encode())
     proc = spawn_detached(python_command(  # --option=value: a value may start with "-"
-        "farm_agent", f"--head={settings.head}", f"--token-file={token_file}",
+        "farm_agent", f"--head={settings.head}", *([f"--token-file={token_file}"] if settings.token else []),
         *([f"--ca-hash={settings.ca_hash}"] if settings.ca_hash else []), *(["--insecure"] if settings.insecure else []),
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
@@ -280,8 +295,9 @@ def uninstall(user: User = False, dry_run: DryRun = False) -> None:
 
 @app.command()
 def status(user: Annotated[bool, typer.Option("--user", help="Only the per-user service.")] = False,
-           as_json: Json = False) -> None:
-    """Whether the agent's service is installed, enabled and running, and what its agent reports."""
+           state: StateDir = None, as_json: Json = False) -> None:
+    """Whether the agent's service is installed, enabled and running, and what its agent reports; and the agents
+    started by hand from the state folder: running or not, pid, head, node id."""
     import json
 
     from farm_agent import service
@@ -289,23 +305,29 @@ def status(user: Annotated[bool, typer.Option("--user", help="Only the per-user 
     platform = _service_platform()
     found = [service.query(platform, scope, Path.home(), os.getuid()) for scope in ([True] if user else [False, True])]
     shown = next((f for f in found if f["installed"]), found[0])
+    by_hand = [a for a in service.local_agents(state_dir(state)) if a["name"] != shown.get("name")]
     if as_json:
-        print(json.dumps(shown, indent=2))
+        print(json.dumps({**shown, "by_hand": by_hand}, indent=2))
         return
     if not shown["installed"]:
         console.print(f"agent service not installed ({' nor '.join(f['service_file'] for f in found)})",
                       highlight=False)
-        return
-    agent = shown.get("agent") or {}
-    running = "not running"
-    if agent:
-        running = f"{agent.get('state')} (pid {agent.get('pid')})" + (
-            f", owner busy: {agent['busy']}" if agent.get("busy") else "")
-    console.print(
-        f"service {shown['service_file']}: {'enabled' if shown['enabled'] else 'disabled'}, "
-        f"{shown.get('service_state', 'unknown')}\n"
-        f"agent {shown['name']} -> head {shown['head']}, cpus {shown['cpus']}, node {shown.get('node_id') or '-'}: "
-        f"{running}", highlight=False)
+    else:
+        console.print(
+            f"service {shown['service_file']}: {'enabled' if shown['enabled'] else 'disabled'}, "
+            f"{shown.get('service_state', 'unknown')}\n"
+            f"agent {shown['name']} -> head {shown['head']}, cpus {shown['cpus']}, node {shown.get('node_id') or '-'}:"
+            f" {_running(shown.get('agent'))}", highlight=False)
+    for agent in by_hand:
+        console.print(f"agent {agent['name']} (not a service) -> head {agent['head'] or '-'}, node "
+                      f"{agent['node_id'] or '-'}: {_running(agent['running'])}", highlight=False, soft_wrap=True)
+
+
+def _running(agent: dict[str, object] | None) -> str:
+    if not agent:
+        return "not running"
+    return f"{agent.get('state')} (pid {agent.get('pid')})" + (f", owner busy: {agent['busy']}" if agent.get("busy")
+                                                              else "")
 
 
 def _service_platform() -> Literal["linux", "darwin"]:

@@ -26,7 +26,7 @@ class Needs(Enum):
 
     API = "the API token"
     READ = "the API token, unless the head was started with --open-read"
-    JOIN = "a join token"
+    JOIN = "a join token, or a joined node's token and id (a node that joins again)"
     NODE = "the node's token, and its id as farm-node-id"
     BEARER = "a credential (a job's read credential, checked in full by DataService with the job's id)"
 
@@ -73,9 +73,9 @@ class AuthGate(grpc.aio.ServerInterceptor):
     def admits(self, needs: Needs, presented: str, node_id: str) -> bool:
         if not presented:
             return needs is Needs.READ and self.tokens.open_read
-        if needs is Needs.JOIN:  # a known one: revoked or expired, Register says which, in words
+        if needs is Needs.JOIN and not node_id:  # a known one: revoked or expired, Register says which, in words
             return self.store.join_token(hash_token(presented)) is not None
-        if needs is Needs.NODE:
+        if needs in (Needs.NODE, Needs.JOIN):  # Register with a node's own credentials: Register checks the rest
             stored = self.store.node_token_hash(node_id) if node_id else None
             return bool(stored) and hmac.compare_digest(hash_token(presented), str(stored))
         if needs is Needs.BEARER:

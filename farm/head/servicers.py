@@ -61,9 +61,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     @unary
     async def Register(self, request: agent_pb2.RegisterRequest, context: grpc.aio.ServicerContext
                        ) -> agent_pb2.RegisterReply:
-        self.tokens.check_join(request.join_token, self.store, context)
-        node_input.check_register(request)
+        # A node that joined before may join again on its own credentials alone (below), with no join token: its
+        # join token may have expired or been revoked since, and nodes that joined stay.
         stored = self.store.node_token_hash(request.node_id) if request.node_id else None
+        if request.join_token or not stored:
+            self.tokens.check_join(request.join_token, self.store, context)
+        node_input.check_register(request)
         if stored:  # a known node: only itself (or an operator's `farm head forget-node`) takes its id again
             try:
                 self.tokens.check_returning_node(context, request.node_id, request.node_token, stored)

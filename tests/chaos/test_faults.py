@@ -57,3 +57,28 @@ def test_an_agent_started_again_registers_under_the_same_node_id(cluster: Cluste
     after = [(n["id"], n["state"]) for n in json.loads(cluster.farm("nodes", "--json").stdout)
              if n["name"] == "agent-b"]
     assert after == [(before["agent-b"], "ready")]  # one node, the same one: not a second record of the machine
+
+
+def test_an_agent_started_again_by_hand_needs_neither_the_head_nor_the_join_token(cluster: Cluster) -> None:
+    """`farm agent start` after a stop (or a reboot) rejoins on the node's own credentials, which its last Register
+    saved (node.json, its certificate node.pem, the head's CA): no join token, no --head, no --ca-hash; and
+    `farm agent status` reports it, though no service runs it."""
+    state = str(cluster.state_dir)
+    before = {n["name"]: n["id"] for n in json.loads(cluster.farm("nodes", "--json").stdout)}
+    stopped = cluster.farm("agent", "stop", "--name", "agent-b")
+    assert stopped.returncode == 0, stopped.stderr
+    status = json.loads(cluster.farm("agent", "status", "--state-dir", state, "--json").stdout)
+    assert {a["name"]: (a["node_id"], a["running"]) for a in status["by_hand"]}["agent-b"] == (before["agent-b"], None)
+
+    started = cluster.farm("agent", "start", "--name", "agent-b", "--cpus", "1", "--state-dir", state, "--detach",
+                           "--max-foreign-cpu", "100")
+    assert started.returncode == 0, started.stderr
+    after = [(n["id"], n["state"]) for n in json.loads(cluster.farm("nodes", "--json").stdout)
+             if n["name"] == "agent-b"]
+    assert after == [(before["agent-b"], "ready")]
+    status = json.loads(cluster.farm("agent", "status", "--state-dir", state, "--json").stdout)
+    running = {a["name"]: a for a in status["by_hand"]}["agent-b"]
+    assert (running["head"], running["node_id"]) == (cluster.head.address, before["agent-b"])
+    assert running["running"]["pid"] == cluster.agent_pids()["agent-b"]
+    text = cluster.farm("agent", "status", "--state-dir", state).stdout
+    assert f"agent agent-b (not a service) -> head {cluster.head.address}, node {before['agent-b']}: ready (pid" in text

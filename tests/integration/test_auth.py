@@ -217,6 +217,39 @@ def test_a_lender_with_a_join_token_cannot_take_over_another_node(head: Head) ->
     assert lost.node_id == alice.node_id
 
 
+def test_a_node_joins_again_on_its_own_credentials_after_its_join_token_is_revoked(head: Head) -> None:
+    """An agent started again (after a stop, a reboot) needs no join token: its node token and certificate, which
+    the head gave it, are its proof; the join token it joined with may have been revoked since."""
+    def farm(*args: str) -> Result:
+        return CliRunner().invoke(head_cli.app, [*args, "--state-dir", str(head.settings.state_dir)])
+
+    created = read_json_line(farm("token", "create", "--json").stdout)
+    first, key = head.register(created["token"], "alice")
+    assert farm("token", "revoke", created["id"]).exit_code == 0
+    with pytest.raises(grpc.RpcError) as revoked:
+        head.register(created["token"], "bob")
+    assert revoked.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+    again, again_key = head.register("", "alice", node_id=first.node_id, node_token=first.node_token,
+                                     identity=(key, first.client_cert_pem))
+    assert again.node_id == first.node_id and again.client_cert_pem
+    # Its token alone is not proof of being the node (a TLS head wants the certificate too) ...
+    with pytest.raises(grpc.RpcError) as no_cert:
+        head.register("", "alice", node_id=first.node_id, node_token=again.node_token)
+    assert no_cert.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    # ... nor its certificate with a stale token, nor a node that does not exist, nor one an operator forgot.
+    for node_id, token in ((first.node_id, first.node_token), ("n-00000000", again.node_token)):
+        with pytest.raises(grpc.RpcError) as refused:
+            head.register("", "alice", node_id=node_id, node_token=token,
+                          identity=(again_key, again.client_cert_pem))
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert farm("forget-node", "alice").exit_code == 0
+    with pytest.raises(grpc.RpcError) as forgotten:
+        head.register("", "alice", node_id=first.node_id, node_token=again.node_token,
+                      identity=(again_key, again.client_cert_pem))
+    assert forgotten.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
 def test_an_insecure_head_takes_a_known_node_id_only_with_its_node_token(tmp_path: Path) -> None:
     with running_head(tmp_path, insecure=True) as head, grpc.insecure_channel(head.settings.address) as channel:
         agents = agent_pb2_grpc.AgentServiceStub(channel)
