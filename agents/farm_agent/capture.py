@@ -2,13 +2,16 @@
 the shard printed and why it failed — its stdout and stderr (as they interleaved, bounded) and its full traceback —
 sent to the head with its result or its error, so that `farm logs` shows them.
 
-The shard runners wrap themselves in one line, `@job_shard`. Python-level streams only (sys.stdout, sys.stderr, which
+The shard runners wrap themselves in one line, `@job_shard`; a training worker, a Ray actor that lives for the
+whole job, wraps each of its methods in `@worker_call` and hands over what it printed with each stretch's result
+(`take_output`). Python-level streams only (sys.stdout, sys.stderr, which
 print(), logging's default handler and warnings write to): a Ray worker's file descriptors belong to Ray, which sends
 them to the node's worker log, and everything still reaches that log because the capture writes through to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import io
@@ -16,8 +19,8 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
 from farm_agent.environment import prepare_from_environment
@@ -67,6 +70,32 @@ class BoundedText:
             gap = f"\n[... {dropped:,} characters dropped ...]\n" if dropped else ""
             return "".join(self.head) + gap + tail[extra:]
 
+    def take(self) -> str:
+        """What was kept, and start afresh."""
+        value = self.getvalue()
+        with self.lock:
+            self.head, self.head_len, self.tail, self.tail_len, self.dropped = [], 0, deque(), 0, 0
+        return value
+
+
+@contextlib.contextmanager
+def captured(stream: BoundedText) -> Iterator[None]:
+    """sys.stdout and sys.stderr into `stream` (and through to the worker's own) while inside. An exception that
+    leaves gets what was printed and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)  # type: ignore[assignment]
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            setattr(exc, SHARD_LOG_ATTR, stream.getvalue())
+            setattr(exc, SHARD_TRACEBACK_ATTR, _bounded("".join(traceback.format_exception(exc))))
+        except (AttributeError, TypeError):  # an exception type without a __dict__: it goes on as it is
+            pass
+        raise
+    finally:
+        sys.stdout, sys.stderr = out, err
+
 
 def job_shard(run: Callable[P, R]) -> Callable[P, R]:
     """Run a shard in its job's environment with its stdout and stderr captured. Its result gets the output in its
@@ -75,26 +104,38 @@ def job_shard(run: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(run)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        out, err = sys.stdout, sys.stderr
         stream = BoundedText()
-        sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)  # type: ignore[assignment]
-        try:
+        with captured(stream):
             prepare_from_environment()
             result = run(*args, **kwargs)
-        except BaseException as exc:
-            try:
-                setattr(exc, SHARD_LOG_ATTR, stream.getvalue())
-                setattr(exc, SHARD_TRACEBACK_ATTR, _bounded("".join(traceback.format_exception(exc))))
-            except (AttributeError, TypeError):  # an exception type without a __dict__: it goes on as it is
-                pass
-            raise
-        finally:
-            sys.stdout, sys.stderr = out, err
         if dataclasses.is_dataclass(result) and any(f.name == "log" for f in dataclasses.fields(result)):
             return dataclasses.replace(result, log=stream.getvalue())  # type: ignore[type-var]
         return result
 
     return wrapper
+
+
+OUTPUT_ATTR = "_farm_output"  # a worker's own stream, on the worker
+
+
+def worker_call(method: Callable[Concatenate[Any, P], R]) -> Callable[Concatenate[Any, P], R]:
+    """A method of a job's long-lived worker (a training actor, called many times), with its stdout and stderr
+    captured into the worker's own stream across calls, until `take_output` hands them over; an exception gets the
+    output and traceback as under job_shard."""
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
+        stream = self.__dict__.setdefault(OUTPUT_ATTR, BoundedText())
+        with captured(stream):
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def take_output(worker: object) -> str:
+    """What a worker's calls printed since the last take."""
+    stream = worker.__dict__.get(OUTPUT_ATTR)
+    return stream.take() if isinstance(stream, BoundedText) else ""
 
 
 class _Tee(io.TextIOBase):

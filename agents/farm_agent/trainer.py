@@ -27,6 +27,7 @@ import numpy as np
 from farm.core.energy import Energy
 from farm.core.errors import SpecError
 from farm.core.spec import JobSpec, Optimizer, SyncMode, parse_spec
+from farm_agent.capture import take_output, worker_call
 from farm_agent.environment import prepare_from_environment
 from farm_agent.jobcode import build_model, load_dataset, resolve
 from farm_agent.power import meter_for
@@ -40,6 +41,11 @@ PROBE_STEPS = 5
 
 
 class TrainWorker:
+    """Each method the head calls runs with the job code's output captured (farm_agent.capture.worker_call): what the
+    worker printed since the last stretch, its model's construction and speed probe included, goes to the head with
+    the next stretch's result, and a failure carries it with its traceback."""
+
+    @worker_call
     def __init__(self, spec_yaml: str, job_id: str, rank: int, world: int, group: str, device: str, threads: int,
                  checkpoint: bytes | None, nccl: bool = False) -> None:
         """`nccl`: every worker of the group is on CUDA (else gloo, on host copies of the tensors)."""
@@ -73,6 +79,7 @@ class TrainWorker:
         self.meter = meter_for(device)
         self._permutations: dict[int, np.ndarray] = {}
 
+    @worker_call
     def join(self) -> int:
         """Join the job's collective group and take rank 0's parameters (every worker calls this together)."""
         if self.world > 1:
@@ -84,6 +91,7 @@ class TrainWorker:
                 self._broadcast(tensor)
         return self.step
 
+    @worker_call
     def probe(self, items: int) -> float:
         """This worker's training speed (items per second of forward and backward) on `items`-sized batches."""
         x, y = self._slice(0, items, 0)
@@ -96,8 +104,10 @@ class TrainWorker:
         self.model.zero_grad(set_to_none=True)
         return items / statistics.median(timings[1:])
 
+    @worker_call
     def train(self, first: int, last: int, shares: list[int]) -> dict[str, Any]:
-        """Steps [first, last) with `shares` (items of each global batch, per rank); losses of the global batch."""
+        """Steps [first, last) with `shares` (items of each global batch, per rank); losses of the global batch, and
+        what the worker printed since the last stretch (`log`)."""
         if first != self.step:
             raise RuntimeError(f"worker at step {self.step} asked to train from step {first}")
         global_batch = sum(shares)
@@ -133,8 +143,9 @@ class TrainWorker:
             self._sync_device()
             seconds = time.perf_counter() - began
         return {"rank": self.rank, "losses": losses, "items": share * (last - first), "seconds": seconds,
-                "compute_s": compute_s, "energy": window.energy}
+                "compute_s": compute_s, "energy": window.energy, "log": take_output(self)}
 
+    @worker_call
     def state(self) -> bytes:
         """The model, optimizer and step, as a checkpoint (rank 0's: in sync mode every replica's is the same)."""
         import torch
@@ -144,6 +155,7 @@ class TrainWorker:
                    buffer)
         return buffer.getvalue()
 
+    @worker_call
     def evaluate(self, dataset: str) -> dict[str, float]:
         """Mean loss (and accuracy, for class scores) of the current model over `dataset`."""
         import torch

@@ -23,6 +23,12 @@ def record_output(store: Store, job_id: str, index: int, result: object) -> None
     _record(store, job_id, index, "output", getattr(result, "log", ""))
 
 
+def record_worker_output(store: Store, job_id: str, index: int, worker: str, text: object) -> None:
+    """What one worker of a training stretch printed, under the worker's name (a stretch runs on several)."""
+    if isinstance(text, str) and text.strip():
+        _record(store, job_id, index, "output", f"{worker}:\n{text}")
+
+
 def record_error(store: Store, job_id: str, index: int, error: BaseException) -> None:
     """A failed shard's output and full traceback, as its node sent them with the exception."""
     _record(store, job_id, index, "output", getattr(error, SHARD_LOG_ATTR, ""))

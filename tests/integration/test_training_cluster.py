@@ -83,3 +83,35 @@ def test_a_cancelled_training_job_gives_its_devices_back(cluster: Cluster, tmp_p
     result = cluster.farm("submit", str(infer), "--wait", "--json", "--workdir", str(work), timeout=180)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["state"] == "succeeded"
+
+
+def test_what_a_training_worker_printed_is_in_the_stretchs_log(cluster: Cluster, tmp_path: Path) -> None:
+    """As an inference shard's: `farm logs ID --shard N` shows what each worker printed during stretch N (its
+    model's construction before the first), and a failed stretch its traceback."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("toytrain.py", "noisytrain.py"):
+        shutil.copy(FIXTURES / "jobs" / name, work / name)
+    common = {"kind": "training", "model": "noisytrain:build", "dataset": "noisytrain:train_set", "batch_size": 32,
+              "backends": ["cpu"]}
+    spec = write_spec(work, name="noisy", output=str(tmp_path / "out"), **common,
+                      training={"optimizer": "sgd", "lr": 0.05, "steps": 20, "workers": 1, "checkpoint_every": 10})
+    result = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(work), "--no-check")
+    assert result.returncode == 0, result.stderr
+    job_id = json.loads(result.stdout)["id"]
+    first = cluster.farm("logs", job_id, "--shard", "0")
+    assert first.returncode == 0, first.stderr
+    assert "building the noisy model in pid" in first.stdout and "warning: this model is noisy" in first.stdout
+    assert "forward call 10 on 32 rows" in first.stdout
+    second = cluster.farm("logs", job_id, "--shard", "1").stdout
+    assert "forward call 20 on 32 rows" in second and "building the noisy model" not in second
+
+    failing = write_spec(work, name="noisy-fails", output=str(tmp_path / "fails"), **common,
+                         training={"steps": 10, "workers": 1, "loss": "noisytrain:failing_loss"})
+    result = cluster.farm("submit", str(failing), "--wait", "--json", "--workdir", str(work), "--no-check")
+    assert result.returncode == 1, result.stderr
+    job = json.loads(result.stdout)
+    assert job["state"] == "failed" and "the loss does not take these targets" in job["error"]
+    logs = cluster.farm("logs", job["id"], "--shard", "0").stdout
+    assert "computing a loss that cannot be computed" in logs
+    assert "Traceback (most recent call last)" in logs and "in failing_loss" in logs

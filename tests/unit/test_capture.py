@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pickle
+import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
 from farm_agent.capture import BoundedText, job_shard
+from tests.conftest import FIXTURES
 
 
 @dataclass(frozen=True)
@@ -77,3 +80,48 @@ def test_a_shard_printing_a_great_deal_stays_bounded() -> None:
     assert text.tail_len < 2 * 1000  # what is held, however much was written
     kept = text.getvalue()
     assert kept.startswith("line 0\n") and kept.endswith("line 199999\n") and len(kept) < 2100
+
+
+TRAIN_SPEC = """name: noisy
+kind: training
+model: noisytrain:build
+dataset: noisytrain:train_set
+batch_size: 32
+backends: [cpu]
+training: {optimizer: sgd, lr: 0.05, steps: 20, loss: %s}
+"""
+
+
+@pytest.fixture()
+def train_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for name in ("toytrain.py", "noisytrain.py"):
+        shutil.copy(FIXTURES / "jobs" / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)  # a worker's job code is its working directory, as Ray's working_dir makes it
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_a_training_worker_hands_what_it_printed_over_with_each_stretch(train_dir: Path) -> None:
+    from farm_agent.trainer import TrainWorker
+
+    worker = TrainWorker(TRAIN_SPEC % "cross_entropy", "j", 0, 1, "g", "cpu", 1, None)
+    worker.join()
+    worker.probe(16)
+    first = worker.train(0, 10, [32])["log"]
+    assert first.startswith("building the noisy model in pid")  # its construction, before the first stretch
+    assert "warning: this model is noisy" in first and "forward call 10 on 32 rows" in first
+    second = worker.train(10, 20, [32])["log"]
+    assert "building" not in second and "forward call 20 on 32 rows" in second  # only what came since
+
+
+def test_a_training_worker_that_fails_carries_its_output_and_traceback(train_dir: Path) -> None:
+    from farm_agent.trainer import TrainWorker
+
+    worker = TrainWorker(TRAIN_SPEC % "noisytrain:failing_loss", "j", 0, 1, "g", "cpu", 1, None)
+    with pytest.raises(ValueError) as caught:
+        worker.train(0, 10, [32])
+    error = pickle.loads(pickle.dumps(caught.value))
+    assert "building the noisy model" in getattr(error, SHARD_LOG_ATTR)
+    assert "computing a loss that cannot be computed" in getattr(error, SHARD_LOG_ATTR)
+    trace = getattr(error, SHARD_TRACEBACK_ATTR)
+    assert "in failing_loss" in trace and trace.rstrip().endswith("the loss does not take these targets")

@@ -29,7 +29,7 @@ from farm.core.errors import FarmError, SpecError
 from farm.core.ids import new_id
 from farm.core.models import BackendName, Node, NodeState, ShardState
 from farm.core.spec import MAX_SHARDS, MAX_STEPS, JobKind, SyncMode, TrainingSpec
-from farm.head import environment, remote
+from farm.head import environment, joblog, remote
 from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
 from farm.head.settings import HeadSettings
@@ -181,6 +181,8 @@ class Run:
             if not failure.node and not isinstance(exc, ray.exceptions.RayTaskError):
                 raise  # the head's own failure: drive() fails the job
             index = next(s.index for s in self.store.job(job.id).shards if s.state is not ShardState.SUCCEEDED)
+            if not failure.node:  # the job's code failed: what the worker printed and its traceback
+                joblog.record_error(self.store, job.id, index, exc)
             self.outcomes.failed(job.id, index, failure)
         finally:
             for actor in actors:
@@ -198,6 +200,8 @@ class Run:
         await asyncio.to_thread(atomic_write, checkpoint_path(Path(job.output), stretch.stop), state)
         eval_dataset = spec.training.eval_dataset
         scores = await actors[0].evaluate.remote(eval_dataset) if eval_dataset else {}
+        for name, result in zip(names, results):  # what each worker printed, as a shard's output
+            joblog.record_worker_output(self.store, job.id, index, name, result.get("log"))
         losses = results[0]["losses"]
         for step, loss in enumerate(losses, start=stretch.start + 1):
             self._log(f"step {step}: loss {loss:.4f}")
