@@ -380,7 +380,7 @@ class Matcher:
         if not isinstance(x, fx.Node) or not isinstance(y, fx.Node) or float(args.get("p", 2.0)) != 2.0:
             return None
         sx, sy = _shape(x), _shape(y)
-        if sx is None or sy is None or len(sx) < 2 or len(sy) < 2 or _dtype(y) != torch.float32:
+        if sx is None or sy is None or len(sx) < 2 or len(sy) < 2 or {_dtype(x), _dtype(y)} != {torch.float32}:
             return None
         if mode == "donot_use_mm_for_euclid_dist" or (mode == "use_mm_for_euclid_dist_if_necessary"
                                                        and sx[-2] <= 25 and sy[-2] <= 25):
