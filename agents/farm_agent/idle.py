@@ -94,6 +94,7 @@ class IdlePolicy:
         self.cores = cores or psutil.cpu_count() or 1
         self._cpu_percent = cpu_percent or MachineCpu()
         self.machine_percent = 0.0  # the last reading, which the heartbeat reports as the node's CPU use
+        self.farm_percent = 0.0  # Farm's own share of it (the rest is the owner's), reported beside it
         if farm_percent is None:
             root, known = psutil.Process(), {}
             farm_percent = lambda: farm_cpu_percent(root, known)  # noqa: E731
@@ -124,9 +125,10 @@ class IdlePolicy:
 
     def _cpu_load(self) -> str:
         self.machine_percent = machine = self._cpu_percent()  # percent of the whole machine
+        # percent of one core → of the whole machine; read every beat, for the dashboard's owner/farm split too
+        self.farm_percent = farm = min(self._farm_percent() / self.cores, machine)
         if self.max_foreign_cpu >= 100:
             return ""
-        farm = self._farm_percent() / self.cores  # percent of one core → of the whole machine
         self._foreign.append(max(machine - farm, 0.0))
         foreign = sum(self._foreign) / len(self._foreign)
         if len(self._foreign) == WINDOW and foreign > self.max_foreign_cpu:

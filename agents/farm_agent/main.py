@@ -36,7 +36,7 @@ from farm_agent.backoff import Backoff
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
 from farm_agent.entry import NODE_LABEL
 from farm_agent.idle import IdlePolicy
-from farm_agent.power import PowerMeter, idle_power, meter_for
+from farm_agent.power import PowerMeter, ReadsMemory, idle_power, meter_for
 from farm_agent.settings import AgentSettings
 
 log = logging.getLogger("farm.agent")
@@ -217,7 +217,7 @@ class Agent:
             yield agent_pb2.HeartbeatRequest(
                 node_id=self.node_id, node_token=self.node_token, cpu_percent=self.idle.machine_percent,
                 memory_percent=psutil.virtual_memory().percent, ray_running=not self.ray_paused, power=self._power(),
-                busy=busy,
+                busy=busy, farm_cpu_percent=self.idle.farm_percent, gpu_memory=gpu_memory(self.meters),
             )
             try:
                 await asyncio.wait_for(self.stopping.wait(), self.interval)
@@ -298,6 +298,16 @@ class Agent:
                 readings.append(common_pb2.DevicePower(device=device, watts=power.watts, source=power.source.value,
                                                        scope=power.scope.value))
         return readings
+
+
+def gpu_memory(meters: dict[str, PowerMeter]) -> list[common_pb2.GpuMemory]:
+    """Each lent GPU's memory, where its meter reads it (NVML); none for a device whose meter does not."""
+    found = []
+    for device, meter in meters.items():
+        read = meter.memory() if isinstance(meter, ReadsMemory) else None
+        if read is not None:
+            found.append(common_pb2.GpuMemory(device=device, used_bytes=read[0], total_bytes=read[1]))
+    return found
 
 
 async def with_meter_facts(offers: list[BackendOffer], meters: dict[str, PowerMeter]) -> list[BackendOffer]:

@@ -80,6 +80,14 @@ class BackendOffer(Frozen):
     idle_source: str = ""  # the EnergySource of idle_w: a shard's marginal energy needs the same meter
 
 
+class GpuMemory(Frozen):
+    """A GPU's memory as its node last reported it (NVML)."""
+
+    device: str
+    used_bytes: int = Field(ge=0)
+    total_bytes: int = Field(ge=0)
+
+
 class Node(Frozen):
     id: str
     name: str
@@ -90,9 +98,11 @@ class Node(Frozen):
     address: str = ""
     last_heartbeat: float = 0.0
     registered_at: float = 0.0
-    cpu_percent: float = 0.0
+    cpu_percent: float = 0.0  # the whole machine's
+    farm_cpu_percent: float = 0.0  # Farm's own processes' share of cpu_percent; the rest is the owner's
     memory_percent: float = 0.0
     power: tuple[DevicePower, ...] = ()
+    gpu_memory: tuple[GpuMemory, ...] = ()
     busy: str = ""  # why the owner needs the node now (its agent's idle policy); empty while it offers work
     drain: bool = False  # an operator drained it (`farm drain`): it takes no new shards until undrained
 

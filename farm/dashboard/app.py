@@ -38,7 +38,8 @@ from farm.core.errors import AuthError, ConflictError, FarmError, NotFoundError,
 from farm.core.models import JobState, Node
 from farm.dashboard import metrics
 from farm.dashboard.history import History, Reading
-from farm.dashboard.views import LIVE_STATES, fleet_view, job_summary, job_view, log_view, node_view
+from farm.dashboard.views import (LIVE_STATES, fleet_view, gpu_memory_percent, job_summary, job_view, log_view,
+                                  node_view, perf_by_model)
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
 from farm.head.store import Job, NodeWork, Store
@@ -173,7 +174,8 @@ class Dashboard:
             return
         nodes = self.store.nodes()
         readings = {
-            n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power), n.memory_percent)
+            n.id: Reading(n.name, n.cpu_percent, sum(p.watts for p in n.power), n.memory_percent,
+                          n.farm_cpu_percent, gpu_memory_percent(n.gpu_memory))
             for n in nodes if n.state in LIVE_STATES
         }
         self.history.add(now, readings)
@@ -190,7 +192,8 @@ class Dashboard:
             beat = self.store.liveness.latest(node.id)
             if node.state in LIVE_STATES and beat is not None:
                 readings[node.id] = Reading(node.name, beat.cpu_percent, sum(p.watts for p in beat.power),
-                                            beat.memory_percent)
+                                            beat.memory_percent, beat.farm_cpu_percent,
+                                            gpu_memory_percent(beat.gpu_memory))
         return readings
 
     # ---- HTTP
@@ -245,7 +248,8 @@ class Dashboard:
         node = self.store.nodes(node_id)[0]
         running = self.store.running_shards_by_node().get(node.id, 0)
         work = [w for w in self.store.work_by_node() if w.node_id == node.id]
-        return web.json_response(node_view(node, running, work))
+        models = perf_by_model(self.store.jobs(limit=JOBS_SHOWN), node.id)
+        return web.json_response(node_view(node, running, work, models))
 
     async def cancel(self, request: web.Request) -> web.Response:
         self._check_token(request)
@@ -308,7 +312,10 @@ def _tick(now: float, nodes: list[Node], running: list[Job], work: list[NodeWork
         "fleet": fleet_view(nodes, running, work, jobs),
         "jobs": [job_summary(j) for j in jobs],
         "sample": {"t": now, "values": {i: [r.cpu_percent, r.power_w] for i, r in readings.items()},
-                   "memory": {i: _finite(r.memory_percent) for i, r in readings.items()}},
+                   "memory": {i: _finite(r.memory_percent) for i, r in readings.items()},
+                   "farm_cpu": {i: _finite(min(r.farm_cpu_percent, r.cpu_percent)) for i, r in readings.items()},
+                   "gpu_memory": {i: r.gpu_memory_percent for i, r in readings.items()
+                                  if not math.isnan(r.gpu_memory_percent)}},
     }
     return f"event: tick\ndata: {json.dumps(update)}\n\n".encode()
 

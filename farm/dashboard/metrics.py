@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from farm.core.models import JobState, Node, NodeState, ShardState
-from farm.dashboard.views import running_shards_by_node
+from farm.dashboard.views import cpu_split, running_shards_by_node
 from farm.head.store import Job, NodeWork, Store
 
 UNFINISHED = (JobState.QUEUED, JobState.RUNNING)
@@ -76,7 +76,12 @@ class FarmCollector(Collector):
         busy = GaugeMetricFamily("farm_node_busy", "1 while the node's owner needs it (no shards go there).",
                                  labels=node_labels)
         cpu = GaugeMetricFamily("farm_node_cpu_utilisation_ratio", "CPU utilisation, 0 to 1.", labels=node_labels)
+        farm_cpu = GaugeMetricFamily("farm_node_farm_cpu_utilisation_ratio",
+                                     "Of farm_node_cpu_utilisation_ratio, Farm's own processes' share; the rest is the "
+                                     "owner's.", labels=node_labels)
         memory = GaugeMetricFamily("farm_node_memory_utilisation_ratio", "Memory in use, 0 to 1.", labels=node_labels)
+        gpu_memory = GaugeMetricFamily("farm_node_gpu_memory_used_bytes", "GPU memory in use (NVML), per device.",
+                                       labels=[*node_labels, "device"])
         power = GaugeMetricFamily("farm_node_power_watts", "Power per device, from the latest heartbeat.",
                                   labels=[*node_labels, "device", "source", "scope"])
         shards = GaugeMetricFamily("farm_node_shards_running", "Shards running on the node.", labels=node_labels)
@@ -88,12 +93,15 @@ class FarmCollector(Collector):
             info.add_metric([*labels, node.state.value, backends], 1)
             busy.add_metric(labels, 1 if node.busy else 0)
             cpu.add_metric(labels, node.cpu_percent / 100)
+            farm_cpu.add_metric(labels, cpu_split(node)[1] / 100)
             memory.add_metric(labels, node.memory_percent / 100)
+            for used in node.gpu_memory:
+                gpu_memory.add_metric([*labels, used.device], used.used_bytes)
             for reading in node.power:
                 power.add_metric([*labels, reading.device, reading.source.value, reading.scope.value], reading.watts)
             shards.add_metric(labels, running[node.id])
             heartbeat.add_metric(labels, node.last_heartbeat)
-        yield from (info, busy, cpu, memory, power, shards, heartbeat)
+        yield from (info, busy, cpu, farm_cpu, memory, gpu_memory, power, shards, heartbeat)
 
         energy = CounterMetricFamily("farm_node_energy_joules", "Energy of the shards the node finished.",
                                      labels=[*node_labels, "source", "scope"])

@@ -6,6 +6,7 @@ but a hardware counter), so that estimates are shown as estimates.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -14,7 +15,7 @@ from typing import Any
 import yaml
 
 from farm.core.energy import EnergySource
-from farm.core.models import Node, NodeState, ShardState
+from farm.core.models import GpuMemory, Node, NodeState, ShardState
 from farm.head.store import Job, NodeWork
 
 JSON = dict[str, Any]
@@ -51,15 +52,32 @@ def running_shards_by_node(running_jobs: Iterable[Job]) -> Counter[str]:
     return Counter(s.node_id for job in running_jobs for s in job.shards if s.state is ShardState.RUNNING)
 
 
-def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
+def cpu_split(node: Node) -> tuple[float, float]:
+    """The node's CPU use as (the owner's share, Farm's share), each in percent of the whole machine: Farm's is what
+    the agent measured of its own processes (itself, its Ray node, the workers running shards), the owner's the rest
+    of the machine's. A node busy with its owner's work is not shown as busy with Farm's."""
+    farm = min(max(node.farm_cpu_percent, 0.0), node.cpu_percent)
+    return max(node.cpu_percent - farm, 0.0), farm
+
+
+def gpu_memory_percent(memory: Iterable[GpuMemory]) -> float:
+    """The node's GPUs' memory in use, together, in percent; NaN where it reported none (no GPU, no NVML)."""
+    used = total = 0
+    for m in memory:
+        used, total = used + m.used_bytes, total + m.total_bytes
+    return 100.0 * used / total if total else math.nan
+
+
+def node_view(node: Node, shards_running: int, work: list[NodeWork], models: Iterable[JSON] = ()) -> JSON:
+    """A node's figures. Its perf/W is per model (`models`, perf_by_model for this node), never one figure over the
+    models it ran."""
     power_w = sum(p.watts for p in node.power)
+    owner_cpu, farm_cpu = cpu_split(node)
     power_sources = [p.source.value for p in node.power]
     items = sum(w.items for w in work)
     energy_j = sum(w.energy_j for w in work)
     energy_sources = [w.energy_source for w in work if w.energy_source]
-    measured = [w for w in work if w.energy_source]  # perf/W only over shards whose energy was measured
-    measured_items, measured_j = sum(w.items for w in measured), sum(w.energy_j for w in measured)
-    marginal_j = _marginal(measured)
+    marginal_j = _marginal([w for w in work if w.energy_source])
     return {
         "id": node.id, "name": node.name, "state": node.state.value, "activity": activity(node, shards_running),
         "busy": node.busy, "drain": node.drain,
@@ -69,7 +87,11 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
              "idle_estimate": is_estimate(b.idle_source), "meter_step_s": b.meter_step_s}
             for b in node.backends
         ],
-        "cpu_percent": node.cpu_percent, "memory_percent": node.memory_percent,
+        "cpu_percent": node.cpu_percent, "owner_cpu_percent": owner_cpu, "farm_cpu_percent": farm_cpu,
+        "memory_percent": node.memory_percent,
+        "gpu_memory": [{"device": m.device, "used_bytes": m.used_bytes, "total_bytes": m.total_bytes,
+                        "percent": 100.0 * m.used_bytes / m.total_bytes if m.total_bytes else None}
+                       for m in node.gpu_memory],
         "power_w": power_w, "power_source": combined_source(power_sources),
         "power_estimate": _mixed_estimate(power_sources),
         "power": [{"device": p.device, "watts": p.watts, "source": p.source.value, "scope": p.scope.value,
@@ -77,9 +99,8 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork]) -> JSON:
         "shards_running": shards_running, "shards_done": sum(w.shards for w in work), "items_done": items,
         "energy_j": energy_j, "energy_source": combined_source(energy_sources),
         "energy_estimate": _mixed_estimate(energy_sources),
-        "items_per_j": measured_items / measured_j if measured_j > 0 else None,
         "marginal_j": marginal_j,
-        "items_per_marginal_j": measured_items / marginal_j if marginal_j else None,
+        "models": list(models),
         "last_heartbeat": node.last_heartbeat,
         "hardware": {"cpu_model": node.hardware.cpu_model, "cpu_cores": node.hardware.cpu_cores,
                      "gpus": [g.name for g in node.hardware.gpus], "apple_chip": node.hardware.apple_chip,
@@ -120,6 +141,8 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork],
             "by_state": dict(Counter(v["state"] for v in views)),
             "by_activity": dict(Counter(v["activity"] for v in views)),
             "cpu_percent": sum(v["cpu_percent"] for v in live) / len(live) if live else 0.0,
+            "owner_cpu_percent": sum(v["owner_cpu_percent"] for v in live) / len(live) if live else 0.0,
+            "farm_cpu_percent": sum(v["farm_cpu_percent"] for v in live) / len(live) if live else 0.0,
             "power_w": sum(v["power_w"] for v in live),
             "power_source": combined_source(live_power_sources),
             "power_estimate": _mixed_estimate(live_power_sources),
@@ -133,13 +156,16 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork],
     }
 
 
-def perf_by_model(jobs: Iterable[Job]) -> list[JSON]:
-    """Items per joule per model and backend, over the finished shards whose energy was measured. Never one figure
-    across models: an item of one model is not an item of another (a digit against a 512-token passage)."""
+def perf_by_model(jobs: Iterable[Job], node_id: str | None = None) -> list[JSON]:
+    """Items per joule per model and backend, over the finished shards whose energy was measured (those of node
+    `node_id` only, when given). Never one figure across models: an item of one model is not an item of another (a
+    digit against a 512-token passage)."""
     groups: dict[tuple[str, str], JSON] = {}
     for job in jobs:
         for shard in job.shards:
             if shard.state is not ShardState.SUCCEEDED or not shard.energy_source or shard.energy_j <= 0:
+                continue
+            if node_id is not None and shard.node_id != node_id:
                 continue
             group = groups.setdefault((job.model_key or job.id, shard.backend), {
                 "model": _model_name(job), "model_key": job.model_key, "backend": shard.backend, "jobs": set(),

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from farm.core.energy import DevicePower
-from farm.core.models import NodeState
+from farm.core.models import GpuMemory, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,8 @@ class Beat:
     memory_percent: float
     power: tuple[DevicePower, ...]
     busy: str
+    farm_cpu_percent: float = 0.0  # Farm's own share of cpu_percent
+    gpu_memory: tuple[GpuMemory, ...] = ()
 
 
 class Liveness:

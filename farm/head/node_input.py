@@ -30,6 +30,13 @@ def check_beat(beat: Message) -> None:
     busy = getattr(beat, "busy", "")
     if busy and (len(busy) > MAX_TEXT or not busy.isprintable()):
         raise UserError(f"a heartbeat's busy must be at most {MAX_TEXT} printable characters")
+    farm = getattr(beat, "farm_cpu_percent", 0.0)
+    if not 0.0 <= farm <= 100.0:  # NaN fails this too: the dashboard's JSON would not parse
+        raise UserError("a heartbeat's farm_cpu_percent must be a percentage (0 to 100)")
+    for memory in getattr(beat, "gpu_memory", ()):
+        if len(memory.device) > MAX_NAME or not memory.device.isprintable() or memory.used_bytes > memory.total_bytes:
+            raise UserError(f"a heartbeat's gpu_memory names a device of at most {MAX_NAME} printable characters, "
+                            "with used_bytes at most total_bytes")
 
 
 def _check(message: Message, max_bytes: int, what: str) -> None:

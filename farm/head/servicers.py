@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from farm.core.energy import DevicePower
 from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
-from farm.core.models import NodeState
+from farm.core.models import GpuMemory, NodeState
 from farm.head import joblog, node_input, uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
@@ -104,7 +104,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 node_input.check_beat(beat)
                 self.store.heartbeat(
                     beat.node_id, beat.cpu_percent, beat.memory_percent,
-                    tuple(_power_from_pb(p) for p in beat.power), beat.busy,
+                    tuple(_power_from_pb(p) for p in beat.power), beat.busy, beat.farm_cpu_percent,
+                    tuple(GpuMemory(device=m.device, used_bytes=m.used_bytes, total_bytes=m.total_bytes)
+                          for m in beat.gpu_memory),
                 )
                 state = self.store.node_state(beat.node_id)
                 if state is NodeState.OFFLINE:  # silent for a while, alive again: it rejoins through the usual checks

@@ -1,10 +1,12 @@
 """The dashboard in a real headless Chromium (Debian's `chromium`, driven by Playwright) against a running head with
 two agents: the fleet appears, a job shows up and finishes live (no reload), the job page shows where its shards ran
 and what they spent, and a signed-in user cancels a job, reads a job's log with what its shards printed, opens a
-node's page, and sees memory charted and perf/W per model.
+node's page (its CPU split into its owner's share and Farm's, perf/W per model on it), and sees memory charted,
+Farm's and the owners' CPU charted apart, no GPU-memory chart on a fleet without GPUs, and perf/W per model.
 
 FARM_SCREENSHOT=docs/dashboard.png makes the run save the fleet page, with the finished job, there;
-FARM_SCREENSHOT_JOB=docs/dashboard-job.png the job page with its log.
+FARM_SCREENSHOT_JOB=docs/dashboard-job.png the job page with its log; FARM_SCREENSHOT_NODE=docs/dashboard-node.png
+a node's page.
 """
 
 from __future__ import annotations
@@ -116,8 +118,9 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
     assert "32/32 items" in row.locator(".job-progress").inner_text()
     page.wait_for_function(f"({ITEMS_DONE})() >= {items_before + 32}")  # the nodes' counts followed
     assert page.evaluate("window.sameDocument") is True
-    points = page.locator("#chart-cpu .uplot").get_attribute("data-points")
+    points = page.locator("#chart-farm-cpu .uplot").get_attribute("data-points")
     assert points is not None and int(points) >= 2
+    assert page.locator("#chart-owner-cpu .u-legend").inner_text().lower().count("agent-") == 2
     assert page.locator("#chart-power .u-legend").inner_text().lower().count("agent-") == 2
 
     if os.environ.get("FARM_SCREENSHOT"):
@@ -186,15 +189,34 @@ def test_a_jobs_log_a_node_page_memory_and_perf_per_model(cluster: Cluster, dash
         page.screenshot(path=str(ROOT / os.environ["FARM_SCREENSHOT_JOB"]), full_page=True)
 
     page.goto(dashboard)
-    page.locator("tr[data-node='agent-a'] a").click()
-    page.locator("#node-page[data-node='agent-a']").wait_for()
+    # Each node's CPU, split into its owner's share and Farm's, as the head has them.
+    fleet = {n["name"]: n for n in api(dashboard, "api/fleet")["nodes"]}
+    cpu = page.locator("tr[data-node='agent-a'] .node-cpu")
+    assert cpu.locator(".owner-share").inner_text().startswith("owner ")
+    assert cpu.locator(".farm-share").inner_text().startswith("Farm ")
+    assert 0 <= fleet["agent-a"]["farm_cpu_percent"] <= fleet["agent-a"]["cpu_percent"]
+    assert fleet["agent-a"]["owner_cpu_percent"] == pytest.approx(
+        fleet["agent-a"]["cpu_percent"] - fleet["agent-a"]["farm_cpu_percent"])
+    assert "Perf/W (items/J)" not in page.locator("#nodes th").all_text_contents()  # a node's would mix models
+    ran = api(dashboard, f"api/jobs/{job_id}")["shards_detail"][0]["node_name"]  # a node that ran the chatty job
+    page.locator(f"tr[data-node='{ran}'] a").click()
+    page.locator(f"#node-page[data-node='{ran}']").wait_for()
     assert page.locator("#node-backends tr[data-backend='cpu']").count() == 1
     assert "cores" in page.locator("#node-page .meta").inner_text()
+    assert page.locator("#node-page .meta .cpu-split .farm-share").count() == 1
+    assert page.locator("#node-gpu-memory").count() == 0  # no GPU here: no GPU memory, not a zero
+    chatty = page.locator("#node-models tr[data-model='toyjob:chatty'][data-backend='cpu']")
+    chatty.wait_for()  # its own perf/W for that model
+    assert "-" != chatty.locator(".model-perf").inner_text()
+    if os.environ.get("FARM_SCREENSHOT_NODE"):
+        page.screenshot(path=str(ROOT / os.environ["FARM_SCREENSHOT_NODE"]), full_page=True)
 
     page.locator("a[href='#/']").first.click()
     page.locator("#fleet-page").wait_for()
     page.wait_for_function("document.querySelector('#chart-memory .uplot') !== null")
     assert page.locator("#chart-memory .u-legend").inner_text().lower().count("agent-") == 2
+    # GPU memory is charted where NVML reports it: on this fleet of CPUs the chart is absent, not a line at zero.
+    assert page.locator("#chart-gpu-memory").is_hidden() and page.locator("#chart-gpu-memory .uplot").count() == 0
     model = page.locator("#models tr[data-model='toyjob:chatty'][data-backend='cpu']")
     model.wait_for()
     assert "-" != model.locator(".model-perf").inner_text()

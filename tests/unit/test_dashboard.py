@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import farm.dashboard
 from farm.core.energy import DevicePower, Energy, EnergyScope, EnergySource
 from farm.core.errors import UserError
-from farm.core.models import BackendName, BackendOffer, Gpu, Hardware, JobState, NodeState
+from farm.core.models import BackendName, BackendOffer, Gpu, GpuMemory, Hardware, JobState, NodeState
 from farm.dashboard import Dashboard, pick_port
 from farm.dashboard.history import History, Reading
 from farm.head.auth import Tokens
@@ -136,7 +136,10 @@ def test_the_fleet_api_shows_each_node_with_its_power_source_activity_and_the_to
         assert gpu["activity"] == "working" and gpu["shards_running"] == 1
         assert laptop["activity"] == "busy" and "owner" in laptop["busy"]
         assert mac["activity"] == "idle" and nodes["gone"]["activity"] == "offline"
-        assert gpu["items_done"] == 50 and gpu["items_per_j"] == pytest.approx(2.0)  # 50 items over 25 J
+        assert gpu["items_done"] == 50 and "items_per_j" not in gpu  # per model only (the node's page)
+        status, gpu_page = await served.get("api/nodes/n-gpu")
+        assert status == 200 and isinstance(gpu_page, dict)
+        assert [(m["model"], m["items_per_j"]) for m in gpu_page["models"]] == [("digits", pytest.approx(2.0))]
         totals = fleet["totals"]
         assert totals["nodes"] == 4 and totals["by_state"] == {"ready": 3, "offline": 1}
         assert totals["power_w"] == pytest.approx(347.0)  # live nodes only
@@ -414,5 +417,74 @@ def test_a_node_page_and_memory_in_the_history(tmp_path: Path) -> None:
         status, history = await served.get("api/history")
         gpu = next(n for n in history["nodes"] if n["id"] == "n-gpu")  # type: ignore[index]
         assert gpu["memory"][-1] == 20.0
+
+    run(tmp_path, scenario)
+
+
+def test_a_nodes_utilisation_is_split_into_the_owners_and_the_farms_and_gpu_memory_is_charted(tmp_path: Path
+                                                                                               ) -> None:
+    """The laptop's owner works at 78 % while Farm's shards take 12 %: the page says whose load is whose. GPU memory
+    is charted for the node whose NVML reported it, and absent for the others (no chart of zeros)."""
+    h200 = 150754820096
+
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        served.store.heartbeat("n-cpu", 90.0, 50.0, (), farm_cpu_percent=12.0)
+        served.store.heartbeat("n-gpu", 40.0, 20.0, (power("cuda:0", 300.0, EnergySource.COUNTER),),
+                               farm_cpu_percent=40.0,
+                               gpu_memory=(GpuMemory(device="cuda:0", used_bytes=h200 // 4, total_bytes=h200),))
+        status, fleet = await served.get("api/fleet")
+        assert status == 200 and isinstance(fleet, dict)
+        nodes = {n["name"]: n for n in fleet["nodes"]}
+        laptop, gpu = nodes["laptop"], nodes["gpu-box"]
+        assert (laptop["cpu_percent"], laptop["owner_cpu_percent"], laptop["farm_cpu_percent"]) == (90.0, 78.0, 12.0)
+        assert (gpu["owner_cpu_percent"], gpu["farm_cpu_percent"]) == (0.0, 40.0)
+        assert gpu["gpu_memory"] == [{"device": "cuda:0", "used_bytes": h200 // 4, "total_bytes": h200,
+                                      "percent": 25.0}]
+        assert laptop["gpu_memory"] == []
+        assert fleet["totals"]["farm_cpu_percent"] == pytest.approx((40 + 0 + 12) / 3)  # the mac sent no split
+
+        await served.dashboard.sample()
+        status, history = await served.get("api/history")
+        charted = {n["name"]: n for n in history["nodes"]}  # type: ignore[index]
+        assert (charted["laptop"]["owner_cpu"][-1], charted["laptop"]["farm_cpu"][-1]) == (78.0, 12.0)
+        assert charted["gpu-box"]["gpu_memory"][-1] == 25.0
+        assert "gpu_memory" not in charted["laptop"] and "gpu_memory" not in charted["mac"]
+        async with served.http.get(served.url + "api/events") as response:
+            sample = (await next_tick(response))["sample"]
+        assert sample["farm_cpu"]["n-cpu"] == 12.0 and sample["gpu_memory"] == {"n-gpu": 25.0}
+
+        async with served.http.get(served.url + "metrics") as response:
+            text = await response.text()
+        samples = {(m.name, tuple(sorted(m.labels.items()))): m.value
+                   for family in text_string_to_metric_families(text) for m in family.samples}
+        laptop_labels = (("name", "laptop"), ("node", "n-cpu"))
+        assert samples[("farm_node_farm_cpu_utilisation_ratio", laptop_labels)] == pytest.approx(0.12)
+        assert samples[("farm_node_gpu_memory_used_bytes", (("device", "cuda:0"), ("name", "gpu-box"),
+                                                            ("node", "n-gpu")))] == h200 // 4
+
+        served.store.save_heartbeats()  # kept in the store as well: a head started again shows them
+        again = {n.id: n for n in Store(served.store.path).nodes()}["n-gpu"]
+        assert (again.farm_cpu_percent, again.gpu_memory[0].used_bytes) == (40.0, h200 // 4)
+
+    run(tmp_path, scenario)
+
+
+def test_a_node_page_gives_perf_per_model_for_that_node_alone(tmp_path: Path) -> None:
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        nodes = {n.id: n for n in served.store.nodes()}
+        for job_id, model, node, items, joules in (("j-a", "digits.model:build", "n-gpu", 100, 10.0),
+                                                   ("j-b", "minilm.model:build", "n-gpu", 10, 50.0),
+                                                   ("j-c", "digits.model:build", "n-mac", 100, 50.0)):
+            served.store.add_job(job_id, job_id, "inference", f"name: {job_id}\nmodel: {model}\n", "/c.zip", "/out",
+                                 items, [(0, items)], model_key=f"key-{model}")
+            served.store.shard_started(job_id, 0, nodes[node], "cuda", "cuda:0")
+            served.store.shard_succeeded(job_id, 0, items, 1.0, None, energy(joules, EnergySource.COUNTER))
+        status, page = await served.get("api/nodes/n-gpu")
+        assert status == 200 and isinstance(page, dict)
+        assert [(m["model"], m["items_per_j"]) for m in page["models"]] == [
+            ("digits.model:build", pytest.approx(10.0)), ("minilm.model:build", pytest.approx(0.2))]
+        assert "items_per_j" not in page  # 110 items over 60 J, across two models, would mean nothing
 
     run(tmp_path, scenario)

@@ -28,6 +28,17 @@ def test_farms_own_work_is_not_the_owners_load() -> None:
     assert [idle.busy() for _ in range(WINDOW)][-1] == ""
 
 
+def test_each_beat_reports_farms_share_of_the_machine_beside_the_machines() -> None:
+    """The dashboard splits a node's utilisation into the owner's and Farm's: Farm's share is reported whatever the
+    idle rule (100: off, as for agents sharing a host), as a share of the whole machine, never above it."""
+    for limit in (90.0, 100.0):
+        idle = policy([80.0, 30.0], [120.0, 400.0], limit)  # 1.2 of 4 cores; then all 4, in a 30 % reading
+        idle.busy()
+        assert (idle.machine_percent, idle.farm_percent) == (80.0, 30.0)
+        idle.busy()
+        assert (idle.machine_percent, idle.farm_percent) == (30.0, 30.0)
+
+
 def test_a_limit_of_100_turns_the_rule_off() -> None:
     idle = policy([100.0] * WINDOW, [0.0] * WINDOW, limit=100.0)
     assert {idle.busy() for _ in range(WINDOW)} == {""}

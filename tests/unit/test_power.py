@@ -87,6 +87,7 @@ class FakeNvml:
         self.power_mw = [p[1] for p in power]
         self.inits = 0
         self.calls: list[str] = []
+        self.memory: dict[str, int] | None = None  # nvmlDeviceGetMemoryInfo's answer: used, total, free
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -126,6 +127,12 @@ class FakeNvml:
         if not self.power_t:
             raise FakeNvmlError("Not Supported")
         return round(self._power_mw(self.clock.t))
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        self._call("nvmlDeviceGetMemoryInfo")
+        if self.memory is None:
+            raise FakeNvmlError("Not Supported")
+        return SimpleNamespace(**self.memory)
 
     def _power_mw(self, t: float) -> float:
         i = bisect.bisect_right(self.power_t, t)
@@ -856,3 +863,17 @@ def test_the_agent_reports_each_offers_meter_step_and_idle_draw() -> None:
     cpu, gpu = asyncio.run(with_meter_facts(offers, {"cpu": CpuEstimateMeter(20.0, cores=2)}))
     assert (cpu.meter_step_s, cpu.idle_w, cpu.idle_source) == (0.0, 0.0, "model-estimate")
     assert gpu == offers[1]  # no meter: nothing claimed
+
+
+def test_a_gpu_meter_reads_its_memory_for_the_heartbeat() -> None:
+    """NVML's nvmlDeviceGetMemoryInfo, as the lent H200 answered it, goes into the heartbeat's gpu_memory; a device
+    whose meter reads no memory (the CPU's, a GPU where NVML cannot say) sends none."""
+    from farm_agent.main import gpu_memory
+
+    answered = json.loads((FIXTURES.parent / "hardware" / "nvml-h200.json").read_text())
+    meter, _ = counter_meter(fixture("nvml-h200-steps.json"), 0.0)
+    meter._dev.nvml.memory = answered["devices"][0]["nvmlDeviceGetMemoryInfo"]  # type: ignore[attr-defined]
+    assert meter.memory() == (644939776, 150754820096)
+    silent, _ = counter_meter(fixture("nvml-h200-steps.json"), 0.0)  # its NVML says Not Supported
+    sent = gpu_memory({"cuda:0": meter, "cuda:1": silent, "cpu": CpuEstimateMeter(40.0, cores=4)})
+    assert [(m.device, m.used_bytes, m.total_bytes) for m in sent] == [("cuda:0", 644939776, 150754820096)]

@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from farm.core.energy import METER_STEPS, Energy, EnergyScope, EnergySource, Power
 
@@ -114,6 +114,13 @@ class PowerMeter(Protocol):
     def close(self) -> None:
         """Lets go of what the meter holds (an NVML session, a sampling subprocess); idempotent."""
         ...
+
+
+@runtime_checkable
+class ReadsMemory(Protocol):
+    """A meter that also reads its device's memory (NVML's): (used, total) bytes, or None when it cannot say."""
+
+    def memory(self) -> tuple[int, int] | None: ...
 
 
 class UnavailableMeter:

@@ -71,6 +71,7 @@ class NvmlEnergyApi(Protocol):
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> Any: ...
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...  # .used, .total in bytes
 
 
 def _event_wait(stop: threading.Event, seconds: float) -> bool:
@@ -94,6 +95,15 @@ class _NvmlDevice:
             return self.nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0
         except self.nvml.NVMLError as exc:
             log.debug("%s: nvmlDeviceGetPowerUsage failed: %s", self.device, exc)
+            return None
+
+    def memory_bytes(self) -> tuple[int, int] | None:
+        """The device's memory in use and in all, in bytes; None when NVML cannot say."""
+        try:
+            info = self.nvml.nvmlDeviceGetMemoryInfo(self.handle)
+            return int(info.used), int(info.total)
+        except self.nvml.NVMLError as exc:
+            log.debug("%s: nvmlDeviceGetMemoryInfo failed: %s", self.device, exc)
             return None
 
     def close(self) -> None:
@@ -195,6 +205,9 @@ class NvmlCounterMeter:
         watts = self._dev.power_watts()
         return None if watts is None else Power(watts=watts, source=EnergySource.VENDOR_ESTIMATE, scope=self.scope)
 
+    def memory(self) -> tuple[int, int] | None:
+        return self._dev.memory_bytes()
+
     def close(self) -> None:
         self._dev.close()
 
@@ -265,6 +278,9 @@ class NvmlPowerMeter:
     def power(self) -> Power | None:
         watts = self._dev.power_watts()
         return None if watts is None else Power(watts=watts, source=self.source, scope=self.scope)
+
+    def memory(self) -> tuple[int, int] | None:
+        return self._dev.memory_bytes()
 
     def close(self) -> None:
         self._dev.close()

@@ -10,7 +10,7 @@ const COLOURS = ["#2563eb", "#16a34a", "#dc2626", "#d97706", "#7c3aed", "#0891b2
 const state = {
   fleet: null,            // the latest /api/fleet (or tick's fleet)
   jobs: [],               // the latest jobs list
-  history: null,          // {t: [...], nodes: [{id, name, cpu: [...], power: [...]}], nodes_total}
+  history: null,          // {t: [...], nodes: [{id, name, cpu, farm_cpu, owner_cpu, power, memory, gpu_memory?}]}
   charts: {},             // uPlot instances by metric
   chartNodes: "",         // the node ids the charts were built for
   job: null,              // the job shown on a job page
@@ -62,6 +62,25 @@ function estBadge(estimate, source, scope) {
 function figure(text, estimate, source, scope) {
   return h("span", {class: "figure", title: source ? `source: ${source}${scope ? `, ${scope}` : ""}` : null},
            text, estBadge(estimate, source, scope));
+}
+
+// A node's CPU split into its owner's share and Farm's (each in percent of the whole machine): a node busy with its
+// owner's work is not shown as Farm's.
+function cpuSplit(n) {
+  return h("div", {class: "cpu-split", title: `whole machine ${num(n.cpu_percent)}%`},
+    h("div", {class: "split-bar", role: "img", "aria-label": `owner ${num(n.owner_cpu_percent)}%, Farm ${
+      num(n.farm_cpu_percent)}%`},
+      h("span", {class: "owner", style: `width:${Math.min(n.owner_cpu_percent, 100)}%`}),
+      h("span", {class: "farm", style: `left:${Math.min(n.owner_cpu_percent, 100)}%;width:${
+        Math.min(n.farm_cpu_percent, 100)}%`})),
+    h("div", {class: "split-text"}, h("span", {class: "owner-share"}, `owner ${num(n.owner_cpu_percent)}%`), " · ",
+      h("span", {class: "farm-share"}, `Farm ${num(n.farm_cpu_percent)}%`)));
+}
+
+function gpuMemoryText(memory) {
+  const used = memory.reduce((sum, m) => sum + m.used_bytes, 0);
+  const total = memory.reduce((sum, m) => sum + m.total_bytes, 0);
+  return `${num(used / 2 ** 30, 1)}/${num(total / 2 ** 30)} GiB`;
 }
 
 function stateCell(value, prefix = "state") { return h("span", {class: `state ${prefix}-${value}`}, value); }
@@ -122,9 +141,7 @@ function fleetSkeleton() {
     h("h2", {}, "Nodes"), h("div", {class: "table-wrap"}, h("table", {id: "nodes"})),
     h("h2", {}, "Last 15 minutes"),
     h("div", {class: "charts"},
-      h("div", {class: "chart", id: "chart-cpu"}, h("h3", {}, "Utilisation (CPU %) per node")),
-      h("div", {class: "chart", id: "chart-power"}, h("h3", {}, "Power (W) per node")),
-      h("div", {class: "chart", id: "chart-memory"}, h("h3", {}, "Memory (% of the machine's) per node"))),
+      CHARTS.map(c => h("div", {class: "chart", id: c.id, hidden: c.onlyWhere || null}, h("h3", {}, c.title)))),
     h("p", {class: "dim", id: "chart-note"}),
     h("h2", {}, "Perf/W by model"),
     h("p", {class: "dim"}, "Items per joule of each model on each backend, over the latest jobs' measured shards: " +
@@ -148,7 +165,8 @@ function renderFleet() {
            .join(" · ") || "none yet", "total-nodes"),
     card("Activity", `${act.working || 0} working`,
          `${act.idle || 0} idle · ${act.busy || 0} owner busy`, "total-activity"),
-    card("Utilisation", `${num(totals.cpu_percent)}%`, "mean CPU of live nodes", "total-cpu"),
+    card("Utilisation", `${num(totals.cpu_percent)}%`, `Farm ${num(totals.farm_cpu_percent)}% · owners ${
+      num(totals.owner_cpu_percent)}% (mean CPU of live nodes)`, "total-cpu"),
     card("Power", figure(watts(totals.power_w), totals.power_estimate, totals.power_source),
          "live nodes, latest heartbeats", "total-power"),
     card("Shards running", num(totals.shards_running), null, "total-shards"),
@@ -162,8 +180,9 @@ function renderFleet() {
       h("b", {}, b.backend), ` ${b.nodes} node${b.nodes === 1 ? "" : "s"} (${b.ready} ready) · ${b.devices} device${
         b.devices === 1 ? "" : "s"}`)) : [h("span", {class: "dim"}, "no backends yet")]));
 
-  const head = h("tr", {}, ["Node", "State", "Activity", "Backends", "CPU", "Memory", "Power", "Shards running",
-    "Items done", "Energy", "Perf/W (items/J)", "Heartbeat", ""].map((c, i) => h("th", {class: i >= 4 && i < 11 ?
+  // No perf/W column: a node's items over its joules would average unlike models (see the node's page, by model).
+  const head = h("tr", {}, ["Node", "State", "Activity", "Backends", "CPU: owner · Farm", "Memory", "Power",
+    "Shards running", "Items done", "Energy", "Heartbeat", ""].map((c, i) => h("th", {class: i >= 5 && i < 10 ?
       "num" : null}, c)));
   const rows = nodes.map(n => { const live = n.state !== "offline"; return h("tr", {"data-node": n.name,
       "data-node-id": n.id, class: live ? null : "dim"},
@@ -178,25 +197,24 @@ function renderFleet() {
       b.idle_w == null ? null : h("span", {class: "dim"}, " idle ", figure(watts(b.idle_w), b.idle_estimate,
         b.idle_source))))),
     // An offline node's last figures are stale: they are not shown as if current.
-    h("td", {class: "num node-cpu"}, live ? `${num(n.cpu_percent)}%` : "-"),
-    h("td", {class: "num"}, live ? `${num(n.memory_percent)}%` : "-"),
+    h("td", {class: "node-cpu"}, live ? cpuSplit(n) : "-"),
+    h("td", {class: "num node-memory"}, live ? `${num(n.memory_percent)}%` : "-", live && n.gpu_memory.length ?
+      h("div", {class: "dim node-gpu-memory"}, `GPU ${gpuMemoryText(n.gpu_memory)}`) : null),
     h("td", {class: "num node-power"}, live && n.power.length ? figure(watts(n.power_w), n.power_estimate,
       n.power_source, n.power.length === 1 ? n.power[0].scope : "") : "-"),
     h("td", {class: "num node-shards"}, num(n.shards_running)),
     h("td", {class: "num node-items"}, num(n.items_done)),
     h("td", {class: "num"}, n.energy_source ? figure(joules(n.energy_j), n.energy_estimate, n.energy_source) : "-",
       n.marginal_j == null ? null : h("div", {class: "dim node-marginal"}, `${joules(n.marginal_j)} above idle`)),
-    h("td", {class: "num"}, n.items_per_j == null ? "-" :
-      figure(num(n.items_per_j, 1), n.energy_estimate, n.energy_source)),
     h("td", {}, ago(n.last_heartbeat)),
     h("td", {}, live ? drainButton(n) : null)); });
   document.getElementById("nodes").replaceChildren(h("thead", {}, head),
-    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 13, class: "empty"},
+    h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", {colspan: 12, class: "empty"},
       "No nodes yet: join one with the command `farm head start` printed."))));
   renderJobs();
 }
 
-function renderModels(models) {
+function renderModels(models, id = "models") {
   const head = h("tr", {}, ["Model", "Backend", "Jobs", "Items", "Energy", "Perf/W (items/J)"].map((c, i) =>
     h("th", {class: i >= 2 ? "num" : null}, c)));
   const rows = models.map(m => h("tr", {"data-model": m.model, "data-backend": m.backend},
@@ -204,7 +222,9 @@ function renderModels(models) {
     h("td", {class: "num"}, num(m.items)),
     h("td", {class: "num"}, figure(joules(m.energy_j), m.energy_estimate, m.energy_source)),
     h("td", {class: "num model-perf"}, figure(num(m.items_per_j, 1), m.energy_estimate, m.energy_source))));
-  document.getElementById("models").replaceChildren(h("thead", {}, head), h("tbody", {}, rows.length ? rows :
+  const table = document.getElementById(id);
+  if (!table) return;
+  table.replaceChildren(h("thead", {}, head), h("tbody", {}, rows.length ? rows :
     h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No measured shards yet."))));
 }
 
@@ -266,8 +286,23 @@ function destroyCharts() {
   state.chartNodes = "";
 }
 
+// The fleet's charts: one series per node. GPU memory is charted only where a node reported it (NVML): without one,
+// the chart is absent rather than a chart of nothing.
+const CHARTS = [
+  {metric: "farm_cpu", id: "chart-farm-cpu", title: "Farm's CPU (% of the machine) per node", unit: "%",
+   range: [0, 100]},
+  {metric: "owner_cpu", id: "chart-owner-cpu", title: "The owner's CPU (% of the machine) per node", unit: "%",
+   range: [0, 100]},
+  {metric: "power", id: "chart-power", title: "Power (W) per node", unit: "W", range: null},
+  {metric: "memory", id: "chart-memory", title: "Memory (% of the machine's) per node", unit: "%", range: [0, 100]},
+  {metric: "gpu_memory", id: "chart-gpu-memory", title: "GPU memory (% of the node's GPUs) per node", unit: "%",
+   range: [0, 100], onlyWhere: true},
+];
+
+function chartNodes(metric) { return state.history.nodes.filter(n => n[metric] !== undefined); }
+
 function chartData(metric) {
-  return [state.history.t, ...state.history.nodes.map(n => n[metric])];
+  return [state.history.t, ...chartNodes(metric).map(n => n[metric])];
 }
 
 function buildCharts() {
@@ -275,16 +310,19 @@ function buildCharts() {
   destroyCharts();
   const nodes = state.history.nodes;
   state.chartNodes = nodes.map(n => n.id).join(",");
-  for (const [metric, id, unit, range] of [["cpu", "chart-cpu", "%", [0, 100]], ["power", "chart-power", "W", null],
-                                           ["memory", "chart-memory", "%", [0, 100]]]) {
+  for (const {metric, id, unit, range, onlyWhere} of CHARTS) {
     const box = document.getElementById(id);
     box.querySelectorAll(".uplot, .note").forEach(el => el.remove());
+    const charted = chartNodes(metric);
+    box.hidden = Boolean(onlyWhere) && !charted.length;
+    if (box.hidden) continue;
     const width = Math.max(box.clientWidth - 16, 300);
     const opts = {
       width, height: 220,
       scales: {x: {time: true}, y: range ? {range: () => range} : {range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)]}},
       axes: [{}, {values: (u, ticks) => ticks.map(v => `${num(v)}${unit === "%" ? "%" : ""}`), size: 50}],
-      series: [{}, ...nodes.map((n, i) => ({label: n.name, stroke: COLOURS[i % COLOURS.length], width: 1.5,
+      series: [{}, ...charted.map(n => ({label: n.name, stroke: COLOURS[nodes.indexOf(n) % COLOURS.length],
+        width: 1.5,
         points: {show: false},
         value: (u, v) => v == null ? "-" : `${num(v, 1)} ${unit}`}))],
       legend: {live: true},
@@ -303,20 +341,27 @@ function appendSample(sample) {
   if (!history || sample.t <= history.t[history.t.length - 1]) return;  // already in the history fetched
   const charted = new Set(history.nodes.map(n => n.id));
   const unseen = Object.keys(sample.values).some(id => !charted.has(id));
-  if (unseen && history.nodes.length < CHARTED_MAX) {
-    loadHistory();  // a node joined: its series needs a place on the charts
+  const newGpu = Object.keys(sample.gpu_memory || {}).some(id => charted.has(id) &&
+    !history.nodes.find(n => n.id === id).gpu_memory);
+  if ((unseen && history.nodes.length < CHARTED_MAX) || newGpu) {
+    loadHistory();  // a node joined (or first reported GPU memory): its series needs a place on the charts
     return;
   }
   history.t.push(sample.t);
+  const farm = sample.farm_cpu || {}, gpu = sample.gpu_memory || {};
   for (const n of history.nodes) {
     const values = sample.values[n.id];
     n.cpu.push(values ? values[0] : null);
+    n.farm_cpu.push(farm[n.id] ?? null);
+    n.owner_cpu.push(values && farm[n.id] != null ? Math.max(values[0] - farm[n.id], 0) : null);
     n.power.push(values ? values[1] : null);
     n.memory.push(sample.memory ? sample.memory[n.id] ?? null : null);
+    if (n.gpu_memory) n.gpu_memory.push(gpu[n.id] ?? null);
   }
+  const series = ["cpu", "farm_cpu", "owner_cpu", "power", "memory", "gpu_memory"];
   while (history.t.length && history.t[0] < sample.t - WINDOW_S) {
     history.t.shift();
-    for (const n of history.nodes) { n.cpu.shift(); n.power.shift(); n.memory.shift(); }
+    for (const n of history.nodes) for (const metric of series) if (n[metric]) n[metric].shift();
   }
   for (const [metric, chart] of Object.entries(state.charts)) {
     chart.setData(chartData(metric));
@@ -326,7 +371,7 @@ function appendSample(sample) {
 
 window.addEventListener("resize", () => {
   for (const [metric, chart] of Object.entries(state.charts)) {
-    const box = document.getElementById(`chart-${metric}`);
+    const box = document.getElementById(CHARTS.find(c => c.metric === metric).id);
     if (box) chart.setSize({width: Math.max(box.clientWidth - 16, 300), height: 220});
   }
 });
@@ -395,10 +440,15 @@ async function loadNode(id) {
   }
   if (route().page !== "node") return;
   const hw = node.hardware;
+  const gpuMemory = node.gpu_memory.map(m => h("tr", {"data-device": m.device}, h("td", {}, m.device),
+    h("td", {class: "num"}, `${num(m.used_bytes / 2 ** 30, 1)} GiB`), h("td", {class: "num"},
+      `${num(m.total_bytes / 2 ** 30, 1)} GiB`), h("td", {class: "num"}, m.percent == null ? "-" :
+      `${num(m.percent)}%`)));
   const meta = [
     ["State", stateCell(node.state)], ["Activity", stateCell(node.activity, "act")],
     ["Owner", node.busy ? `busy: ${node.busy}` : "idle"],
-    ["CPU", `${num(node.cpu_percent)}%`], ["Memory", `${num(node.memory_percent)}%`],
+    ["CPU", cpuSplit(node)], ["Memory", `${num(node.memory_percent)}%`],
+    ["GPU memory", node.gpu_memory.length ? gpuMemoryText(node.gpu_memory) : null],
     ["Power", node.power.length ? figure(watts(node.power_w), node.power_estimate, node.power_source) : "-"],
     ["Shards", `${num(node.shards_running)} running · ${num(node.shards_done)} done`],
     ["Items done", num(node.items_done)],
@@ -406,7 +456,7 @@ async function loadNode(id) {
     ["Machine", `${hw.cpu_model}, ${hw.cpu_cores} cores, ${hw.os}/${hw.arch}` +
       (hw.gpus.length ? ` · ${hw.gpus.join(", ")}` : "") + (hw.apple_chip ? ` · ${hw.apple_chip}` : "")],
     ["Heartbeat", ago(node.last_heartbeat)],
-  ];
+  ].filter(([, value]) => value !== null);
   const backends = node.backends.map(b => h("tr", {"data-backend": b.name},
     h("td", {}, b.name), h("td", {}, b.device), h("td", {}, b.available ? "available" : `unavailable: ${b.reason}`),
     h("td", {}, b.detail || "-"),
@@ -424,7 +474,16 @@ async function loadNode(id) {
       h("tbody", {}, backends))),
     h("h2", {}, "Power now, by device"),
     h("div", {class: "table-wrap"}, h("table", {id: "node-power"}, h("tbody", {}, power.length ? power :
-      h("tr", {}, h("td", {class: "empty"}, "no power readings")))))));
+      h("tr", {}, h("td", {class: "empty"}, "no power readings"))))),
+    gpuMemory.length ? h("h2", {}, "GPU memory now, by device") : null,
+    gpuMemory.length ? h("div", {class: "table-wrap"}, h("table", {id: "node-gpu-memory"}, h("thead", {},
+      h("tr", {}, ["Device", "Used", "Total", "In use"].map((c, i) => h("th", {class: i ? "num" : null}, c)))),
+      h("tbody", {}, gpuMemory))) : null,
+    h("h2", {}, "Perf/W by model on this node"),
+    h("p", {class: "dim"}, "Items per joule of each model on each backend of this node, over the latest jobs: " +
+      "never one figure across models."),
+    h("div", {class: "table-wrap"}, h("table", {id: "node-models"}))));
+  renderModels(node.models, "node-models");
 }
 
 function live(node) { return node.state !== "offline"; }

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from farm.core.energy import DevicePower
 from farm.core.errors import NotFoundError
-from farm.core.models import BackendOffer, Hardware, Node, NodeState
+from farm.core.models import BackendOffer, GpuMemory, Hardware, Node, NodeState
 from farm.head.liveness import Beat, Liveness, NodeLiveness
 from farm.head.store.db import Database
 
@@ -51,6 +51,8 @@ class NodeRecords(Database):
         self._node_states: dict[str, NodeState] = {}  # node_state's cache; every write of a state drops its entry
         self._db.executescript(SCHEMA)
         self._add_column("nodes", "drain", "INTEGER NOT NULL DEFAULT 0")
+        self._add_column("nodes", "farm_cpu_percent", "REAL NOT NULL DEFAULT 0")
+        self._add_column("nodes", "gpu_memory", "TEXT NOT NULL DEFAULT '[]'")
 
     def upsert_node(
         self, node_id: str, name: str, hardware: Hardware, backends: list[BackendOffer], address: str, token_hash: str
@@ -83,9 +85,10 @@ class NodeRecords(Database):
         return node_id
 
     def heartbeat(self, node_id: str, cpu_percent: float, memory_percent: float, power: tuple[DevicePower, ...],
-                  busy: str = "") -> None:
+                  busy: str = "", farm_cpu_percent: float = 0.0, gpu_memory: tuple[GpuMemory, ...] = ()) -> None:
         """Kept in memory (self.liveness) until the next save_heartbeats: no SQL per beat."""
-        self.liveness.record(node_id, Beat(time.time(), cpu_percent, memory_percent, power, busy))
+        self.liveness.record(node_id, Beat(time.time(), cpu_percent, memory_percent, power, busy, farm_cpu_percent,
+                                           gpu_memory))
 
     def save_heartbeats(self, beats: Sequence[tuple[str, Beat]] | None = None) -> int:
         """Write heartbeats (by default all received since the last save, the latest per node) in one transaction;
@@ -94,10 +97,12 @@ class NodeRecords(Database):
         if beats:
             with self._tx() as db:
                 db.executemany(
-                    """UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=?, busy=?
+                    """UPDATE nodes SET last_heartbeat=?, cpu_percent=?, memory_percent=?, power=?, busy=?,
+                                        farm_cpu_percent=?, gpu_memory=?
                        WHERE id=? AND last_heartbeat <= ?""",
                     [(b.at, b.cpu_percent, b.memory_percent, "[" + ",".join(p.model_dump_json() for p in b.power) + "]",
-                      b.busy, node_id, b.at) for node_id, b in beats],
+                      b.busy, b.farm_cpu_percent, "[" + ",".join(m.model_dump_json() for m in b.gpu_memory) + "]",
+                      node_id, b.at) for node_id, b in beats],
                 )
         return len(beats)
 
@@ -169,11 +174,14 @@ class NodeRecords(Database):
             beat = self.liveness.latest(r["id"])
             if beat is None or beat.at < r["last_heartbeat"]:  # none since the head started, or registered since
                 beat = Beat(r["last_heartbeat"], r["cpu_percent"], r["memory_percent"],
-                            tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])), r["busy"])
+                            tuple(DevicePower.model_validate(p) for p in json.loads(r["power"])), r["busy"],
+                            r["farm_cpu_percent"],
+                            tuple(GpuMemory.model_validate(m) for m in json.loads(r["gpu_memory"])))
             nodes.append(Node(
                 id=r["id"], name=r["name"], state=NodeState(r["state"]), hardware=_hardware(r["hardware"]),
                 backends=_backends(r["backends"]), ray_node_id=r["ray_node_id"], address=r["address"],
                 last_heartbeat=beat.at, registered_at=r["registered_at"], cpu_percent=beat.cpu_percent,
                 memory_percent=beat.memory_percent, power=beat.power, busy=beat.busy, drain=bool(r["drain"]),
+                farm_cpu_percent=beat.farm_cpu_percent, gpu_memory=beat.gpu_memory,
             ))
         return nodes

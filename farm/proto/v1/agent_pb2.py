@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from farm.proto.v1 import common_pb2 as farm_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61rm/proto/v1/agent.proto\x12\x07\x66\x61rm.v1\x1a\x1a\x66\x61rm/proto/v1/common.proto\"\xda\x01\n\x0fRegisterRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x08hardware\x18\x03 \x01(\x0b\x32\x11.farm.v1.Hardware\x12\"\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0b\x32\x10.farm.v1.Backend\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x08 \x01(\x0c\x12\x12\n\nnode_token\x18\t \x01(\t\"\xa6\x01\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0bray_address\x18\x03 \x01(\t\x12\x11\n\tray_token\x18\x04 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63lient_cert_pem\x18\x06 \x01(\x0c\x12\x11\n\tmtls_port\x18\x07 \x01(\r\"\xac\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\x16\n\x0ememory_percent\x18\x04 \x01(\x01\x12\x13\n\x0bray_running\x18\x05 \x01(\x08\x12#\n\x05power\x18\x06 \x03(\x0b\x32\x14.farm.v1.DevicePower\x12\x0c\n\x04\x62usy\x18\x07 \x01(\t\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05state\x18\x01 \x01(\t\"8\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\"\x11\n\x0f\x44\x65registerReply2\xd5\x01\n\x0c\x41gentService\x12<\n\x08Register\x12\x18.farm.v1.RegisterRequest\x1a\x16.farm.v1.RegisterReply\x12\x43\n\tHeartbeat\x12\x19.farm.v1.HeartbeatRequest\x1a\x17.farm.v1.HeartbeatReply(\x01\x30\x01\x12\x42\n\nDeregister\x12\x1a.farm.v1.DeregisterRequest\x1a\x18.farm.v1.DeregisterReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61rm/proto/v1/agent.proto\x12\x07\x66\x61rm.v1\x1a\x1a\x66\x61rm/proto/v1/common.proto\"\xda\x01\n\x0fRegisterRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x08hardware\x18\x03 \x01(\x0b\x32\x11.farm.v1.Hardware\x12\"\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0b\x32\x10.farm.v1.Backend\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x08 \x01(\x0c\x12\x12\n\nnode_token\x18\t \x01(\t\"\xa6\x01\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0bray_address\x18\x03 \x01(\t\x12\x11\n\tray_token\x18\x04 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63lient_cert_pem\x18\x06 \x01(\x0c\x12\x11\n\tmtls_port\x18\x07 \x01(\r\"\xee\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\x16\n\x0ememory_percent\x18\x04 \x01(\x01\x12\x13\n\x0bray_running\x18\x05 \x01(\x08\x12#\n\x05power\x18\x06 \x03(\x0b\x32\x14.farm.v1.DevicePower\x12\x0c\n\x04\x62usy\x18\x07 \x01(\t\x12\x18\n\x10\x66\x61rm_cpu_percent\x18\x08 \x01(\x01\x12&\n\ngpu_memory\x18\t \x03(\x0b\x32\x12.farm.v1.GpuMemory\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05state\x18\x01 \x01(\t\"8\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\"\x11\n\x0f\x44\x65registerReply2\xd5\x01\n\x0c\x41gentService\x12<\n\x08Register\x12\x18.farm.v1.RegisterRequest\x1a\x16.farm.v1.RegisterReply\x12\x43\n\tHeartbeat\x12\x19.farm.v1.HeartbeatRequest\x1a\x17.farm.v1.HeartbeatReply(\x01\x30\x01\x12\x42\n\nDeregister\x12\x1a.farm.v1.DeregisterRequest\x1a\x18.farm.v1.DeregisterReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,13 +37,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERREPLY']._serialized_start=288
   _globals['_REGISTERREPLY']._serialized_end=454
   _globals['_HEARTBEATREQUEST']._serialized_start=457
-  _globals['_HEARTBEATREQUEST']._serialized_end=629
-  _globals['_HEARTBEATREPLY']._serialized_start=631
-  _globals['_HEARTBEATREPLY']._serialized_end=662
-  _globals['_DEREGISTERREQUEST']._serialized_start=664
-  _globals['_DEREGISTERREQUEST']._serialized_end=720
-  _globals['_DEREGISTERREPLY']._serialized_start=722
-  _globals['_DEREGISTERREPLY']._serialized_end=739
-  _globals['_AGENTSERVICE']._serialized_start=742
-  _globals['_AGENTSERVICE']._serialized_end=955
+  _globals['_HEARTBEATREQUEST']._serialized_end=695
+  _globals['_HEARTBEATREPLY']._serialized_start=697
+  _globals['_HEARTBEATREPLY']._serialized_end=728
+  _globals['_DEREGISTERREQUEST']._serialized_start=730
+  _globals['_DEREGISTERREQUEST']._serialized_end=786
+  _globals['_DEREGISTERREPLY']._serialized_start=788
+  _globals['_DEREGISTERREPLY']._serialized_end=805
+  _globals['_AGENTSERVICE']._serialized_start=808
+  _globals['_AGENTSERVICE']._serialized_end=1021
 # @@protoc_insertion_point(module_scope)

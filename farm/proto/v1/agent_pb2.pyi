@@ -48,7 +48,7 @@ class RegisterReply(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., ray_address: _Optional[str] = ..., ray_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., client_cert_pem: _Optional[bytes] = ..., mtls_port: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "node_token", "cpu_percent", "memory_percent", "ray_running", "power", "busy")
+    __slots__ = ("node_id", "node_token", "cpu_percent", "memory_percent", "ray_running", "power", "busy", "farm_cpu_percent", "gpu_memory")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,8 @@ class HeartbeatRequest(_message.Message):
     RAY_RUNNING_FIELD_NUMBER: _ClassVar[int]
     POWER_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    FARM_CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    GPU_MEMORY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_token: str
     cpu_percent: float
@@ -63,7 +65,9 @@ class HeartbeatRequest(_message.Message):
     ray_running: bool
     power: _containers.RepeatedCompositeFieldContainer[_common_pb2.DevicePower]
     busy: str
-    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., ray_running: _Optional[bool] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ...) -> None: ...
+    farm_cpu_percent: float
+    gpu_memory: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuMemory]
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., ray_running: _Optional[bool] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ..., farm_cpu_percent: _Optional[float] = ..., gpu_memory: _Optional[_Iterable[_Union[_common_pb2.GpuMemory, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("state",)

@@ -75,3 +75,13 @@ class DevicePower(_message.Message):
     source: str
     scope: str
     def __init__(self, device: _Optional[str] = ..., watts: _Optional[float] = ..., source: _Optional[str] = ..., scope: _Optional[str] = ...) -> None: ...
+
+class GpuMemory(_message.Message):
+    __slots__ = ("device", "used_bytes", "total_bytes")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    used_bytes: int
+    total_bytes: int
+    def __init__(self, device: _Optional[str] = ..., used_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
