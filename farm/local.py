@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import json
 import os
 import pwd
@@ -28,6 +29,7 @@ import psutil
 
 from farm import ray_user
 from farm.core.errors import AgentError
+from farm.node_group import NodeGroup
 
 
 def default_state_dir() -> Path:
@@ -144,29 +146,44 @@ def local_ip_towards(host: str) -> str:
 
 
 def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
-                   die_with_parent: bool = False, user: pwd.struct_passwd | None = None) -> subprocess.Popen[bytes]:
+                   die_with_parent: bool = False, user: pwd.struct_passwd | None = None,
+                   group: NodeGroup | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start a process in its own session (it outlives the terminal), output appended to `log`. With
     `die_with_parent` (Linux), it gets SIGTERM when the calling thread dies, however it dies. With `user`, it runs
-    as that user (this process being root), with no supplementary groups."""
+    as that user (this process being root), with no supplementary groups. With `group`, it joins that node's cgroup
+    before it becomes `user`."""
     private_folder(log.parent)
-    as_user: dict[str, Any] = {} if user is None else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    as_user: dict[str, Any] = {}
+    if user is not None and group is None:  # else set by _before_exec, once the child has joined the group
+        as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    before_exec = None
+    if group is not None or (die_with_parent and _PRCTL is not None):
+        before_exec = functools.partial(_before_exec, group, user if group is not None else None, die_with_parent)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # a log is state: the owner's alone
     os.fchmod(fd, 0o600)
     with open(fd, "ab") as out:
         return subprocess.Popen(
             list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(env) if env is not None else None,
-            preexec_fn=_term_on_parent_death if die_with_parent and _PRCTL is not None else None, **as_user,
+            env=dict(env) if env is not None else None, cwd=cwd, preexec_fn=before_exec, **as_user,
         )
 
 
-# prctl(2), looked up before any fork: the child between fork and exec runs only this C call.
+# prctl(2), looked up before any fork: the child between fork and exec calls it without a lookup.
 _PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
 _PR_SET_PDEATHSIG = 1
 
 
-def _term_on_parent_death() -> None:
-    if _PRCTL is not None:
+def _before_exec(group: NodeGroup | None, user: pwd.struct_passwd | None, die_with_parent: bool) -> None:
+    """In the child between fork and exec: join the node's cgroup (as this process's user), become `user`, then ask
+    for SIGTERM at the parent's death (a change of user clears that request). Only C calls: other threads' locks
+    may be held, so nothing here may take one (no imports, no logging)."""
+    if group is not None:
+        group.join()
+    if user is not None:
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
+    if die_with_parent and _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -305,7 +322,8 @@ class RayProcess:
         """`user`: the account the node runs as (farm.ray_user; None: this process's). `folder`: the node's own
         folder, made afresh at each start, private to `user` (0700: Ray makes its --temp-dir, `folder`/r, and the
         folders it unpacks job code into 0777, so nobody else on the machine may reach them), its HOME, holding its
-        own copy of the Ray token; removed when the node stops."""
+        own copy of the Ray token; removed when the node stops. A node with a folder is also a NodeGroup named
+        after it: stopping it ends every process it started, however they left its session."""
         temp_dir = ["--temp-dir", str(folder / "r")] if folder is not None else []
         node_ip = next((args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--node-ip-address"), "")
         self.loopback = on_loopback(node_ip)
@@ -316,6 +334,7 @@ class RayProcess:
         self.user = user
         self.folder = folder
         self.proc: subprocess.Popen[bytes] | None = None
+        self.group: NodeGroup | None = None
         self.stopped = False  # set by stop(), possibly from another thread while start() waits
 
     def start(self, timeout: float = 120.0) -> None:
@@ -328,27 +347,32 @@ class RayProcess:
             clear_left_behind(self.record)
         token_path = self.token_path
         if self.folder is not None:  # after what a killed owner left is ended: its processes used the old one
+            self.group = NodeGroup.make(self.folder.name, self.user.pw_uid if self.user else os.geteuid())
             ray_user.private_folder(self.folder, self.user)
             token_path = ray_user.hand_token(self.token_path, self.folder, self.user)
         RAY_START_LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(RAY_START_LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                if self.stopped:
+                if self.stopped:  # stopped before it was spawned: its folder and group are made, and go
+                    self.stop()
                     return
                 offset = self.log.stat().st_size if self.log.exists() else 0
                 env = ray_env(token_path, loopback=self.loopback)
                 if self.folder is not None:
                     env["HOME"] = str(self.folder)
+                if self.group is not None:
+                    env.update(self.group.env())
                 if self.user is not None:
                     env["USER"] = env["LOGNAME"] = self.user.pw_name
-                self.proc = spawn_detached(self.args, self.log, env=env, user=self.user,
-                                           die_with_parent=threading.current_thread() is threading.main_thread())
+                self.proc = spawn_detached(self.args, self.log, env=env, user=self.user, group=self.group,
+                                           die_with_parent=threading.current_thread() is threading.main_thread(),
+                                           cwd=self.folder if self.user is not None else None)  # one it can enter
                 wait_for(lambda: self.stopped or not self.running or self._started(offset), timeout, interval=0.2)
                 if self.stopped:  # stop() ran while this node was being spawned: finish its work
                     self.stop()
                 elif self.running and self.record is not None:
-                    record_session(self.record, self.proc.pid)
+                    record_session(self.record, self.proc.pid, self.group, self.folder)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -365,15 +389,16 @@ class RayProcess:
         """SIGTERM `ray start`, which drains the node and stops its processes; then clear what is left of the
         session. (Signalling the whole session at once leaves `ray start` draining against a dead GCS.)"""
         self.stopped = True
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        stop_session(self.proc.pid, grace=5)
-        self.proc.wait()
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+            stop_session(self.proc.pid, grace=5)
+            self.proc.wait()
+        if self.group is not None:  # what job code started outside the session (setsid, a double fork)
+            self.group.end()
         if self.record is not None:
             self.record.unlink(missing_ok=True)
         if self.folder is not None:  # its sessions' logs, spilled objects, unpacked job code: GBs left per node
@@ -384,14 +409,20 @@ class RayProcess:
         return AgentError(f"Ray exited with {self.proc.returncode if self.proc else '?'}: " + " | ".join(tail))
 
 
-def record_session(record: Path, leader: int) -> None:
-    """Write down the session of a Ray node this process started, and its processes with their start times: what
-    clear_left_behind needs to find exactly these processes again, and never another farm's."""
+def record_session(record: Path, leader: int, group: NodeGroup | None = None, folder: Path | None = None) -> None:
+    """Write down the session of a Ray node this process started, and its processes with their start times (and
+    its NodeGroup and folder): what clear_left_behind needs to find exactly these processes again, and never another
+    farm's."""
     members = []
     for proc in psutil.process_iter(["pid", "create_time"]):
         if _session(proc) == leader:
             members.append([proc.info["pid"], proc.info["create_time"]])
-    write_json(record, {"session": leader, "processes": members})
+    saved: dict[str, Any] = {"session": leader, "processes": members}
+    if group is not None:
+        saved["group"] = group.to_json()
+    if folder is not None:
+        saved["folder"] = str(folder)
+    write_json(record, saved)
 
 
 def clear_left_behind(record: Path) -> list[int]:
@@ -417,6 +448,11 @@ def clear_left_behind(record: Path) -> list[int]:
             _signal(proc, signal.SIGKILL)
         psutil.wait_procs(members, timeout=10)
         ended = [p.pid for p in members]
+    if isinstance(saved.get("group"), dict):  # what left the session: the node's cgroup, its user's marked processes
+        ended += NodeGroup.from_json(saved["group"]).end()
+    folder = Path(str(saved.get("folder") or ""))
+    if folder.name.startswith("farm-ray-") and not folder.is_symlink():  # its logs, unpacked job code: GBs at times
+        shutil.rmtree(folder, ignore_errors=True)
     record.unlink(missing_ok=True)
     return ended
 
