@@ -4,6 +4,10 @@
 #
 #   agents/install.sh --head HOST:PORT --token-file FILE --ca-hash sha256:HEX [--name N] [--cpus N] [--user]
 #
+# A system service runs the agent as root and its Ray, and so every job's code, as the unprivileged farm-ray (or
+# --ray-user), which `farm agent install` makes if missing: the environment must be where that user can read it,
+# so run as root its default is /opt/farm/venv, not root's private home.
+#
 # Safe to run twice: an existing environment is reused, Farm is reinstalled only when the source or the extras
 # changed (or with --upgrade), and installing the service again rewrites the same files.
 set -euo pipefail
@@ -20,7 +24,10 @@ usage: install.sh --head HOST:PORT (--token TOKEN | --token-file FILE) (--ca-has
   --name NAME          the node's name (default: the host name)
   --cpus N             CPU cores to offer (default: all)
   --user               a per-user service (systemd --user, a LaunchAgent); default: a system service (uses sudo)
-  --prefix DIR         the virtual environment (default: ~/.farm/venv)
+  --ray-user NAME      a system service: the user the agent's Ray and job code run as (default: farm-ray, made
+                       if missing; root accepts that job code can read the agent's tokens and keys)
+  --prefix DIR         the virtual environment (default: ~/.farm/venv; /opt/farm/venv for a system service
+                       installed as root, which the Ray user must be able to read)
   --from PATH|SPEC     what to install: a source folder or a pip requirement (default: the repository of this script)
   --python PYTHON      the interpreter for the environment (default: python3; 3.11 or newer)
   --no-extras          install Farm alone: no torch, worker, cuda or apple extras (a head-less test, a CI box)
@@ -34,20 +41,20 @@ EOF
 die() { echo "install.sh: error: $*" >&2; exit 2; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-PREFIX="$HOME/.farm/venv"
+PREFIX=""
 FROM=$(dirname "$HERE")
 PYTHON=python3
-HEAD="" TOKEN="" TOKEN_FILE="" NAME="" CPUS="" CA_HASH="" INSECURE=0
+HEAD="" TOKEN="" TOKEN_FILE="" NAME="" CPUS="" CA_HASH="" INSECURE=0 RAY_USER=""
 USER_SCOPE=0 NO_EXTRAS=0 NO_DEPS=0 NO_SERVICE=0 UPGRADE=0 DRY_RUN=0
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --head|--token|--token-file|--name|--cpus|--prefix|--from|--python|--ca-hash)
+        --head|--token|--token-file|--name|--cpus|--prefix|--from|--python|--ca-hash|--ray-user)
             [ $# -ge 2 ] || die "$1 needs a value"
             case "$1" in
                 --head) HEAD=$2 ;; --token) TOKEN=$2 ;; --token-file) TOKEN_FILE=$2 ;; --name) NAME=$2 ;;
                 --cpus) CPUS=$2 ;; --prefix) PREFIX=$2 ;; --from) FROM=$2 ;; --python) PYTHON=$2 ;;
-                --ca-hash) CA_HASH=$2 ;;
+                --ca-hash) CA_HASH=$2 ;; --ray-user) RAY_USER=$2 ;;
             esac
             shift 2 ;;
         --user) USER_SCOPE=1; shift ;;
@@ -75,6 +82,13 @@ if [ "$NO_SERVICE" = 0 ]; then
     [ -n "$CA_HASH" ] || [ "$INSECURE" = 1 ] || die "--ca-hash (from the join line) or --insecure is required"
 fi
 [[ -z "$CPUS" || "$CPUS" =~ ^[1-9][0-9]*$ ]] || die "--cpus $CPUS: expected a positive whole number"
+if [ -z "$PREFIX" ]; then
+    if [ "$USER_SCOPE" = 0 ] && [ "$NO_SERVICE" = 0 ] && [ "$(id -u)" = 0 ]; then
+        PREFIX=/opt/farm/venv  # readable by the Ray user, unlike /root
+    else
+        PREFIX="$HOME/.farm/venv"
+    fi
+fi
 
 # Print a command, and run it unless this is a dry run.
 run() {
@@ -147,6 +161,7 @@ ARGS=(agent install --head "$HEAD")
 if [ -n "$TOKEN_FILE" ]; then ARGS+=(--token-file "$TOKEN_FILE"); else ARGS+=(--token-file -); fi
 [ -z "$NAME" ] || ARGS+=(--name "$NAME")
 [ -z "$CPUS" ] || ARGS+=(--cpus "$CPUS")
+[ -z "$RAY_USER" ] || ARGS+=(--ray-user "$RAY_USER")
 if [ "$INSECURE" = 1 ]; then ARGS+=(--insecure); else ARGS+=(--ca-hash "$CA_HASH"); fi
 [ "$USER_SCOPE" = 0 ] || ARGS+=(--user)
 [ "$DRY_RUN" = 0 ] || ARGS+=(--dry-run)

@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--drain-grace-s", type=float, default=60.0)
     parser.add_argument("--busy-file", type=Path, default=None)
     parser.add_argument("--backends", help="comma-separated backends to offer (default: all this machine runs)")
+    parser.add_argument("--ray-user", default=None,
+                        help="the user the node's Ray runs as ('': the agent's own; default: farm.ray_user.chosen)")
     args = parser.parse_args()
     if args.probe:
         print(json.dumps(probe(args.cpus)))
@@ -79,6 +81,7 @@ def main() -> None:
     if not (args.head and args.name and args.state_dir):  # no token: a node that joined before (node.json)
         parser.error("--head, --name and --state-dir are required")
 
+    from farm.ray_user import chosen as chosen_ray_user
     from farm_agent.main import serve
     from farm_agent.settings import AgentSettings
 
@@ -87,7 +90,8 @@ def main() -> None:
                         cpus=args.cpus, ca_hash=args.ca_hash, insecure=args.insecure,
                         max_foreign_cpu=args.max_foreign_cpu, drain_grace_s=args.drain_grace_s,
                         busy_file=args.busy_file,
-                        backends=frozenset(args.backends.split(",")) if args.backends else None))
+                        backends=frozenset(args.backends.split(",")) if args.backends else None,
+                        ray_user=chosen_ray_user(args.ray_user)))
 
 
 if __name__ == "__main__":

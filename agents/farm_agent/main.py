@@ -14,18 +14,21 @@ import asyncio
 import json
 import logging
 import os
+import pwd
 import re
 import signal
 import subprocess
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
 import psutil
 
-from farm.core.errors import AgentError, AuthError, FarmError
+from farm import ray_user
+from farm.core.errors import AgentError, AuthError, FarmError, UserError
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.local import (
     RayProcess, keep_private, local_ip_towards, python_command, ray_temp_dir, read_json, this_process, write_json,
@@ -57,8 +60,10 @@ class Agent:
     offers: list[BackendOffer]
     address: str  # the address this machine's Ray node binds
 
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentSettings, ray_account: pwd.struct_passwd | None = None) -> None:
+        """`ray_account`: the user the Ray node runs as (see ray_account()); None: the agent's own."""
         self.settings = settings
+        self.ray_account = ray_account
         # TLS, with the head's CA pinned; the node's key is made by a child (no `cryptography` in the daemon).
         self.client = HeadClient(settings.head, pin_head_ca(settings), settings.state_dir / NODE_KEY_FILE)
         self.stopping = asyncio.Event()
@@ -172,7 +177,7 @@ class Agent:
 
     def _new_ray(self) -> RayProcess:
         return RayProcess(self.ray_args, self.settings.ray_token_path, self.settings.state_dir / "ray.log",
-                          record=self.settings.state_dir / "ray-node.json",
+                          record=self.settings.state_dir / "ray-node.json", user=self.ray_account,
                           folder=ray_temp_dir(self.node_id))  # its own, not the head's: see ray_temp_dir
 
     async def _heartbeat_until_stopped(self) -> None:
@@ -239,9 +244,10 @@ class Agent:
         self.ray_rejoins.append(now)
         log.warning("the Ray node exited (%s); registering again and starting a new one", ray.failure().message)
         self.ray_paused = True  # until the new node runs: beats say so, and the owner's logic leaves it alone
-        self.ray_change = asyncio.create_task(self._rejoin())
+        self.ray_change = asyncio.create_task(self._rejoin(ray))
 
-    async def _rejoin(self) -> None:
+    async def _rejoin(self, exited: RayProcess) -> None:
+        await asyncio.to_thread(exited.stop, PAUSE_STOP_S)  # what its jobs left running, its folder
         try:
             await self._register()
         except FarmError as exc:
@@ -353,12 +359,34 @@ async def probe_machine(cpus: int) -> tuple[Hardware, list[BackendOffer], str]:
             str(found["no_gpus_because"]))
 
 
+def private_state_dir(folder: Path) -> None:
+    """The agent's folder, 0700 and this user's: its join token, node key and node token, which job code (another
+    user, see ray_account) must not read. One that belongs to someone else is refused: its owner could swap the
+    files in it."""
+    owner = folder.stat().st_uid if folder.exists() else os.geteuid()
+    if owner != os.geteuid():
+        raise UserError(f"{folder} belongs to uid {owner}, not to this agent's user (uid {os.geteuid()}): "
+                        "choose another --state-dir, or give it to this user")
+    keep_private(folder)  # 0700, its files 0600
+
+
+def ray_account(settings: AgentSettings) -> pwd.struct_passwd | None:
+    """The user the node's Ray runs as, made if missing (farm.ray_user), and able to reach this Python; None: the
+    agent's own."""
+    if settings.ray_user is None:
+        return None
+    user = ray_user.ensure(settings.ray_user)
+    ray_user.check_reachable(user)
+    return user
+
+
 def serve(settings: AgentSettings) -> None:
     """Run the agent in the foreground until SIGTERM or SIGINT."""
-    keep_private(settings.state_dir)  # its tokens and keys, its logs: this user's alone
+    private_state_dir(settings.state_dir)
+    account = ray_account(settings)
 
     async def main() -> None:
-        agent = Agent(settings)
+        agent = Agent(settings, account)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, agent.stopping.set)

@@ -48,6 +48,7 @@ class AgentService:
     run_as: str | None = None  # system scope only: the account the agent runs as
     ca_hash: str = ""  # the head's CA hash (no secret): the agent pins the CA at its first start
     insecure: bool = False  # a head without TLS
+    ray_user: str | None = None  # `--ray-user`, as asked at install (None: the agent's default, farm.ray_user.chosen)
 
     @property
     def agent_dir(self) -> Path:
@@ -65,7 +66,8 @@ class AgentService:
         argv = [str(self.farm), "agent", "start", "--head", self.head, "--token-file", str(self.token_file),
                 "--name", self.name, "--state-dir", str(self.state_dir)]
         argv += ["--ca-hash", self.ca_hash] if self.ca_hash else ["--insecure"] if self.insecure else []
-        return [*argv, "--cpus", str(self.cpus)] if self.cpus else argv
+        argv += ["--cpus", str(self.cpus)] if self.cpus else []
+        return [*argv, "--ray-user", self.ray_user] if self.ray_user is not None else argv
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class AgentSettings(BaseModel):
     busy_file: Path | None = None
     # The backends the owner lends (None: every one this machine can run), e.g. only the GPU of a workstation.
     backends: frozenset[BackendName] | None = None
+    # The account the node's Ray (and so every job's code) runs as (farm.ray_user.chosen: farm-ray for an agent run
+    # as root); None: the agent's own, which job code can then read the agent's tokens and keys as.
+    ray_user: str | None = None
 
     @property
     def ray_token_path(self) -> Path:

@@ -29,6 +29,10 @@ CaHash = Annotated[str | None, typer.Option(
          "checks it against this, and trusts only it from then on.")]
 CaFile = Annotated[Path | None, typer.Option("--ca", help="The head's CA certificate (PEM), instead of fetching it.")]
 Insecure = Annotated[bool, typer.Option("--insecure", help="No TLS: for a head started with --insecure.")]
+RayUser = Annotated[str | None, typer.Option(
+    help="The user this node's Ray, and so every job's code, runs as. Default: $FARM_RAY_USER, else farm-ray (made "
+         "if missing) for an agent run as root; `root` accepts that job code runs as the agent's user and can read "
+         "its tokens and keys.")]
 
 
 def agent_dir(state: Path, name: str) -> Path:
@@ -61,12 +65,14 @@ def start(
     ca_hash: CaHash = None,
     ca: CaFile = None,
     insecure: Insecure = False,
+    ray_user: RayUser = None,
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
 ) -> None:
     """Register this machine with a head and run shards for it. Started again (after a stop, a reboot), a node
     that joined before needs neither --head nor the join token: it joins its head again on its own credentials."""
-    from farm_agent.main import serve
+    from farm.ray_user import chosen as chosen_ray_user
+    from farm_agent.main import private_state_dir, ray_account, serve
     from farm_agent.settings import AgentSettings
 
     name = name or socket.gethostname()
@@ -85,10 +91,13 @@ def start(
         head=head, token=join_token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
         busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
+        ray_user=chosen_ray_user(ray_user),
     )
     status = read_json(settings.status_path)
     if recorded_alive(status):
         raise UserError(f"agent {name!r} is already running (pid {status['pid']})")
+    private_state_dir(settings.state_dir)  # before any token is written into it
+    ray_account(settings)  # before detaching: a Ray user that cannot reach this Python is one line here, exit 2
     _trust_head(settings, ca)  # before detaching: a CA that does not match --ca-hash is one line here, exit 2
     _warn_if_on_command_line(token)
     if detach:
@@ -190,6 +199,7 @@ def _start_detached(settings: AgentSettings) -> None:
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
         f"--drain-grace-s={settings.drain_grace_s}",
         *([f"--busy-file={settings.busy_file}"] if settings.busy_file else []),
+        f"--ray-user={settings.ray_user or ''}",  # as chosen here ('': the agent's own)
     ), log, env={k: v for k, v in os.environ.items() if k != JOIN_TOKEN_ENV})  # the daemon reads its token file
 
     def ready() -> bool:  # a node drained by an operator, or whose owner is busy, has joined all the same
@@ -238,14 +248,21 @@ def install(
     ca_hash: CaHash = None,
     insecure: Insecure = False,
     user: User = False,
+    run_as: Annotated[str | None, typer.Option(
+        help="A system service: run the agent as this user rather than root. It cannot then run its Ray as another "
+             "user: job code runs as this user, able to read the agent's tokens and keys.")] = None,
+    ray_user: RayUser = None,
     state: StateDir = None,
     dry_run: DryRun = False,
 ) -> None:
     """Install the agent as a service that starts at boot and restarts on failure (systemd on Linux, launchd on
-    macOS). The join token goes to a 0600 file in the agent's state folder, never into the service file."""
+    macOS). The join token goes to a 0600 file in the agent's state folder, never into the service file. A system
+    service runs the agent as root and its Ray, and so every job's code, as the unprivileged --ray-user (farm-ray,
+    made here if missing)."""
     import getpass
     import pwd
 
+    from farm import ray_user as ray_users
     from farm_agent import service
 
     join_token = _join_token(token, token_file)
@@ -259,17 +276,27 @@ def install(
         ca_hash = parse_ca_hash(ca_hash)
     if not user and not dry_run and os.geteuid() != 0:
         raise UserError("a system service needs root: run it with sudo, or install a per-user service with --user")
-    # Run with sudo, a system service runs the agent as the user who asked for it, with that user's state folder.
-    run_as = None if user else os.environ.get("SUDO_USER") or getpass.getuser()
+    if user and run_as:
+        raise UserError("--run-as is for a system service: a per-user one (--user) runs as its user")
     root = state_dir(state)
+    if run_as is not None:
+        try:
+            pwd.getpwnam(run_as)
+        except KeyError:
+            raise UserError(f"--run-as {run_as!r}: no such user") from None
     if state is None and run_as and run_as != getpass.getuser() and "FARM_STATE_DIR" not in os.environ:
         root = Path(pwd.getpwnam(run_as).pw_dir) / ".farm"
     farm = Path(sys.executable).parent / "farm"  # this environment's own farm: the service must not find another
     if not farm.exists():
         raise UserError(f"no farm executable next to {sys.executable}: install Farm into a virtual environment")
+    asked = ray_user if ray_user is not None else os.environ.get("FARM_RAY_USER")  # kept in the service's command
     agent = service.AgentService(farm=farm, head=head, name=name or socket.gethostname(), state_dir=root, cpus=cpus,
                                  user_scope=user, run_as=None if run_as == "root" else run_as, ca_hash=ca_hash or "",
-                                 insecure=insecure)
+                                 insecure=insecure, ray_user=asked)
+    agent_as_root = (run_as in (None, "root")) if not user else os.geteuid() == 0
+    chosen = (ray_users.DEFAULT if asked is None else asked) if agent_as_root else ""
+    if chosen not in ("", "root") and not dry_run:  # the service's agent will run its Ray as this user: made now
+        ray_users.check_reachable(ray_users.ensure(chosen))
     platform = _service_platform()
     _carry_out(service.install_plan(agent, join_token, platform, Path.home(), os.getuid()), dry_run)
     _warn_if_on_command_line(token)

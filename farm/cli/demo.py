@@ -39,11 +39,12 @@ def demo(
     ok = False
     try:
         port, ray_port = free_port(), free_port()
+        # Its Rays as the invoking user, root included (not farm-ray, who may not reach a checkout under /root): a
+        # throw-away farm on loopback whose only nodes are this user's own agents; no lender ever joins it.
+        me = pwd.getpwuid(os.geteuid()).pw_name
         with console.status("starting a local head..."):
-            # Its Ray as the invoking user, root included (not farm-ray, who may not reach a checkout under /root):
-            # a throw-away farm on loopback whose only nodes are this user's own agents; no lender ever joins it.
             _farm("head", "start", "--host", "127.0.0.1", "--port", str(port), "--ray-port", str(ray_port),
-                  "--state-dir", str(state), "--detach", "--ray-user", pwd.getpwuid(os.geteuid()).pw_name)
+                  "--state-dir", str(state), "--detach", "--ray-user", me)
         head = find_head(state_dir=state)
         dashboard = (read_json(state / "head.json") or {}).get("dashboard")
         if dashboard:
@@ -55,7 +56,7 @@ def demo(
             _farm_all([
                 ["agent", "start", "--head", head.address, "--token-file", str(token_file), "--ca-hash", head.ca_hash,
                  "--name", f"demo-{index}",
-                 "--cpus", str(cpus), "--state-dir", str(state), "--detach",
+                 "--cpus", str(cpus), "--state-dir", str(state), "--detach", "--ray-user", me,
                  "--max-foreign-cpu", "100"]  # the agents share this host: each would see the other as its owner
                 for index in range(1, agents + 1)
             ])

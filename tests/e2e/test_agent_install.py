@@ -60,6 +60,20 @@ def test_dry_run_prints_the_unit_and_changes_nothing(home: Path) -> None:
     assert list(home.iterdir()) == []
 
 
+def test_a_system_service_runs_the_agent_as_root_and_its_ray_as_the_ray_user(home: Path) -> None:
+    """No User= line (the agent as root, so that it can run its Ray, and job code, as another user), and the Ray
+    user asked for is in the agent's command."""
+    env = {"HOME": str(home), "FARM_STATE_DIR": str(home / ".farm")}
+    result = farm("agent", "install", "--head", "10.0.0.5:7700", "--token", TOKEN, "--name", "box1", "--ca-hash",
+                  CA_HASH, "--ray-user", "jobs", "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "User=" not in result.stdout and "Delegate=yes" in result.stdout
+    assert f"--name box1 --state-dir {home}/.farm --ca-hash {CA_HASH} --ray-user jobs\n" in result.stdout
+    both = farm("agent", "install", "--head", "h:7700", "--token", TOKEN, "--user", "--insecure", "--run-as", "x",
+                "--dry-run", env=env)
+    assert both.returncode == 2 and "--run-as is for a system service" in both.stderr
+
+
 def test_install_status_uninstall(tmp_path: Path, home: Path, managed: dict[str, str]) -> None:
     token_file = tmp_path / "given.token"
     token_file.write_text(TOKEN + "\n")

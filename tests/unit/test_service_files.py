@@ -61,6 +61,7 @@ def test_systemd_unit_passes_systemd_analyze(farm_exe: Path, tmp_path: Path, use
     lines = unit.splitlines()
     assert "Restart=on-failure" in lines and "After=network-online.target" in lines
     assert "KillMode=mixed" in lines and f"TimeoutStopSec={service.STOP_TIMEOUT_S}" in lines
+    assert "Delegate=yes" in lines  # the agent makes its Ray node's cgroup under the unit's (farm/node_group.py)
     assert ("User=alice" in lines) is not user_scope
     assert f"WantedBy={'default.target' if user_scope else 'multi-user.target'}" in lines
     # The argument list survives systemd's quoting (a space, a %), and it runs the agent in the foreground.
@@ -70,6 +71,12 @@ def test_systemd_unit_passes_systemd_analyze(farm_exe: Path, tmp_path: Path, use
     assert service.option(svc.command(), "--token-file") == str(svc.token_file)
     assert service.option(svc.command(), "--ca-hash") == svc.ca_hash  # the agent pins the head's CA with it
     assert TOKEN not in unit and "--token " not in unit
+
+
+def test_the_ray_user_asked_at_install_is_in_the_service_s_command(farm_exe: Path) -> None:
+    svc = AgentService(farm=farm_exe, head="10.0.0.5:7700", name="box", state_dir=farm_exe.parent, ray_user="jobs")
+    assert svc.command()[-2:] == ["--ray-user", "jobs"]
+    assert "--ray-user" not in agent(farm_exe).command()  # not asked: the agent's own default (farm-ray as root)
 
 
 def test_systemd_analyze_catches_a_broken_unit(farm_exe: Path, tmp_path: Path) -> None:
