@@ -175,8 +175,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _before_exec(group: NodeGroup | None, user: pwd.struct_passwd | None, die_with_parent: bool) -> None:
     """In the child between fork and exec: join the node's cgroup (as this process's user), become `user`, then ask
-    for SIGTERM at the parent's death (a change of user clears that request). Only C calls: other threads' locks
-    may be held, so nothing here may take one (no imports, no logging)."""
+    for SIGTERM at the parent's death (a change of user clears that request). Other threads' locks may be held in
+    the child: nothing here takes one (no imports, no logging)."""
     if group is not None:
         group.join()
     if user is not None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+import yaml
 
 from farm import ray_user
 from farm.client import HeadInfo, find_head
@@ -34,7 +35,7 @@ from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm_agent.client import NODE_IDENTITY_FILE, credentials
 from farm_agent.entry import NODE_LABEL
-from tests.conftest import farm
+from tests.conftest import ROOT, farm
 from tests.integration.inprocess_head import HW
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
@@ -199,6 +200,19 @@ def test_job_code_cannot_read_the_agent_s_tokens_and_key(farm_ray_farm: FarmRayF
     info = folder.stat()  # the agent's folder is root's and private, its secrets 0600
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o700)
     assert {stat.S_IMODE(p.stat().st_mode) for p in secrets} == {0o600}
+
+
+def test_a_job_runs_on_the_agent_s_node_as_farm_ray(farm_ray_farm: FarmRayFarm, tmp_path: Path) -> None:
+    """Farm's own job path (its code unpacked by Ray, torch, the data plane, results to the head) works as farm-ray."""
+    spec = yaml.safe_load((ROOT / "examples/digits/infer.yaml").read_text())
+    spec.update(output=str(tmp_path / "out"), shards=2)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    done = farm("submit", str(tmp_path / "job.yaml"), "--wait", "--json", "--workdir", str(ROOT),
+                env={"FARM_STATE_DIR": str(farm_ray_farm.state)})
+    assert done.returncode == 0, done.stderr
+    job = json.loads(done.stdout)
+    assert job["state"] == "succeeded" and job["items"] == 540 and job["metrics"]["accuracy"] >= 0.90
+    assert {s["node_name"] for s in job["shards"]} == {"lent"}
 
 
 def test_what_job_code_starts_ends_when_the_agent_stops(farm_ray_farm: FarmRayFarm) -> None:
