@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
+from farm_agent import memory
 from farm_agent.environment import prepare_from_environment
 
 # Kept of a shard's output: its first and last KEEP_BYTES each (the start says what it set out to do, the end what
@@ -98,16 +99,19 @@ def captured(stream: BoundedText) -> Iterator[None]:
 
 
 def job_shard(run: Callable[P, R]) -> Callable[P, R]:
-    """Run a shard in its job's environment with its stdout and stderr captured. Its result gets the output in its
-    `log` field; an exception it raises gets the output and its formatted traceback as attributes (SHARD_LOG_ATTR,
-    SHARD_TRACEBACK_ATTR) and goes on up."""
+    """Run a shard in its job's environment with its stdout and stderr captured, and the memory it freed given back
+    when it ends (farm_agent.memory). Its result gets the output in its `log` field; an exception it raises gets the
+    output and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR) and goes on up."""
 
     @functools.wraps(run)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         stream = BoundedText()
-        with captured(stream):
-            prepare_from_environment()
-            result = run(*args, **kwargs)
+        try:
+            with captured(stream):
+                prepare_from_environment()
+                result = run(*args, **kwargs)
+        finally:
+            memory.give_back()  # the worker lives on: what the shard freed goes back to the lender's machine
         if dataclasses.is_dataclass(result) and any(f.name == "log" for f in dataclasses.fields(result)):
             return dataclasses.replace(result, log=stream.getvalue())  # type: ignore[type-var]
         return result

@@ -125,3 +125,17 @@ def test_a_training_worker_that_fails_carries_its_output_and_traceback(train_dir
     assert "computing a loss that cannot be computed" in getattr(error, SHARD_LOG_ATTR)
     trace = getattr(error, SHARD_TRACEBACK_ATTR)
     assert "in failing_loss" in trace and trace.rstrip().endswith("the loss does not take these targets")
+
+
+def test_a_shard_gives_the_memory_it_freed_back_when_it_ends_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker outlives its shards on a lender's machine: glibc's arenas are trimmed after each, a failed one too."""
+    from farm_agent import memory
+
+    trims = []
+    monkeypatch.setattr(memory, "give_back", lambda: trims.append(1))
+    assert prints_and_returns(3).value == 3 and trims == [1]
+    with pytest.raises(RuntimeError):
+        prints_and_fails()
+    assert trims == [1, 1]
+    monkeypatch.undo()
+    memory.give_back()  # the real one: malloc_trim where glibc has it, a no-op elsewhere
