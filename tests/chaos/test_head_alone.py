@@ -6,6 +6,7 @@ the Ray head outlive it.)"""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -55,6 +56,8 @@ def test_a_head_killed_alone_starts_again_at_once(tmp_path: Path) -> None:
         assert dead_ray, "the head recorded no Ray processes"
         head = cluster.head_pid()
         assert head
+        agent = cluster.agent_pid("chaos-a")
+        assert agent
 
         os.kill(head, signal.SIGKILL)
         assert wait_for(lambda: cluster.head_pid() is None, 10)
@@ -67,7 +70,13 @@ def test_a_head_killed_alone_starts_again_at_once(tmp_path: Path) -> None:
         submitted = farm("submit", str(spec), "--workdir", str(work), "--wait", "--json",
                          env={"FARM_STATE_DIR": str(cluster.state)}, timeout=200)
         assert submitted.returncode == 0, submitted.stderr + submitted.stdout
-        print(f"head restarted in {restart_s:.1f} s")
+        # The same agent process came back (nothing here restarts agents): it tried the head again after waits
+        # that grew and were drawn at random below their bounds (agents/farm_agent/backoff.py), not every 2 s.
+        assert cluster.agent_pid("chaos-a") == agent
+        log = (cluster.state / "agents" / "chaos-a" / "agent.log").read_text()
+        waits = [float(w) for w in re.findall(r"heartbeat stream lost \(\w+\); retrying in ([0-9.]+) s", log)]
+        assert len(waits) >= 2 and len(set(waits)) > 1 and all(0.0 <= w <= 30.0 for w in waits), waits  # not 2, 2, 2
+        print(f"head restarted in {restart_s:.1f} s; the agent waited {waits} s between its tries")
     finally:
         leftover = cluster.stop()
     assert not leftover, f"processes left behind: {leftover}"
