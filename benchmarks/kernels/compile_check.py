@@ -109,10 +109,11 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
     for op in rowreduce.OPS:
         for one_pass, rows, block, warps in ((True, 4, 1024, 8), (False, 1, 4096, 8)):
             found.append((f"rows {op} one_pass={one_pass}", module.kernel,
-                          {"X": "*fp32", "Y": "*fp32", "Wt": "*fp32", "Bs": "*fp32", **epi_types(params),
-                           **ints("R", "L", "CHANNELS", "G", "S"), "eps": "fp32"},
-                          {"OP": rowreduce.OP_CODE[op], "HAS_W": True, "HAS_B": True, "ONE_PASS": one_pass,
-                           "ROW_OUT": op in rowreduce.ROW_OUTPUT, "ROWS": rows, "BLOCK": block}, warps, 2))
+                          {"X": "*fp32", "Y": "*fp32", "Wt": "*fp32", "Bs": "*fp32", "T": "*i64", **epi_types(params),
+                           **ints("R", "L", "CHANNELS", "G", "S", "IGNORE"), "eps": "fp32"},
+                          {"OP": rowreduce.OP_CODE[op], "LSE": op in rowreduce.LSE_OPS, "HAS_W": True, "HAS_B": True,
+                           "ONE_PASS": one_pass, "ROW_OUT": op in rowreduce.ROW_OUTPUT, "ROWS": rows, "BLOCK": block},
+                          warps, 2))
     return found
 
 

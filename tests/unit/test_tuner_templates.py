@@ -28,8 +28,8 @@ from farm_agent.tuner.templates.conv import (ConvSpec, gather_reference, packed_
                                              torch_conv, uses_direct, uses_phases)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
 from farm_agent.tuner.templates.gemm import GemmKernel
-from farm_agent.tuner.templates.matcher import (ConvRegion, DistanceRegion, GemmRegion, PoolRegion, RowRegion, regions,
-                                                rewrite)
+from farm_agent.tuner.templates.matcher import (ConvRegion, CrossEntropyRegion, DistanceRegion, GemmRegion, PoolRegion,
+                                                RowRegion, regions, rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.rowreduce import RowSpec, torch_rows
 
@@ -400,10 +400,59 @@ def test_distance_kernel_source_adds_the_norms_before_the_chain() -> None:
     assert "XN" not in GemmKernel((Step("exp"),), "ieee").source()
 
 
+class Losses(nn.Module):
+    """Cross-entropies, written the ways models write them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.summed = nn.CrossEntropyLoss(reduction="sum", ignore_index=2)
+        self.per_row = nn.CrossEntropyLoss(reduction="none")
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (F.cross_entropy(logits, targets), self.summed(logits, targets),
+                2.0 * self.per_row(logits, targets).clamp(max=3.0))  # per row: the chain is fused
+
+
+def test_the_matcher_turns_cross_entropies_into_one_read_per_row() -> None:
+    model = Losses().eval()
+    logits, targets = torch.randn(12, 9) * 3.0, torch.randint(0, 9, (12,))
+    targets[:3] = 2  # ignored by the summed loss
+    rewritten, counts = rewrite(model, [logits, targets], "ieee")
+    assert counts == {"rows": 3}
+    assert sorted(r.describe() for r in regions(rewritten)) == [
+        "cross_entropy mean -", "cross_entropy none clamp+mul[scalar]", "cross_entropy sum -"]
+    assert all(isinstance(r, CrossEntropyRegion) for r in regions(rewritten))
+    for got, want in zip(rewritten(logits, targets), model(logits, targets), strict=True):
+        torch.testing.assert_close(got, want)
+
+    class Scaled(nn.Module):
+        def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits, targets) * 0.5
+
+    scaled, counts = rewrite(Scaled(), [logits, targets], "ieee")
+    assert counts == {"rows": 1} and [r.describe() for r in regions(scaled)] == ["cross_entropy mean -"]
+    assert "mul" in scaled.code  # a reduced loss ends its region: the scale stays in the graph
+    torch.testing.assert_close(scaled(logits, targets), Scaled()(logits, targets))
+
+
+def test_cross_entropies_the_row_kernel_does_not_cover_are_left_alone() -> None:
+    class Others(nn.Module):
+        def forward(self, logits: torch.Tensor, targets: torch.Tensor, probabilities: torch.Tensor,
+                    maps: torch.Tensor, pixels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (F.cross_entropy(logits, targets, weight=torch.ones(9)),
+                    F.cross_entropy(logits, targets, label_smoothing=0.1),
+                    F.cross_entropy(logits, probabilities),  # class probabilities, not indices
+                    F.cross_entropy(maps, pixels))  # the class dim is not the last
+
+    inputs = [torch.randn(12, 9), torch.randint(0, 9, (12,)), torch.randn(12, 9).softmax(-1), torch.randn(2, 9, 4),
+              torch.randint(0, 9, (2, 4))]
+    assert rewrite(Others(), inputs, "ieee")[1] == {}
+
+
 @pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
                                              ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
                                              ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
-                                             ("conv_transpose3d_bn_relu", {"conv": 1})])
+                                             ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -504,3 +553,16 @@ def test_a_depthwise_block_with_its_residual_runs_as_one_plane_kernel_under_the_
         with torch.no_grad():
             torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
         assert not regions(rewritten)[0].failed, codegen.FAILURES
+
+
+def test_the_cross_entropy_rows_run_under_the_interpreter(interpreter: None) -> None:
+    model = Losses().eval()
+    for classes in (9, 20000):  # one pass, and the looped online logsumexp (rows longer than MAX_ONE_PASS)
+        logits, targets = torch.randn(5, classes) * 3.0, torch.randint(0, classes, (5,))
+        targets[1] = 2
+        rewritten, counts = rewrite(model, [logits, targets], "ieee")
+        assert counts == {"rows": 3}
+        with torch.no_grad():
+            for got, want in zip(rewritten(logits, targets), model(logits, targets), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES

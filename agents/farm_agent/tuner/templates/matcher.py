@@ -1,12 +1,13 @@
 """The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
 
-A region is an anchor (a convolution, a GEMM, pairwise distances, a pooling, a row reduction or normalisation)
-and the elementwise chain that follows it: each next node is the previous one's only user and applies one
-elementwise op to it, with at most one other operand that is a number, a per-channel vector (a bias, a BatchNorm in
-eval, a learned scale) or a tensor of the output's own shape (a residual). The anchor can be a module (nn.Conv2d,
-nn.Linear, nn.MaxPool3d, nn.GroupNorm ...), a function (F.linear, torch.matmul, torch.cdist, torch.softmax,
-torch.logsumexp ...) or a method (x.softmax(-1), x.mean(...)), written anywhere in the forward: the graph is what is
-matched, not the module tree. Everything else stays as it was, for eager or Inductor to run.
+A region is an anchor (a convolution, a GEMM, pairwise distances, a pooling, a row reduction or normalisation, a
+cross-entropy) and the elementwise chain that follows it: each next node is the previous one's only user and
+applies one elementwise op to it, with at most one other operand that is a number, a per-channel vector (a bias, a
+BatchNorm in eval, a learned scale) or a tensor of the output's own shape (a residual). The anchor can be a module
+(nn.Conv2d, nn.Linear, nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss ...), a function (F.linear, torch.matmul,
+torch.cdist, torch.softmax, torch.logsumexp, F.cross_entropy ...) or a method (x.softmax(-1), x.mean(...)), written
+anywhere in the forward: the graph is what is matched, not the module tree. Everything else stays as it was, for
+eager or Inductor to run.
 
 Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
 against the region's output. A model fx cannot trace as a whole has its children matched one by one.
@@ -65,6 +66,7 @@ class TemplateRegion(nn.Module):
         self.channel_dim = channel_dim
         self.bns = nn.ModuleList()
         self.failed = False
+        self.float_inputs = inputs  # the leading inputs that must be fp32 for the template (the rest: indices)
 
     def operands(self, args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         found = []
@@ -88,7 +90,7 @@ class TemplateRegion(nn.Module):
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         inputs, extra = args[:self.inputs], args[self.inputs:]
         operands = self.operands(extra)
-        if not self.failed and all(t.dtype == torch.float32 for t in [*inputs, *operands]) \
+        if not self.failed and all(t.dtype == torch.float32 for t in [*inputs[:self.float_inputs], *operands]) \
                 and triton_runs_on(inputs[0]):
             try:
                 return self.run_template(inputs, operands)
@@ -99,7 +101,7 @@ class TemplateRegion(nn.Module):
 
     def run_reference(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
         y = self.produce(*inputs)
-        return epilogue.reference(y, self.chain, operands, self.channel_dim % y.dim())
+        return epilogue.reference(y, self.chain, operands, self.channel_dim % y.dim()) if self.chain else y
 
     def produce(self, *inputs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -244,6 +246,39 @@ class RowRegion(TemplateRegion):
         return f"{self.spec.op} {super().describe()}"
 
 
+class CrossEntropyRegion(TemplateRegion):
+    """F.cross_entropy(logits [N, C], class indices [N]) without class weights or label smoothing: each row's loss
+    (its logsumexp minus its target's logit) in one read of the row, then PyTorch's reduction of the N losses."""
+
+    kind = "rows"
+
+    def __init__(self, spec: RowSpec, reduction: str, chain: Sequence[Step], sources: Sequence[tuple[str, Any]]
+                 ) -> None:
+        super().__init__(chain, sources, 2, 0)
+        if chain and reduction != "none":
+            raise ValueError("a reduced loss has no elementwise chain")
+        self.float_inputs = 1
+        self.spec, self.reduction = spec, reduction
+        self.kernel = RowKernel(spec, self.chain)
+
+    def produce(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, targets, ignore_index=self.spec.ignore_index, reduction=self.reduction)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        logits, targets = inputs
+        if logits.dim() != 2 or targets.dtype != torch.int64:
+            raise ValueError("class indices of [N, C] logits only")
+        losses = self.kernel(logits, None, None, kernel_operands(self.chain, operands, targets.shape),
+                             channels=targets.shape[0], targets=targets)
+        if self.reduction == "none":
+            return losses
+        total = losses.sum()
+        return total if self.reduction == "sum" else total / (targets != self.spec.ignore_index).sum()
+
+    def describe(self) -> str:
+        return f"cross_entropy {self.reduction} {super().describe()}"
+
+
 # --- matching -----------------------------------------------------------------------------------------------------
 
 
@@ -260,6 +295,7 @@ class Anchor:
     operand_nodes: list[fx.Node] = field(default_factory=list)
     bns: list[nn.Module] = field(default_factory=list)
     allows_channel: bool = True
+    chainable: bool = True  # False: its output is reduced after the kernel, so no chain is fused into it
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:
@@ -361,6 +397,8 @@ class Matcher:
             return Anchor("gemm", [a, b], -1, make_matmul)  # type: ignore[list-item]
         if node.op == "call_function" and node.target is torch.cdist:
             return self._distance(node)
+        if isinstance(mod, nn.CrossEntropyLoss) or (node.op == "call_function" and node.target is F.cross_entropy):
+            return self._cross_entropy(node, mod)
         pool = self._pool(node, mod)
         if pool is not None:
             spec = pool
@@ -391,6 +429,32 @@ class Matcher:
             return DistanceRegion(chain, sources, precision)
 
         return Anchor("distance", [x, y], -1, make_distance)
+
+    def _cross_entropy(self, node: fx.Node, mod: nn.Module | None) -> Anchor | None:
+        """F.cross_entropy / nn.CrossEntropyLoss of [N, C] fp32 logits and int64 class indices, without class weights
+        or label smoothing (any ignore_index; reduction mean, sum or none)."""
+        names = ("input", "target", "weight", "size_average", "ignore_index", "reduce", "reduction", "label_smoothing")
+        args = dict(zip(names[:2] if mod is not None else names, node.args, strict=False)) | dict(node.kwargs)
+        if mod is not None:
+            args |= {"weight": mod.weight, "ignore_index": mod.ignore_index, "reduction": mod.reduction,
+                     "label_smoothing": mod.label_smoothing}
+        logits, targets = args.get("input"), args.get("target")
+        if not isinstance(logits, fx.Node) or not isinstance(targets, fx.Node) or args.get("weight") is not None \
+                or args.get("size_average") is not None or args.get("reduce") is not None \
+                or args.get("label_smoothing", 0.0) != 0.0:
+            return None
+        reduction, ignore = args.get("reduction", "mean"), args.get("ignore_index", -100)
+        shape, target_shape = _shape(logits), _shape(targets)
+        if reduction not in ("mean", "sum", "none") or not isinstance(ignore, int) or shape is None \
+                or len(shape) != 2 or target_shape != shape[:1] or _dtype(logits) != torch.float32 \
+                or _dtype(targets) != torch.int64:
+            return None
+        spec = RowSpec("cross_entropy", ignore_index=ignore)
+
+        def make_loss(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return CrossEntropyRegion(spec, reduction, chain, sources)
+
+        return Anchor("rows", [logits, targets], 0, make_loss, allows_channel=False, chainable=reduction == "none")
 
     def _pool(self, node: fx.Node, mod: nn.Module | None) -> PoolSpec | None:
         pool_types = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d)
@@ -610,7 +674,7 @@ class Matcher:
                 continue
             chain_nodes = [node]
             tail = node
-            while len(tail.users) == 1:
+            while anchor.chainable and len(tail.users) == 1:
                 user = next(iter(tail.users))
                 step, operand = self.step(user, tail, anchor)
                 if step is None:

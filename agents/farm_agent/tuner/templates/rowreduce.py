@@ -1,4 +1,5 @@
-"""One-pass row reductions: softmax, log-softmax, logsumexp, LayerNorm, RMSNorm, GroupNorm, sum, mean, amax.
+"""One-pass row reductions: softmax, log-softmax, logsumexp, LayerNorm, RMSNorm, GroupNorm, sum, mean, amax, and the
+per-row loss of a cross-entropy (logsumexp minus the target's logit: one read of the row).
 
 The input is viewed as rows of length L (the reduced dims, contiguous): a LayerNorm's or softmax's last dim, a
 GroupNorm's (channels of a group x spatial), a global average pool's spatial dims. Rows that fit a block are read
@@ -20,8 +21,10 @@ import torch.nn.functional as F
 from farm_agent.tuner.templates import codegen
 from farm_agent.tuner.templates.epilogue import Step, triton_lines
 
-OPS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "group_norm", "sum", "mean", "amax")
-ROW_OUTPUT = ("logsumexp", "sum", "mean", "amax")
+OPS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "group_norm", "sum", "mean", "amax",
+       "cross_entropy")
+ROW_OUTPUT = ("logsumexp", "sum", "mean", "amax", "cross_entropy")
+LSE_OPS = ("softmax", "log_softmax", "logsumexp", "cross_entropy")
 MAX_ONE_PASS = 16384
 
 
@@ -34,12 +37,15 @@ class RowSpec:
     eps: float = 1e-5
     groups: int = 1  # group_norm only
     keepdim: bool = False  # row outputs: keep the reduced dims as size 1
+    ignore_index: int = -100  # cross_entropy only: rows with this target count 0
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
             raise ValueError(f"unknown row op {self.op!r}")
         if self.reduced < 1:
             raise ValueError("a row spans at least one dim")
+        if self.op == "cross_entropy" and self.reduced != 1:
+            raise ValueError("cross_entropy's rows are the class dim")
 
     def rows(self, shape: Sequence[int]) -> tuple[int, int]:
         """(rows, row length) of an input shape."""
@@ -67,9 +73,12 @@ class RowSpec:
 
 
 def torch_rows(x: torch.Tensor, spec: RowSpec, weight: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None) -> torch.Tensor:
-    """The op in PyTorch (weight/bias: the norm's affine)."""
+               bias: torch.Tensor | None = None, targets: torch.Tensor | None = None) -> torch.Tensor:
+    """The op in PyTorch (weight/bias: the norm's affine; targets: cross_entropy's class per row)."""
     dims = tuple(range(x.dim() - spec.reduced, x.dim()))
+    if spec.op == "cross_entropy":  # per row, as the kernel writes it (the region reduces it)
+        assert targets is not None
+        return F.cross_entropy(x, targets, ignore_index=spec.ignore_index, reduction="none")
     if spec.op == "softmax":
         return torch.softmax(x, dim=-1)
     if spec.op == "log_softmax":
@@ -95,10 +104,12 @@ import triton.language as tl
 
 
 @triton.jit
-def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
-           OP: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_PASS: tl.constexpr,
+def kernel(X, Y, Wt, Bs, T, {epi_params}R, L, CHANNELS, G, S, eps, IGNORE,
+           OP: tl.constexpr, LSE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_PASS: tl.constexpr,
            ROW_OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax
+    # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax,
+    # 9 cross_entropy (per row: logsumexp minus the logit at the row's target T, 0 where the target is IGNORE);
+    # LSE: the row's max and sum of exponentials are its statistics (0, 1, 2 and 9)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = rows < R
     cols = tl.arange(0, BLOCK)
@@ -107,7 +118,7 @@ def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
     if ONE_PASS:
         m2 = r_ok[:, None] & (cols[None, :] < L)
         x = tl.load(x_rows + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-        if OP <= 2:
+        if LSE:
             xm = tl.where(m2, x, float("-inf"))
             mx = tl.max(xm, axis=1)
             mx = tl.where(mx == float("-inf"), 0.0, mx)
@@ -136,7 +147,7 @@ def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
             row = tl.max(tl.where(m2, x, float("-inf")), axis=1)
     else:
         # pass 1: statistics per lane, combined per row
-        if OP <= 2:
+        if LSE:
             run_max = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
             run_sum = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
         else:
@@ -148,7 +159,7 @@ def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
             accm = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
         for start in range(0, L, BLOCK):
             m2 = r_ok[:, None] & ((start + cols)[None, :] < L)
-            if OP <= 2:
+            if LSE:
                 x = tl.load(x_rows + start + cols[None, :], mask=m2, other=float("-inf")).to(tl.float32)
                 new_max = tl.maximum(run_max, x)
                 scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(run_max - new_max))
@@ -160,7 +171,7 @@ def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
                 acc1 += d
                 acc2 += d * d
                 accm = tl.maximum(accm, tl.where(m2, x, float("-inf")))
-        if OP <= 2:
+        if LSE:
             mx = tl.max(run_max, axis=1)
             mx = tl.where(mx == float("-inf"), 0.0, mx)
             s = tl.sum(run_sum * tl.where(run_max == float("-inf"), 0.0, tl.exp(run_max - mx[:, None])), axis=1)
@@ -181,6 +192,10 @@ def kernel(X, Y, Wt, Bs, {epi_params}R, L, CHANNELS, G, S, eps,
             elif OP == 8:
                 row = tl.max(accm, axis=1)
     if ROW_OUT:
+        if OP == 9:
+            t = tl.load(T + rows, mask=r_ok, other=IGNORE)
+            hit = r_ok & (t != IGNORE) & (t >= 0) & (t < L)
+            row = tl.where(hit, row - tl.load(X + rows.to(tl.int64) * L + t, mask=hit, other=0.0).to(tl.float32), 0.0)
         acc = row
         offs = rows
         chan = rows % CHANNELS
@@ -266,7 +281,8 @@ class RowKernel:
         return self._kernels[one_pass]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                 operands: Sequence[torch.Tensor], channels: int = 1) -> torch.Tensor:
+                 operands: Sequence[torch.Tensor], channels: int = 1, targets: torch.Tensor | None = None
+                 ) -> torch.Tensor:
         import triton
 
         spec = self.spec
@@ -280,7 +296,8 @@ class RowKernel:
                 spatial *= s
         kernel = self._kernel(one_pass, length)
         kernel[lambda meta: (triton.cdiv(r, meta["ROWS"]),)](
-            x, y, weight if weight is not None else x, bias if bias is not None else x, *operands, r, length,
-            channels, spec.groups, spatial, spec.eps, OP=OP_CODE[spec.op], HAS_W=weight is not None,
+            x, y, weight if weight is not None else x, bias if bias is not None else x,
+            targets.contiguous() if targets is not None else x, *operands, r, length, channels, spec.groups, spatial,
+            spec.eps, spec.ignore_index, OP=OP_CODE[spec.op], LSE=spec.op in LSE_OPS, HAS_W=weight is not None,
             HAS_B=bias is not None, ONE_PASS=one_pass, ROW_OUT=spec.op in ROW_OUTPUT)
         return y
