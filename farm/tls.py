@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ __all__ = ["HeadTLS", "ca_hash", "fetch_ca", "join_command", "new_node_key", "pa
 CA_DAYS = 3650  # the CA is what agents pin: it lives for years
 SERVER_DAYS = 365  # the server certificate is renewed at start once it nears its end (or its names change)
 RENEW_WITHIN_DAYS = 30
+SERVER_CHAIN, SERVER_KEY = "head.pem", "head.key"  # in the head's tls/ folder
 NODE_DAYS = 365  # a node's client certificate; a new one at each Register
 
 
@@ -64,10 +66,20 @@ class HeadTLS:
     ca_key_pem: bytes
     server_chain_pem: bytes  # the server certificate, then the CA's: a joining agent reads the CA off the handshake
     server_key_pem: bytes
+    folder: Path | None = None  # where they are kept (the head's tls/)
 
     @property
     def ca_hash(self) -> str:
         return ca_hash(self.ca_pem)
+
+    def server_context(self) -> ssl.SSLContext:
+        """TLS with the head's certificate, for the dashboard's HTTPS (Python's ssl reads its key from a file)."""
+        if self.folder is None:
+            raise ValueError("this HeadTLS was not loaded from a folder")
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.folder / SERVER_CHAIN, self.folder / SERVER_KEY)
+        return context
 
     @classmethod
     def load_or_create(cls, folder: Path, names: Iterable[str]) -> HeadTLS:
@@ -91,7 +103,7 @@ class HeadTLS:
             write_private(ca_key_path, _key_pem(key))
             write_private(ca_path, _cert_pem(ca))
         ca_pem, ca_key_pem = ca_path.read_bytes(), ca_key_path.read_bytes()
-        server_path, server_key_path = folder / "head.pem", folder / "head.key"
+        server_path, server_key_path = folder / SERVER_CHAIN, folder / SERVER_KEY
         if not (server_key_path.exists() and server_path.exists()
                 and _still_good(server_path.read_bytes(), ca_pem, wanted)):
             key = ec.generate_private_key(ec.SECP256R1())
@@ -100,7 +112,7 @@ class HeadTLS:
             write_private(server_key_path, _key_pem(key))
             write_private(server_path, _cert_pem(cert) + ca_pem)
         return cls(ca_pem=ca_pem, ca_key_pem=ca_key_pem, server_chain_pem=server_path.read_bytes(),
-                   server_key_pem=server_key_path.read_bytes())
+                   server_key_pem=server_key_path.read_bytes(), folder=folder)
 
     def sign_node(self, csr_pem: bytes, node_id: str) -> bytes:
         """A client certificate for `node_id` over the CSR's key: the subject is the head's choice, not the CSR's."""

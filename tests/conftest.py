@@ -3,12 +3,18 @@ on 127.0.0.1 with free ports, once per test session."""
 
 from __future__ import annotations
 
+import json
 import os
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import EllipsisType
+from typing import Any
 
 import pytest
 
@@ -44,6 +50,28 @@ class Cluster:
 
     def farm(self, *args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         return farm(*args, env=self.env(), timeout=timeout, cwd=cwd)
+
+    @property
+    def dashboard(self) -> str:
+        return str((read_json(self.state_dir / "head.json") or {})["dashboard"])
+
+    def dashboard_call(self, path: str, method: str = "GET", token: str | None | EllipsisType = ...
+                       ) -> tuple[int, Any]:
+        """A request to the head's dashboard over its TLS, trusting the head's CA, with the API token (or `token`;
+        None: none); its status and its body (JSON, else bytes)."""
+        token = self.head.api_token if token is ... else token
+        request = urllib.request.Request(self.dashboard + path, method=method,
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        trusted = ssl.create_default_context(cadata=(self.head.ca_pem or b"").decode())
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=trusted) as reply:
+                status, body = reply.status, reply.read()
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read()
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, body
 
     def agent_pids(self) -> dict[str, int]:
         found = {}

@@ -43,12 +43,14 @@ def demo(
         # throw-away farm on loopback whose only nodes are this user's own agents; no lender ever joins it.
         me = pwd.getpwuid(os.geteuid()).pw_name
         with console.status("starting a local head..."):
+            # Its dashboard over plain HTTP: on loopback only, a browser opens it without a certificate warning.
             _farm("head", "start", "--host", "127.0.0.1", "--port", str(port), "--ray-port", str(ray_port),
-                  "--state-dir", str(state), "--detach", "--ray-user", me)
+                  "--state-dir", str(state), "--detach", "--ray-user", me, "--dashboard-http")
         head = find_head(state_dir=state)
         dashboard = (read_json(state / "head.json") or {}).get("dashboard")
         if dashboard:
-            console.print(f"dashboard: {dashboard}  (watch the fleet and the job live)")
+            console.print(f"dashboard: {dashboard}  (watch the fleet and the job live; sign in with api_token from "
+                          f"{state / 'head.json'})", highlight=False, soft_wrap=True)
         cpus = max(1, (os.cpu_count() or 1) // agents)
         token_file = state / "join.token"  # 0600: on the agents' command lines the token would show in `ps`
         write_private(token_file, head.join_token.encode())

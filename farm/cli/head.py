@@ -50,7 +50,11 @@ def start(
     ] = None,
     open_read: Annotated[bool, typer.Option(
         "--open-read", help="Let anyone who reaches the head list nodes and jobs and read a job and its logs "
-                            "without the API token (submitting and cancelling still need it).")] = False,
+                            "without the API token, over gRPC and on the dashboard (submitting and cancelling still "
+                            "need it).")] = False,
+    dashboard_http: Annotated[bool, typer.Option(
+        "--dashboard-http", help="Serve the dashboard over plain HTTP rather than TLS with the head's certificate: "
+                                 "only with --host on loopback (127.0.0.1).")] = False,
     ray_node_manager_port: Annotated[int | None, typer.Option(help="Pin Ray's node manager port.")] = None,
     ray_object_manager_port: Annotated[int | None, typer.Option(help="Pin Ray's object manager port.")] = None,
     ray_min_worker_port: Annotated[int | None, typer.Option(help="Lowest port of Ray's workers.")] = None,
@@ -62,7 +66,7 @@ def start(
              "$FARM_RAY_USER, else farm-ray (made if missing) for a head run as root; `root` accepts root.")] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
-    from farm.dashboard import Dashboard, pick_port
+    from farm.dashboard import Dashboard, check_plain_http, pick_port
     from farm.head.server import serve
     from farm.head.settings import HeadSettings
     from farm.ray_user import chosen as chosen_ray_user
@@ -76,6 +80,7 @@ def start(
         ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
         output_root=output_root.expanduser().resolve() if output_root else None,
     )
+    check_plain_http(host, dashboard_http)
     if detach:
         _start_detached(settings.state_dir, sys.argv[1:])
         return
@@ -83,7 +88,8 @@ def start(
         _adopt_secrets(secrets_dir, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The head's process serves the dashboard too, composed here: the head never imports it.
-    dashboard = Dashboard(host, pick_port(host, dashboard_port, default=port + 2), settings.advertise)
+    dashboard = Dashboard(host, pick_port(host, dashboard_port, default=port + 2), settings.advertise,
+                          plain_http=dashboard_http)
     # The join line holds a join token: on a terminal only, never into a log (a detached head's output is its log).
     serve(settings, on_ready=lambda join: console.print(
         f"head ready; dashboard at {dashboard.url}\n" + (

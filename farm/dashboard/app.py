@@ -15,17 +15,22 @@
     POST /api/nodes/{node}/undrain   let it take shards again; needs the API token
     GET  /metrics                 Prometheus
 
-Reading needs no token; acting does (`Authorization: Bearer <API token>`, the token in the head's head.json).
+Served over TLS with the head's certificate (its CA is the one agents pin), unless the head runs --insecure or the
+dashboard was asked for plain HTTP on loopback. Everything but the page and its assets needs the API token
+(`Authorization: Bearer <API token>`, the token in the head's head.json), as gRPC's calls do: reading too, unless the
+head runs with --open-read. A wrong token counts against its sender's address in the head's one failure limiter
+(farm.head.auth), shared with gRPC, and is logged so, escaped; a request with no token is refused uncounted (it
+guesses nothing: a page opened before signing in).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from importlib import resources
@@ -43,7 +48,8 @@ from farm.dashboard.views import (LIVE_STATES, fleet_view, gpu_memory_percent, j
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
 from farm.head.store import Job, NodeWork, Store
-from farm.local import free_port
+from farm.local import free_port, on_loopback
+from farm.tls import HeadTLS
 
 log = logging.getLogger("farm.dashboard")
 
@@ -66,6 +72,12 @@ def pick_port(host: str, requested: int | None, default: int) -> int:
             raise UserError(f"cannot listen on port {requested} (--dashboard-port): it is in use")
         return requested
     return default if _can_bind(host, default) else free_port()
+
+
+def check_plain_http(host: str, plain_http: bool) -> None:
+    if plain_http and not on_loopback(host):
+        raise UserError(f"--dashboard-http: the dashboard serves plain HTTP only on loopback (--host 127.0.0.1), not "
+                        f"on {host}: signing in would send the API token in the clear")
 
 
 def _can_bind(host: str, port: int) -> bool:
@@ -111,11 +123,17 @@ class Feed:
 class Dashboard:
     """The head's web dashboard and /metrics: a service the entry point hands to `farm.head.server.serve`."""
 
-    def __init__(self, host: str, port: int, advertise: str, sample_every_s: float = 2.0) -> None:
+    def __init__(self, host: str, port: int, advertise: str, sample_every_s: float = 2.0,
+                 plain_http: bool = False) -> None:
+        """`plain_http`: no TLS although the head has it, only where the dashboard listens on loopback (a token
+        signed in over plain HTTP crosses the network in the clear)."""
+        check_plain_http(host, plain_http)
         self.host = host
         self.port = port
         self.advertise = advertise
         self.sample_every_s = sample_every_s
+        self.plain_http = plain_http
+        self.ssl: ssl.SSLContext | None = None  # the head's certificate, from start()
         self.history = History(sample_every_s)
         self.feed = Feed()
         self._runner: web.AppRunner | None = None
@@ -123,15 +141,17 @@ class Dashboard:
 
     @property
     def url(self) -> str:
-        return f"http://{self.advertise}:{self.port}/"
+        return f"{'https' if self.ssl else 'http'}://{self.advertise}:{self.port}/"
 
-    async def start(self, store: Store, jobs: Jobs, tokens: Tokens) -> dict[str, str]:
+    async def start(self, store: Store, jobs: Jobs, tokens: Tokens, tls: HeadTLS | None = None) -> dict[str, str]:
+        """`tls`: the head's; None for a head run --insecure (it then serves plain HTTP, as its gRPC)."""
         self.store, self.jobs, self.tokens = store, jobs, tokens
+        self.ssl = tls.server_context() if tls is not None and not self.plain_http else None
         await self.sample()  # the charts start with a point
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         try:
-            await web.TCPSite(self._runner, self.host, self.port).start()
+            await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl).start()
         except OSError as exc:
             await self._runner.cleanup()
             raise UserError(f"the dashboard cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
@@ -223,14 +243,17 @@ class Dashboard:
         return web.FileResponse(str(STATIC / "index.html"))
 
     async def fleet(self, request: web.Request) -> web.Response:
+        self._check_read(request)
         nodes, running, work = self.store.nodes(), self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
         return await _json_response(fleet_view, nodes, running, work, self.store.jobs(limit=JOBS_SHOWN))
 
     async def job_list(self, request: web.Request) -> web.Response:
+        self._check_read(request)
         jobs = self.store.jobs(limit=_int_query(request, "limit", JOBS_SHOWN))
         return await _json_response(lambda: [job_summary(j) for j in jobs])
 
     async def job(self, request: web.Request) -> web.Response:
+        self._check_read(request)
         return web.json_response(job_view(self.store.job(request.match_info["job_id"])))
 
     async def job_logs(self, request: web.Request) -> web.Response:
@@ -244,6 +267,7 @@ class Dashboard:
 
     async def node(self, request: web.Request) -> web.Response:
         """One node (id or name): its figures, its backends and hardware, and the work it did."""
+        self._check_read(request)
         node_id = self.store.node_id(request.match_info["node"])
         node = self.store.nodes(node_id)[0]
         running = self.store.running_shards_by_node().get(node.id, 0)
@@ -270,6 +294,7 @@ class Dashboard:
         return web.json_response(node_view(node, running, []))
 
     async def history_view(self, request: web.Request) -> web.Response:
+        self._check_read(request)
         return web.json_response(self.history.series(time.time(), limit=_int_query(request, "limit", 24)))
 
     async def auth(self, request: web.Request) -> web.Response:
@@ -277,10 +302,12 @@ class Dashboard:
         return web.Response(status=204)
 
     async def scrape(self, request: web.Request) -> web.Response:
+        self._check_read(request)
         body = await asyncio.to_thread(metrics.exposition, metrics.read(self.store))  # read here, rendered off-loop
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def events(self, request: web.Request) -> web.StreamResponse:
+        self._check_read(request)
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await stream.prepare(request)
         await stream.write(b"retry: 2000\n\n")  # after a head restart, the page reconnects within 2 s
@@ -299,10 +326,17 @@ class Dashboard:
             self.feed.watchers -= 1
         return stream
 
+    def _check_read(self, request: web.Request) -> None:
+        """Reading the fleet and the jobs: the API token, unless the head runs with --open-read."""
+        if not self.tokens.open_read:
+            self._check_token(request)
+
     def _check_token(self, request: web.Request) -> None:
         presented = request.headers.get("Authorization", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(presented.encode(), self.tokens.api.encode()):
+        if not presented:
             raise AuthError("invalid or missing API token")
+        what = f"the dashboard's {request.method} {request.path[:200]!r}"  # the path is the client's: escaped
+        self.tokens.check_api_from(request.remote or "unknown", presented, what)
 
 
 def _tick(now: float, nodes: list[Node], running: list[Job], work: list[NodeWork], jobs: list[Job],

@@ -95,12 +95,13 @@ def fingerprint(secret: str) -> str:
 
 class Tokens:
     def __init__(self, join: str, api: str, *, open_read: bool = False, node_certs: bool = False,
-                 limiter: FailureLimiter | None = None) -> None:
+                 limiter: FailureLimiter | None = None, served: bool = False) -> None:
         self.join = join
         self.api = api
         self.open_read = open_read  # listing calls need no API token
         self.node_certs = node_certs  # Heartbeat and Deregister need the node's own client certificate
         self.limiter = limiter or FailureLimiter(allowed=20, window_s=60.0)
+        self.served = served  # under a head's policy (for_server) already
 
     @classmethod
     def load_or_create(cls, state_dir: Path, ray_token_path: Path) -> Tokens:
@@ -118,15 +119,21 @@ class Tokens:
         return cls(join=saved["join_token"], api=saved["api_token"])
 
     def for_server(self, settings: HeadSettings) -> Tokens:
-        """The same secrets under the head's policy (open reads, client certificates, the failure limit)."""
+        """The same secrets under the head's policy (open reads, client certificates, the failure limit): one
+        limiter for the gRPC services and the dashboard, so a peer's failures count together."""
+        if self.served:
+            return self
         exempt = (lambda peer: False) if settings.limit_loopback else is_loopback
         return Tokens(self.join, self.api, open_read=settings.open_read, node_certs=not settings.insecure,
-                      limiter=FailureLimiter(settings.auth_failures_allowed, settings.auth_block_s, exempt=exempt))
+                      limiter=FailureLimiter(settings.auth_failures_allowed, settings.auth_block_s, exempt=exempt),
+                      served=True)
 
     # ---- checks: each raises AuthError (UNAUTHENTICATED) and counts the failure against the peer
 
     def _gate(self, context: grpc.aio.ServicerContext) -> str:
-        peer = peer_address(context)
+        return self._gate_peer(peer_address(context))
+
+    def _gate_peer(self, peer: str) -> str:
         left = self.limiter.blocked_for(peer)
         if left:
             raise AuthError(f"too many failed authentications from {peer}: refused for another {left:.0f} s")
@@ -140,9 +147,9 @@ class Tokens:
             return blocked
         return self._refuse(peer, reason, secret)
 
-    def _refuse(self, peer: str, reason: str, secret: str) -> AuthError:
+    def _refuse(self, peer: str, reason: str, secret: str, what: str = "a call") -> AuthError:
         self.limiter.failed(peer)
-        log.warning("refused a call from %s: %s (credential hash %s)", peer, reason, fingerprint(secret))
+        log.warning("refused %s from %s: %s (credential hash %s)", what, peer, reason, fingerprint(secret))
         return AuthError(reason)
 
     def check_join(self, token: str, store: Store, context: grpc.aio.ServicerContext) -> str:
@@ -158,11 +165,16 @@ class Tokens:
         return str(record["id"])
 
     def check_api(self, context: grpc.aio.ServicerContext) -> None:
-        peer = self._gate(context)
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
+        self.check_api_from(peer_address(context), presented)
+
+    def check_api_from(self, peer: str, presented: str, what: str = "a call") -> None:
+        """The API token, presented by `peer` (an address; the dashboard's requests come here). `what` names the
+        request in the log: escape what a client chose in it."""
+        self._gate_peer(peer)
         if not hmac.compare_digest(presented.encode(), self.api.encode()):
-            raise self._refuse(peer, "invalid or missing API token", presented)
+            raise self._refuse(peer, "invalid or missing API token", presented, what)
 
     def check_secret(self, context: grpc.aio.ServicerContext, presented: str, expected: str | None,
                      reason: str) -> None:

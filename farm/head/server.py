@@ -48,8 +48,9 @@ class HeadService(Protocol):
     """Something the entry point serves alongside the control plane, on the head's event loop (the dashboard): the
     head knows it only by this shape, so it never imports what composes it."""
 
-    async def start(self, store: Store, jobs: Jobs, tokens: Tokens) -> dict[str, str]:
-        """Start serving; return what head.json should say of it (its address)."""
+    async def start(self, store: Store, jobs: Jobs, tokens: Tokens, tls: HeadTLS | None) -> dict[str, str]:
+        """Start serving (`tokens` under the head's policy, the one failure limiter; `tls` None: the head runs
+        --insecure); return what head.json should say of it (its address)."""
 
     async def stop(self) -> None: ...
 
@@ -180,11 +181,12 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     events = JobEvents()
     dispatcher = Dispatcher(store, settings, events.publish)
     tls = None if settings.insecure else head_tls(settings)
+    tokens = tokens.for_server(settings)
     server = build_server(settings, tokens, store, dispatcher, events, tls)
     await server.start()
     served: dict[str, str] = {}
     for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from
-        served.update(await service.start(store, Jobs(store, dispatcher, events, settings), tokens))
+        served.update(await service.start(store, Jobs(store, dispatcher, events, settings), tokens, tls))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,8 +1,10 @@
 """The dashboard in a real headless Chromium (Debian's `chromium`, driven by Playwright) against a running head with
-two agents: the fleet appears, a job shows up and finishes live (no reload), the job page shows where its shards ran
-and what they spent, and a signed-in user cancels a job, reads a job's log with what its shards printed, opens a
-node's page (its CPU split into its owner's share and Farm's, perf/W per model on it), and sees memory charted,
-Farm's and the owners' CPU charted apart, no GPU-memory chart on a fleet without GPUs, and perf/W per model.
+two agents, over HTTPS with the head's certificate (Chromium trusts that certificate's key, as a user who checked it
+would): without the API token it shows nothing; signed in, the fleet appears, a job shows up and finishes live (no
+reload), the job page shows where its shards ran and what they spent, and the user cancels a job, reads a job's log
+with what its shards printed, opens a node's page (its CPU split into its owner's share and Farm's, perf/W per model
+on it), and sees memory charted, Farm's and the owners' CPU charted apart, no GPU-memory chart on a fleet without
+GPUs, and perf/W per model.
 
 FARM_SCREENSHOT=docs/dashboard.png makes the run save the fleet page, with the finished job, there;
 FARM_SCREENSHOT_JOB=docs/dashboard-job.png the job page with its log; FARM_SCREENSHOT_NODE=docs/dashboard-node.png
@@ -11,10 +13,10 @@ a node's page.
 
 from __future__ import annotations
 
-import json
+import base64
+import hashlib
 import os
 import shutil
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from farm.local import read_json
 from tests.conftest import FIXTURES, ROOT, Cluster
@@ -38,8 +42,17 @@ WAIT_MS = 180_000  # a job on a busy two-core machine; every wait below ends as 
 @pytest.fixture()
 def dashboard(cluster: Cluster) -> str:
     info = read_json(cluster.state_dir / "head.json") or {}
-    assert str(info.get("dashboard", "")).startswith("http://127.0.0.1:"), info
+    assert str(info.get("dashboard", "")).startswith("https://127.0.0.1:"), info
     return str(info["dashboard"])
+
+
+def head_certificate_key(cluster: Cluster) -> str:
+    """The base64 SHA-256 of the head's server certificate's public key (Chromium's --ignore-certificate-errors-spki-
+    list: that key's certificate is accepted, no other)."""
+    certificate = x509.load_pem_x509_certificate((cluster.state_dir / "tls" / "head.pem").read_bytes())
+    spki = certificate.public_key().public_bytes(serialization.Encoding.DER,
+                                                 serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
 @dataclass
@@ -50,12 +63,13 @@ class Browser:
 
 
 @pytest.fixture()
-def browser(dashboard: str) -> Iterator[Browser]:
+def browser(cluster: Cluster, dashboard: str) -> Iterator[Browser]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         # --no-sandbox: Chromium's sandbox refuses to run as root, which is how CI runs.
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        trust = f"--ignore-certificate-errors-spki-list={head_certificate_key(cluster)}"
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", trust])
         # bypass_csp: the page's policy forbids eval, which Playwright's wait_for_function needs for its predicates.
         page = chromium.new_page(viewport={"width": 1400, "height": 1000}, bypass_csp=True)
         page.set_default_timeout(WAIT_MS)
@@ -66,9 +80,17 @@ def browser(dashboard: str) -> Iterator[Browser]:
         chromium.close()
 
 
-def api(dashboard: str, path: str) -> Any:
-    with urllib.request.urlopen(dashboard + path, timeout=30) as response:
-        return json.loads(response.read())
+def api(cluster: Cluster, path: str) -> Any:
+    status, body = cluster.dashboard_call(path)
+    assert status == 200, (path, status, body)
+    return body
+
+
+def sign_in(page: Any, token: str) -> None:
+    page.locator("#signin-open").click()
+    page.locator("#token-input").fill(token)
+    page.locator("#signin-submit").click()
+    page.locator("#signout").wait_for()
 
 
 def submit(cluster: Cluster, work: Path, name: str, model: str, shards: int, batch_size: int) -> str:
@@ -92,7 +114,10 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
                                                    work: Path) -> None:
     page = browser.page
     page.goto(dashboard)
-    fleet = {n["name"]: n for n in api(dashboard, "api/fleet")["nodes"]}
+    page.locator("#locked").wait_for()  # without the API token, the head shows nothing of its fleet
+    assert page.locator("tr[data-node]").count() == 0
+    sign_in(page, cluster.head.api_token)
+    fleet = {n["name"]: n for n in api(cluster, "api/fleet")["nodes"]}
     for name in ("agent-a", "agent-b"):
         row = page.locator(f"tr[data-node='{name}']")
         row.wait_for()
@@ -128,7 +153,7 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
 
     row.locator("a").click()
     page.locator("#job-page").wait_for()
-    job = api(dashboard, f"api/jobs/{job_id}")
+    job = api(cluster, f"api/jobs/{job_id}")
     shown = page.locator("#shards tbody tr")
     assert shown.count() == 4
     for index, shard in enumerate(job["shards_detail"]):
@@ -148,9 +173,8 @@ def test_cancelling_from_the_page_needs_the_api_token(cluster: Cluster, dashboar
     page = browser.page
     job_id = submit(cluster, work, "slower-toy", "toyjob:slow", shards=2, batch_size=1)  # 16 × 0.5 s a shard
     page.goto(f"{dashboard}#/jobs/{job_id}")
-    button = page.locator("#cancel-job")
-    button.wait_for()
-    assert button.is_disabled()  # read-only without the token
+    page.locator("#locked").wait_for()  # without the token: not even the job, let alone its cancel button
+    assert page.locator("#cancel-job").count() == 0
 
     page.locator("#signin-open").click()
     page.locator("#token-input").fill("not-the-token")
@@ -163,7 +187,7 @@ def test_cancelling_from_the_page_needs_the_api_token(cluster: Cluster, dashboar
     page.once("dialog", lambda dialog: dialog.accept())
     page.locator("#cancel-job:not([disabled])").click()
     page.wait_for_function("document.querySelector('#job-page .meta .state').textContent === 'cancelled'")
-    assert api(dashboard, f"api/jobs/{job_id}")["state"] == "cancelled"
+    assert api(cluster, f"api/jobs/{job_id}")["state"] == "cancelled"
     assert browser.errors == []
 
 
@@ -172,12 +196,10 @@ def test_a_jobs_log_a_node_page_memory_and_perf_per_model(cluster: Cluster, dash
     page = browser.page
     job_id = submit(cluster, work, "chatty-toy", "toyjob:chatty", shards=2, batch_size=8)
     page.goto(f"{dashboard}#/jobs/{job_id}")
+    page.locator("#locked").wait_for()  # the job's page, and its output, are for holders of the token
+    assert page.locator("#job-log").count() == 0
+    sign_in(page, cluster.head.api_token)
     page.locator("#job-page").wait_for()
-    assert "Sign in with the API token" in page.locator("#job-log").inner_text()  # the job's output is the job's
-    page.locator("#signin-open").click()
-    page.locator("#token-input").fill(cluster.head.api_token)
-    page.locator("#signin-submit").click()
-    page.locator("#signout").wait_for()
     page.wait_for_function("document.querySelector('#job-page .meta .state').textContent === 'succeeded'")
     # What each shard printed on its node, under its index, with the job's own events.
     page.wait_for_function("[...document.querySelectorAll('#job-log .log-output')].length >= 2")
@@ -190,7 +212,7 @@ def test_a_jobs_log_a_node_page_memory_and_perf_per_model(cluster: Cluster, dash
 
     page.goto(dashboard)
     # Each node's CPU, split into its owner's share and Farm's, as the head has them.
-    fleet = {n["name"]: n for n in api(dashboard, "api/fleet")["nodes"]}
+    fleet = {n["name"]: n for n in api(cluster, "api/fleet")["nodes"]}
     cpu = page.locator("tr[data-node='agent-a'] .node-cpu")
     assert cpu.locator(".owner-share").inner_text().startswith("owner ")
     assert cpu.locator(".farm-share").inner_text().startswith("Farm ")
@@ -198,7 +220,7 @@ def test_a_jobs_log_a_node_page_memory_and_perf_per_model(cluster: Cluster, dash
     assert fleet["agent-a"]["owner_cpu_percent"] == pytest.approx(
         fleet["agent-a"]["cpu_percent"] - fleet["agent-a"]["farm_cpu_percent"])
     assert "Perf/W (items/J)" not in page.locator("#nodes th").all_text_contents()  # a node's would mix models
-    ran = api(dashboard, f"api/jobs/{job_id}")["shards_detail"][0]["node_name"]  # a node that ran the chatty job
+    ran = api(cluster, f"api/jobs/{job_id}")["shards_detail"][0]["node_name"]  # a node that ran the chatty job
     page.locator(f"tr[data-node='{ran}'] a").click()
     page.locator(f"#node-page[data-node='{ran}']").wait_for()
     assert page.locator("#node-backends tr[data-backend='cpu']").count() == 1

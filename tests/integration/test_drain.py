@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -48,15 +46,6 @@ def node_named(client: Client, name: str) -> fleet_pb2.Node:
 def run_to_end(client: Client, job_id: str) -> list[str]:
     """Follow the job to its end; the explanations it went through."""
     return [record.explanation for record in client.watch(job_id)]
-
-
-def post(url: str, token: str | None) -> tuple[int, dict[str, object]]:
-    request = urllib.request.Request(url, method="POST", headers={"Authorization": f"Bearer {token}"} if token else {})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 def test_a_drained_node_keeps_its_shards_and_gets_no_new_ones_until_undrained(cluster: Cluster, toy: Path) -> None:
@@ -115,28 +104,28 @@ def test_drain_names_an_unknown_node_in_one_line(cluster: Cluster) -> None:
 
 
 def test_the_dashboard_drains_only_with_the_api_token(cluster: Cluster) -> None:
-    dashboard = str((read_json(cluster.state_dir / "head.json") or {})["dashboard"])
     with Client(cluster.head) as client:
         node_id = node_named(client, "agent-b").id
         try:
-            status, body = post(f"{dashboard}api/nodes/{node_id}/drain", None)
+            status, body = cluster.dashboard_call(f"api/nodes/{node_id}/drain", "POST", token=None)
             assert status == 401 and "API token" in str(body["error"])
-            status, body = post(f"{dashboard}api/nodes/{node_id}/drain", "not-the-token")
+            status, body = cluster.dashboard_call(f"api/nodes/{node_id}/drain", "POST", token="not-the-token")
             assert status == 401
             assert not node_named(client, "agent-b").drain
 
-            status, body = post(f"{dashboard}api/nodes/agent-b/drain", cluster.head.api_token)
+            status, body = cluster.dashboard_call("api/nodes/agent-b/drain", "POST")
             assert status == 200 and body["drain"] is True and body["id"] == node_id
             assert node_named(client, "agent-b").drain
-            status, body = post(f"{dashboard}api/nodes/{node_id}/undrain", cluster.head.api_token)
+            status, body = cluster.dashboard_call(f"api/nodes/{node_id}/undrain", "POST")
             assert status == 200 and body["drain"] is False
             assert not node_named(client, "agent-b").drain
-            status, body = post(f"{dashboard}api/nodes/ghost/drain", cluster.head.api_token)
+            status, body = cluster.dashboard_call("api/nodes/ghost/drain", "POST")
             assert status == 404
         finally:
             client.drain_node("agent-b", False)
-    with urllib.request.urlopen(f"{dashboard}metrics", timeout=30) as reply:
-        assert b"farm_node_busy" in reply.read()
+    status, body = cluster.dashboard_call("metrics")  # Prometheus, with the API token as a bearer
+    assert status == 200 and b"farm_node_busy" in body
+    assert cluster.dashboard_call("metrics", token=None)[0] == 401
 
 
 def test_a_busy_owner_drains_the_node_and_its_idle_return_brings_it_back(cluster: Cluster, toy: Path,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +33,7 @@ from farm.head.jobs import Jobs
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm.local import free_port
+from farm.tls import HeadTLS
 
 HW = Hardware(hostname="h", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=8, memory_bytes=2**34)
 GPU_HW = HW.model_copy(update={"gpus": (Gpu(index=0, name="NVIDIA H200"),)})
@@ -46,47 +49,56 @@ def energy(joules: float, source: EnergySource, scope: EnergyScope = EnergyScope
     return Energy(joules=joules, seconds=1.0, source=source, scope=scope)
 
 
+SIGNED_IN = "signed in"  # Served.get's default: the API token, as a signed-in page reads
+
+
 @dataclass
 class Served:
     url: str
     store: Store
     tokens: Tokens
     dashboard: Dashboard
-    http: aiohttp.ClientSession
+    http: aiohttp.ClientSession  # trusts the head's CA, and sends the API token unless a call says otherwise
+    tls: HeadTLS
 
-    async def get(self, path: str, token: str | None = None) -> tuple[int, object]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async def get(self, path: str, token: str | None = SIGNED_IN) -> tuple[int, object]:
+        token = self.tokens.api if token == SIGNED_IN else token
+        headers = {"Authorization": f"Bearer {token}" if token else ""}
         async with self.http.get(self.url + path, headers=headers) as response:
             body = await response.text()
             is_json = response.content_type == "application/json"
             return response.status, json.loads(body) if is_json and body else body
 
     async def post(self, path: str, token: str | None = None) -> tuple[int, dict[str, object]]:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = {"Authorization": f"Bearer {token}" if token else ""}
         async with self.http.post(self.url + path, headers=headers) as response:
             return response.status, await response.json()
 
 
 @asynccontextmanager
-async def serving(tmp_path: Path, sample_every_s: float = 60.0) -> AsyncIterator[Served]:
-    """The dashboard as `farm head start` composes it: the head's store, its Jobs and its tokens."""
-    settings = HeadSettings(state_dir=tmp_path, host="127.0.0.1", port=free_port())
-    tokens = Tokens.load_or_create(tmp_path, settings.ray_token_path)
+async def serving(tmp_path: Path, sample_every_s: float = 60.0, **options: Any) -> AsyncIterator[Served]:
+    """The dashboard as `farm head start` composes it: the head's store, its Jobs, its tokens under the head's policy
+    (`options`: HeadSettings' fields) and its TLS identity."""
+    settings = HeadSettings(state_dir=tmp_path, host="127.0.0.1", port=free_port(), **options)
+    tokens = Tokens.load_or_create(tmp_path, settings.ray_token_path).for_server(settings)
+    tls = HeadTLS.load_or_create(settings.tls_dir, ["127.0.0.1"])
     store = Store(tmp_path / "state.db")
     events = JobEvents()
     jobs = Jobs(store, Dispatcher(store, settings, events.publish), events, settings)
     dashboard = Dashboard("127.0.0.1", free_port(), "127.0.0.1", sample_every_s=sample_every_s)
-    info = await dashboard.start(store, jobs, tokens)
-    assert info == {"dashboard": dashboard.url}
+    info = await dashboard.start(store, jobs, tokens, tls)
+    assert info == {"dashboard": dashboard.url} and dashboard.url.startswith("https://127.0.0.1:")
+    trusted = ssl.create_default_context(cadata=tls.ca_pem.decode())
     try:
-        async with aiohttp.ClientSession() as http:
-            yield Served(dashboard.url, store, tokens, dashboard, http)
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {tokens.api}"},
+                                         connector=aiohttp.TCPConnector(ssl=trusted)) as http:
+            yield Served(dashboard.url, store, tokens, dashboard, http, tls)
     finally:
         await dashboard.stop()
         store.close()
 
 
-def run(tmp_path: Path, scenario: Callable[[Served], Awaitable[None]], **options: float) -> None:
+def run(tmp_path: Path, scenario: Callable[[Served], Awaitable[None]], **options: Any) -> None:
     async def main() -> None:
         async with serving(tmp_path, **options) as served:
             await scenario(served)
@@ -193,7 +205,7 @@ def test_cancelling_needs_the_api_token_and_goes_through_the_head_s_jobs(tmp_pat
         assert status == 409 and "already cancelled" in str(error["error"])
         assert (await served.post("api/jobs/j-none/cancel", token=served.tokens.api))[0] == 404
 
-        assert (await served.get("api/auth"))[0] == 401  # what the sign-in form checks
+        assert (await served.get("api/auth", token=None))[0] == 401  # what the sign-in form checks
         assert (await served.get("api/auth", token=served.tokens.api))[0] == 204
 
     run(tmp_path, scenario)
@@ -366,7 +378,7 @@ def test_a_jobs_log_with_what_its_shards_printed_needs_the_api_token(tmp_path: P
         a_fleet(served.store)
         a_job_half_done(served.store)
         served.store.log("j-1", "output", "loading the model\nbatch 0", shard=0)
-        status, _ = await served.get("api/jobs/j-1/logs")
+        status, _ = await served.get("api/jobs/j-1/logs", token=None)
         assert status == 401  # a job's output is the job's: as `farm logs`, reading it needs the token
         status, lines = await served.get("api/jobs/j-1/logs", token=served.tokens.api)
         assert status == 200 and isinstance(lines, list)
@@ -488,3 +500,99 @@ def test_a_node_page_gives_perf_per_model_for_that_node_alone(tmp_path: Path) ->
         assert "items_per_j" not in page  # 110 items over 60 J, across two models, would mean nothing
 
     run(tmp_path, scenario)
+
+
+READS = ("api/fleet", "api/jobs", "api/jobs/j-1", "api/nodes/gpu-box", "api/history", "api/events", "metrics")
+
+
+def test_reading_needs_the_api_token_unless_the_head_reads_openly(tmp_path: Path) -> None:
+    """Issue 18, finding 10: the dashboard's reads needed no token, where gRPC's listings do without --open-read."""
+    async def closed(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        for path in READS:
+            assert (await served.get(path, token=None))[0] == 401, path
+            assert (await served.get(path, token="forged"))[0] == 401, path
+        for path in ("", "static/app.js"):  # the page itself holds no data: it asks for the token
+            assert (await served.get(path, token=None))[0] == 200, path
+        assert (await served.get("api/fleet"))[0] == 200
+
+    async def open_read(served: Served) -> None:
+        a_fleet(served.store)
+        a_job_half_done(served.store)
+        for path in READS:
+            if path != "api/events":  # a stream: open is enough
+                assert (await served.get(path, token=None))[0] == 200, path
+        async with served.http.get(served.url + "api/events", headers={"Authorization": ""}) as response:
+            assert response.status == 200
+        assert (await served.get("api/jobs/j-1/logs", token=None))[0] == 401  # a job's output is still the job's
+        assert (await served.post("api/jobs/j-1/cancel"))[0] == 401
+
+    run(tmp_path / "closed", closed)
+    run(tmp_path / "open", open_read, open_read=True)
+
+
+def test_the_dashboard_speaks_tls_with_the_head_s_certificate(tmp_path: Path) -> None:
+    """Issue 18, finding 10: it was plain HTTP on 0.0.0.0, so signing in sent the API token in the clear."""
+    async def scenario(served: Served) -> None:
+        plain = served.url.replace("https://", "http://")
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.ClientError):  # no plain HTTP beside it
+                async with http.get(plain + "api/auth"):
+                    pass
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):  # a CA of the system's does not vouch for it
+                async with http.get(served.url):
+                    pass
+        # The head's CA does, for the name 127.0.0.1 (the session checks the certificate and its host name).
+        assert (await served.get("api/auth"))[0] == 204
+
+    run(tmp_path, scenario)
+    # Plain HTTP only when asked, and only on loopback.
+    with pytest.raises(UserError, match="plain HTTP only on loopback"):
+        Dashboard("0.0.0.0", free_port(), "10.0.0.1", plain_http=True)
+
+    async def plain_on_loopback() -> None:
+        settings = HeadSettings(state_dir=tmp_path, host="127.0.0.1", port=free_port())
+        store = Store(tmp_path / "state.db")
+        events = JobEvents()
+        dashboard = Dashboard("127.0.0.1", free_port(), "127.0.0.1", plain_http=True)
+        await dashboard.start(store, Jobs(store, Dispatcher(store, settings, events.publish), events, settings),
+                              Tokens.load_or_create(tmp_path, settings.ray_token_path),
+                              HeadTLS.load_or_create(settings.tls_dir, ["127.0.0.1"]))
+        try:
+            assert dashboard.url.startswith("http://127.0.0.1:")
+            async with aiohttp.ClientSession() as http, http.get(dashboard.url) as response:
+                assert response.status == 200
+        finally:
+            await dashboard.stop()
+            store.close()
+
+    asyncio.run(plain_on_loopback())
+
+
+def test_failed_sign_ins_are_limited_per_address_and_logged_escaped(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18, finding 10: failed sign-ins were neither limited nor logged. Here as gRPC's: a few per address and
+    window (the head's one limiter), then refused unchecked; each logged with the address, never the token."""
+    async def scenario(served: Served) -> None:
+        assert (await served.get("api/fleet", token=None))[0] == 401  # no token: a page before sign-in, not a guess
+        for _ in range(3):
+            assert (await served.get("api/auth", token="guess"))[0] == 401
+        status, body = await served.get("api/auth")  # the right token, too late
+        assert status == 401 and "too many failed authentications from 127.0.0.1" in str(body)
+        status, _ = await served.get("api/fleet")
+        assert status == 401
+        # A gRPC caller from that address is refused by the same limiter.
+        assert served.tokens.limiter.blocked_for("127.0.0.1") > 0
+
+    async def forged_line(served: Served) -> None:
+        assert (await served.get("api/jobs/x%0A2026-12-03 INFO farm.head: all is well", token="guess"))[0] == 401
+
+    with caplog.at_level(logging.WARNING, logger="farm.head.auth"):
+        run(tmp_path / "a", scenario, auth_failures_allowed=3, limit_loopback=True)
+        run(tmp_path / "b", forged_line)
+    refusals = [r.getMessage() for r in caplog.records if r.getMessage().startswith("refused")]
+    assert len(refusals) == 4, refusals  # three guesses and the forged path: the request without a token is not one
+    assert all("from 127.0.0.1: invalid or missing API token (credential hash " in m for m in refusals)
+    assert all("guess" not in m and "\n" not in m for m in refusals)
+    assert "the dashboard's GET '/api/jobs/x\\n2026-12-03 INFO farm.head: all is well'" in refusals[-1]

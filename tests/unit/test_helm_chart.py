@@ -159,7 +159,7 @@ def test_probes_hit_the_dashboard_page() -> None:
     head = container(render()[("StatefulSet", "rel-farm-head")])
     ports = {p["name"]: p["containerPort"] for p in head["ports"]}
     probes = [head[k]["httpGet"] for k in ("startupProbe", "readinessProbe", "livenessProbe")]
-    assert {(p["path"], p["port"]) for p in probes} == {("/", "dashboard")}
+    assert {(p["path"], p["port"], p["scheme"]) for p in probes} == {("/", "dashboard", "HTTPS")}
     assert ports["dashboard"] == int(options(head["command"])["dashboard-port"])
     assert asyncio.run(_status_of("/")) == 200  # the real dashboard app serves that path
 
@@ -201,8 +201,12 @@ def test_gpu_agents_only_when_enabled() -> None:
 
 def test_ingress_and_host_network() -> None:
     assert not [k for k in render() if k[0] == "Ingress"]
-    objects = render({"ingress": {"enabled": True, "host": "farm.lan"}, "head": {"hostNetwork": True}})
-    rule = objects[("Ingress", "rel-farm-dashboard")]["spec"]["rules"][0]
+    objects = render({"ingress": {"enabled": True, "host": "farm.lan", "annotations": {"a.example/b": "c"}},
+                      "head": {"hostNetwork": True}})
+    ingress = objects[("Ingress", "rel-farm-dashboard")]
+    assert ingress["metadata"]["annotations"] == {"nginx.ingress.kubernetes.io/backend-protocol": "HTTPS",
+                                                  "a.example/b": "c"}  # the dashboard speaks TLS itself
+    rule = ingress["spec"]["rules"][0]
     assert rule["host"] == "farm.lan"
     assert rule["http"]["paths"][0]["backend"]["service"] == {"name": "rel-farm-head", "port": {"name": "dashboard"}}
     pod = objects[("StatefulSet", "rel-farm-head")]["spec"]["template"]["spec"]

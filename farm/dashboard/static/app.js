@@ -1,5 +1,7 @@
 // Farm's dashboard: the fleet, its live charts and its jobs, kept current by the head's server-sent events.
 // Every figure from the head is put in the page as text (never as markup): node and job names are users' input.
+// Reading needs the head's API token unless the head runs with --open-read: every request carries it once signed
+// in (the events too, read through fetch: EventSource cannot send a header).
 "use strict";
 
 const WINDOW_S = 15 * 60;
@@ -15,8 +17,11 @@ const state = {
   chartNodes: "",         // the node ids the charts were built for
   job: null,              // the job shown on a job page
   token: sessionStorage.getItem("farm.token") || "",
+  locked: false,          // a read was refused without a token: the head shows nothing until signed in
   ticks: 0,
 };
+
+class Locked extends Error {}
 
 // ---- small helpers
 
@@ -95,10 +100,15 @@ function progressBar(job) {
     h("div", {class: "progress-text"}, `${num(job.items_done)}/${num(job.items)} items · ${pct}%`));
 }
 
+function authHeaders() { return state.token ? {Authorization: `Bearer ${state.token}`} : {}; }
+
 async function api(path, options = {}) {
-  const headers = {...(options.headers || {})};
-  if (state.token) headers.Authorization = `Bearer ${state.token}`;
+  const headers = {...(options.headers || {}), ...authHeaders()};
   const response = await fetch(path, {...options, headers});
+  if (response.status === 401 && !state.token && (options.method || "GET") === "GET") {
+    lock();  // reading needs the token here: ask for it, once, and read nothing more until then
+    throw new Locked("sign in with the API token");
+  }
   if (!response.ok) {
     let message = `${response.status} ${response.statusText}`;
     try { message = (await response.json()).error || message; } catch (_) { /* not JSON */ }
@@ -119,6 +129,13 @@ async function show() {
   const where = route();
   destroyCharts();
   const view = document.getElementById("view");
+  if (state.locked) {
+    view.replaceChildren(h("div", {id: "locked", class: "locked"},
+      h("p", {}, "This head shows its fleet and jobs to holders of its API token."),
+      h("p", {class: "dim"}, "Sign in with it (api_token in the head's head.json): it is kept in this tab only."),
+      h("button", {id: "signin-locked", onclick: openSignIn}, "Sign in")));
+    return;
+  }
   if (where.page === "job") {
     view.replaceChildren(h("p", {class: "dim"}, "loading…"));
     await loadJob(where.id);
@@ -128,8 +145,19 @@ async function show() {
   } else {
     view.replaceChildren(fleetSkeleton());
     renderFleet();
-    await loadHistory();
+    try {
+      await loadHistory();
+    } catch (error) {
+      if (!(error instanceof Locked)) throw error;
+    }
   }
+}
+
+function lock() {
+  if (state.locked) return;
+  state.locked = true;
+  renderAuth();
+  show();
 }
 
 // ---- the fleet page
@@ -382,6 +410,7 @@ async function loadJob(id) {
   try {
     state.job = await api(`api/jobs/${encodeURIComponent(id)}`);
   } catch (error) {
+    if (error instanceof Locked) return;
     document.getElementById("view").replaceChildren(h("p", {}, h("a", {href: "#/"}, "← fleet")),
       h("p", {class: "error"}, String(error.message)));
     return;
@@ -434,6 +463,7 @@ async function loadNode(id) {
   try {
     node = await api(`api/nodes/${encodeURIComponent(id)}`);
   } catch (error) {
+    if (error instanceof Locked) return;
     document.getElementById("view").replaceChildren(h("p", {}, h("a", {href: "#/"}, "← fleet")),
       h("p", {class: "error"}, String(error.message)));
     return;
@@ -557,18 +587,30 @@ function renderAuth() {
   const box = document.getElementById("auth");
   box.replaceChildren(state.token ?
     h("span", {}, "signed in · ", h("button", {id: "signout", onclick: signOut}, "Sign out")) :
-    h("span", {}, "read-only · ", h("button", {id: "signin-open", onclick: () => {
-      document.getElementById("signin-error").textContent = "";
-      document.getElementById("signin").showModal();
-    }}, "Sign in")));
+    h("span", {}, state.locked ? "signed out · " : "read-only · ",
+      h("button", {id: "signin-open", onclick: openSignIn}, "Sign in")));
+}
+
+function openSignIn() {
+  document.getElementById("signin-error").textContent = "";
+  document.getElementById("signin").showModal();
+}
+
+// After a sign-in or out: the live stream again with the new credentials, and everything read afresh.
+function reload() {
+  renderAuth();
+  if (stream) stream.abort();
+  show();
+  api("api/fleet").then(fleet => { state.fleet = fleet; renderFleet(); }).catch(() => {});
+  api("api/jobs").then(jobs => { state.jobs = jobs; renderFleet(); }).catch(() => {});
 }
 
 function signOut() {
   state.token = "";
   sessionStorage.removeItem("farm.token");
-  renderAuth();
   renderJob();
   renderFleet();  // the drain buttons follow the sign-in
+  reload();
 }
 
 document.getElementById("signin-cancel").addEventListener("click", () => document.getElementById("signin").close());
@@ -577,45 +619,81 @@ document.getElementById("signin-form").addEventListener("submit", async (event) 
   const token = document.getElementById("token-input").value.trim();
   const response = await fetch("api/auth", {headers: {Authorization: `Bearer ${token}`}});
   if (response.status !== 204) {
-    document.getElementById("signin-error").textContent = "That token is not this head's API token.";
+    let why = "";
+    try { why = (await response.json()).error || ""; } catch (_) { /* not JSON */ }
+    document.getElementById("signin-error").textContent = why.startsWith("too many")
+      ? `${why}.` : "That token is not this head's API token.";
     return;
   }
   state.token = token;
+  state.locked = false;
   sessionStorage.setItem("farm.token", token);
   document.getElementById("token-input").value = "";
   document.getElementById("signin").close();
-  renderAuth();
   renderJob();
   renderFleet();
-  if (route().page === "job" && state.job) loadLog(state.job.id);
+  reload();
 });
 
 // ---- live updates
 
-function connect() {
+let stream = null;  // the AbortController of the open event stream
+
+// Server-sent events through fetch, with the token: each event's lines up to a blank one; reconnects after 2 s (a
+// head restart), at once after a sign-in or out.
+async function connect() {
   const live = document.getElementById("live");
-  const events = new EventSource("api/events");
-  events.addEventListener("open", () => { live.className = "live on"; live.textContent = "live"; });
-  events.addEventListener("error", () => { live.className = "live off"; live.textContent = "reconnecting…"; });
-  events.addEventListener("tick", (event) => {
-    const update = JSON.parse(event.data);
-    state.ticks += 1;
-    live.className = "live on";
-    live.textContent = `live · ${new Date(update.sample.t * 1000).toLocaleTimeString()}`;
-    live.dataset.ticks = String(state.ticks);
-    state.fleet = update.fleet;
-    state.jobs = update.jobs;
-    renderFleet();
-    appendSample(update.sample);
-    // A job page follows its job until it finishes (the fetch that sees it finished is the last one).
-    if (route().page === "job" && state.job && !state.job.finished) loadJob(state.job.id);
-    if (route().page === "node") loadNode(route().id);
-  });
+  for (;;) {
+    stream = new AbortController();
+    try {
+      const response = await fetch("api/events", {headers: authHeaders(), signal: stream.signal});
+      if (response.status === 401) {
+        live.className = "live off";
+        live.textContent = "signed out";
+        if (!state.token) lock();
+        await new Promise(resolve => stream.signal.addEventListener("abort", resolve));  // until a sign-in
+        continue;
+      }
+      if (!response.ok) throw new Error(response.statusText);
+      live.className = "live on";
+      live.textContent = "live";
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const {value, done} = await reader.read();
+        if (done) break;
+        buffer += value;
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const lines = buffer.slice(0, end).split("\n");
+          buffer = buffer.slice(end + 2);
+          const data = lines.filter(l => l.startsWith("data: ")).map(l => l.slice(6)).join("\n");
+          if (lines.includes("event: tick") && data) onTick(JSON.parse(data));
+        }
+      }
+    } catch (_) { /* the head went away, or a sign-in ended this stream */ }
+    if (stream.signal.aborted) continue;
+    live.className = "live off";
+    live.textContent = "reconnecting…";
+    await new Promise(resolve => setTimeout(resolve, 2000));
+  }
+}
+
+function onTick(update) {
+  const live = document.getElementById("live");
+  state.ticks += 1;
+  live.className = "live on";
+  live.textContent = `live · ${new Date(update.sample.t * 1000).toLocaleTimeString()}`;
+  live.dataset.ticks = String(state.ticks);
+  state.fleet = update.fleet;
+  state.jobs = update.jobs;
+  renderFleet();
+  appendSample(update.sample);
+  // A job page follows its job until it finishes (the fetch that sees it finished is the last one).
+  if (route().page === "job" && state.job && !state.job.finished) loadJob(state.job.id);
+  if (route().page === "node") loadNode(route().id);
 }
 
 window.addEventListener("hashchange", show);
-renderAuth();
-api("api/fleet").then(fleet => { state.fleet = fleet; renderFleet(); }).catch(() => {});
-api("api/jobs").then(jobs => { state.jobs = jobs; renderFleet(); }).catch(() => {});
-show();
+reload();
 connect();
