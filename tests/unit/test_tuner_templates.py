@@ -31,7 +31,7 @@ from farm_agent.tuner.templates.gemm import GemmKernel
 from farm_agent.tuner.templates.matcher import (ConvRegion, CrossEntropyRegion, DistanceRegion, GemmRegion, PoolRegion,
                                                 RowRegion, regions, rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
-from farm_agent.tuner.templates.rowreduce import RowSpec, torch_rows
+from farm_agent.tuner.templates.rowreduce import RowSpec, plan, torch_rows
 
 torch.manual_seed(0)
 PROBLEMS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "problems"
@@ -235,6 +235,14 @@ def test_bad_epilogue_steps_are_refused() -> None:
         Step("softmax")
     with pytest.raises(ValueError, match="clamp needs"):
         Step("clamp")
+
+
+def test_row_tiles_pack_short_rows_and_search_the_warps_of_long_ones() -> None:
+    assert plan(64) == [(4, 64, 4), (8, 64, 4), (16, 64, 4)]
+    assert plan(1000) == [(2, 1024, 4), (4, 1024, 8), (8, 1024, 8)]
+    assert plan(8192) == [(1, 8192, 8), (1, 8192, 4), (1, 8192, 16)]  # one row a program: 8 warps, or 4, or 16
+    assert plan(16384) == [(1, 16384, 16), (1, 16384, 8)]
+    assert plan(50304) == [(1, 4096, 8), (1, 2048, 4), (1, 8192, 16)]  # longer than one pass: blocks of a loop
 
 
 # --- the matcher -------------------------------------------------------------------------------------------------

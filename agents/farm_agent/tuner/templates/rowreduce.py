@@ -244,11 +244,9 @@ OP_CODE = {op: i for i, op in enumerate(OPS)}
 
 def plan(length: int) -> list[tuple[int, int, int]]:
     """(ROWS, BLOCK, num_warps) choices for a row length: the autotuning space. Short rows pack several rows per
-    program so that each program still moves a few KiB."""
-    import triton
-
+    program so that each program still moves a few KiB; a long row gets one program and a choice of warps."""
     if length <= MAX_ONE_PASS:
-        block = triton.next_power_of_2(length)
+        block = 1 << max(0, length - 1).bit_length()  # the next power of two
         choices = []
         for rows in (1, 2, 4, 8, 16):
             tile = rows * block
@@ -256,7 +254,11 @@ def plan(length: int) -> list[tuple[int, int, int]]:
                 continue
             warps = 4 if tile <= 2048 else 8 if tile <= 8192 else 16
             choices.append((rows, block, warps))
-        return choices[-3:]
+        choices = choices[-3:]
+        if len(choices) == 1:  # one long row per program (4096 and up): how many warps share it is the choice
+            rows, block, warps = choices[0]
+            choices += [(rows, block, w) for w in (warps // 2, warps * 2) if 4 <= w <= 16 and block // (32 * w) >= 4]
+        return choices
     return [(1, 4096, 8), (1, 2048, 4), (1, 8192, 16)]
 
 
