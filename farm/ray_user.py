@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from farm.core.errors import UserError
@@ -44,10 +45,11 @@ def ensure(name: str) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
-def check_reachable(user: pwd.struct_passwd) -> None:
-    """The Python environment Ray's processes start from must be readable by `user`: else a clear line, not a Ray
-    that dies at start."""
-    closed = first_closed(user)
+def check_reachable(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> None:
+    """The Python environment Ray's processes start from (and `extra`: what they import, Farm's own packages on an
+    agent, whose workers run shards) must be readable by `user`: else a clear line, not a Ray that dies at start or
+    a shard that fails on its first import."""
+    closed = first_closed(user, extra)
     if closed is not None:
         target, blocked = closed
         raise UserError(
@@ -56,12 +58,13 @@ def check_reachable(user: pwd.struct_passwd) -> None:
             "root` accepts that job code on this machine runs as root)")
 
 
-def first_closed(user: pwd.struct_passwd) -> tuple[Path, Path] | None:
-    """What Ray's processes need (the interpreter, the standard library, Ray's package) and the first folder on the
-    way to it that `user` cannot enter; None if it can reach them all."""
+def first_closed(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> tuple[Path, Path] | None:
+    """What Ray's processes need (the interpreter, the standard library, Ray's package, `extra`) and the first folder
+    on the way to it that `user` cannot enter; None if it can reach them all."""
     ray_package = importlib.util.find_spec("ray")
     ray_folder = Path(ray_package.origin).parent if ray_package and ray_package.origin else Path(sys.prefix)
-    for target in (Path(sys.executable).resolve(), Path(shutil.__file__).resolve().parent, ray_folder):
+    for target in (Path(sys.executable).resolve(), Path(shutil.__file__).resolve().parent, ray_folder,
+                   *(p.resolve() for p in extra)):
         blocked = _first_closed(target, user)
         if blocked is not None:
             return target, blocked

@@ -371,13 +371,21 @@ def private_state_dir(folder: Path) -> None:
 
 
 def ray_account(settings: AgentSettings) -> pwd.struct_passwd | None:
-    """The user the node's Ray runs as, made if missing (farm.ray_user), and able to reach this Python; None: the
-    agent's own."""
+    """The user the node's Ray runs as, made if missing (farm.ray_user), and able to reach this Python and the
+    packages its workers import to run shards; None: the agent's own."""
     if settings.ray_user is None:
         return None
     user = ray_user.ensure(settings.ray_user)
-    ray_user.check_reachable(user)
+    ray_user.check_reachable(user, worker_packages())
     return user
+
+
+def worker_packages() -> list[Path]:
+    """The folders of the packages a node's workers import to run shards (farm, farm_agent)."""
+    import farm
+    import farm_agent
+
+    return [Path(farm.__file__).parent, Path(farm_agent.__file__).parent]
 
 
 def serve(settings: AgentSettings) -> None:

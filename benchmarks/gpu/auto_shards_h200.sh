@@ -23,7 +23,7 @@ $F head start --host 127.0.0.1 --port 7710 --ray-user root --detach 2>&1 | tail 
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")
 CA=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['ca_hash'])")
 FARM_JOIN_TOKEN=$JOIN $F agent start --head 127.0.0.1:7710 --ca-hash "$CA" --name h200-gpu --backends cuda --cpus 8 \
-  --max-foreign-cpu 100 --detach 2>&1 | tail -1
+  --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
 $F nodes --json > $OUT/nodes.json; grep -h "idle" /tmp/farm-state/agents/*/agent.log | tail -2
 timeout ${JOB_TIMEOUT_S:-300} python3 $B job /tmp/bench-data --raw $OUT/raw.json --batch-size ${BATCH:-512} 2>&1 | tee $OUT/table.md
 JOB=$(grep -o "^job j-[0-9a-f]*" $OUT/table.md | cut -d' ' -f2)

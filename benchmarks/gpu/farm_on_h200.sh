@@ -19,8 +19,8 @@ F="python3 -m farm.cli.main"
 $F head start --host 127.0.0.1 --port 7710 --detach 2>&1 | tail -2
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")
 # Both agents share this host: each would count the other's shards as its owner's load, so that rule is off.
-$F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-gpu --backends cuda --cpus 4 --max-foreign-cpu 100 --detach 2>&1 | tail -1
-$F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-cpu --backends cpu --cpus 8 --max-foreign-cpu 100 --detach 2>&1 | tail -1
+$F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-gpu --backends cuda --cpus 4 --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
+$F agent start --head 127.0.0.1:7710 --token "$JOIN" --name h200-cpu --backends cpu --cpus 8 --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
 $F nodes 2>&1 | tail -8
 mk() {  # mk SRC NAME BACKENDS POLICY EXTRA -> /tmp/NAME.yaml
   sed "s/^backends: .*/backends: [$3]/; s/^policy: .*/policy: $4/; s/^name: .*/name: $2/; s#^output: .*#output: /tmp/out/$2#" $1 > /tmp/$2.yaml

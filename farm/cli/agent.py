@@ -296,7 +296,9 @@ def install(
     agent_as_root = (run_as in (None, "root")) if not user else os.geteuid() == 0
     chosen = (ray_users.DEFAULT if asked is None else asked) if agent_as_root else ""
     if chosen not in ("", "root") and not dry_run:  # the service's agent will run its Ray as this user: made now
-        ray_users.check_reachable(ray_users.ensure(chosen))
+        from farm_agent.main import worker_packages
+
+        ray_users.check_reachable(ray_users.ensure(chosen), worker_packages())
     platform = _service_platform()
     _carry_out(service.install_plan(agent, join_token, platform, Path.home(), os.getuid()), dry_run)
     _warn_if_on_command_line(token)

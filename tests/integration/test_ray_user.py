@@ -35,6 +35,7 @@ from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm_agent.client import NODE_IDENTITY_FILE, credentials
 from farm_agent.entry import NODE_LABEL
+from farm_agent.main import worker_packages
 from tests.conftest import ROOT, farm
 from tests.integration.inprocess_head import HW
 
@@ -94,12 +95,12 @@ print(json.dumps(ray.get(pinned.remote(sys.argv[4], sys.argv[5:]), timeout=120))
 
 @pytest.fixture(scope="module")
 def reachable_python() -> Iterator[ray_user.pwd.struct_passwd]:
-    """farm-ray, and the folders on the way to this Python made traversable by others (o+x, not listable) for the
-    test: on these machines Python lives under /root (and CI's checkout may too)."""
+    """farm-ray, and the folders on the way to this Python and Farm's packages made traversable by others (o+x, not
+    listable) for the test: on these machines Python lives under /root (and CI's checkout may too)."""
     user = ray_user.ensure(ray_user.DEFAULT)
     opened: list[tuple[Path, int]] = []
     try:
-        while (closed := ray_user.first_closed(user)) is not None:
+        while (closed := ray_user.first_closed(user, worker_packages())) is not None:
             mode = closed[1].stat().st_mode
             opened.append((closed[1], mode))
             closed[1].chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
