@@ -17,7 +17,7 @@ $F head start --host 127.0.0.1 --port 7710 --ray-user root --detach 2>&1 | tail 
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")
 CA=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['ca_hash'])")
 FARM_JOIN_TOKEN=$JOIN $F agent start --head 127.0.0.1:7710 --ca-hash "$CA" --name h200-gpu --backends cuda --cpus 8 \
-  --max-foreign-cpu 100 --detach 2>&1 | tail -1
+  --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
 python3 -c "import torch,time; x=torch.empty(8*2**30, dtype=torch.uint8, device='cuda'); time.sleep(30)" &
 HOLDER=$!
 sleep 12  # a few heartbeats (2 s) and dashboard samples while the 8 GiB are held
