@@ -81,7 +81,7 @@ class NodeGroup:
             try:
                 if proc.pid in found or proc.info["uids"] is None or proc.info["uids"].real != self.uid:
                     continue
-                if _environ_has(proc.pid, marker):
+                if _environ_has(proc, marker):
                     found[proc.pid] = proc
             except psutil.Error:
                 continue
@@ -114,11 +114,14 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def _environ_has(pid: int, entry: str) -> bool:
-    """Whether a process started with `entry` (NAME=VALUE) in its environment, read raw from /proc (psutil's
-    environ() parses every entry, for hundreds of processes)."""
+def _environ_has(proc: psutil.Process, entry: str) -> bool:
+    """Whether a process started with `entry` (NAME=VALUE) in its environment: read raw from /proc on Linux
+    (psutil's environ() parses every entry, for hundreds of processes), through psutil elsewhere (macOS)."""
+    if sys.platform != "linux":
+        name, _, value = entry.partition("=")
+        return proc.environ().get(name) == value
     try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
+        with open(f"/proc/{proc.pid}/environ", "rb") as handle:
             return entry.encode() in handle.read().split(b"\0")
     except OSError:
         return False
