@@ -269,6 +269,12 @@ class Dispatcher:
             self.code[job.id] = ray_compat.upload_code(Path(job.code_path).read_bytes())
         return self.code[job.id]
 
+    def forget_code(self, uri: str) -> None:
+        """A deleted job's code package (`uri`: ray_compat.code_uri of its bytes), out of Ray's GCS, unless a job
+        still on its way uses the same code. On the event loop, as uploads are: none slips in between."""
+        if ray.is_initialized() and uri not in self.code.values():
+            ray_compat.drop_code(uri)
+
     def launch(self, job: Job, spec: Any, handler: ShardedKind[Any], assignment: Assignment, node: Node,
                why: str = "") -> None:
         """Start a shard on the assignment's device; `why` it went there (default: the score it went on)."""

@@ -13,7 +13,7 @@ from farm.core.errors import ConflictError, SpecError, UserError
 from farm.core.ids import new_id
 from farm.core.models import JobState
 from farm.core.spec import MAX_SHARDS, parse_spec
-from farm.head import code_archive, datasets, output_folder, output_place
+from farm.head import code_archive, datasets, output_folder, output_place, ray_compat
 from farm.head.dispatch import Dispatcher
 from farm.head.kinds.base import Submission
 from farm.head.events import JobEvents
@@ -104,13 +104,16 @@ class Jobs:
         return await self._remove_files(self.store.prune_jobs(time.time() - older_than_s, chosen), outputs)
 
     async def _remove_files(self, jobs: list[Job], outputs: bool) -> list[Deleted]:
-        """Each deleted job's folder in the state folder (its code package, its dataset's plan and read credential)
-        and, with `outputs`, its results, unless a job still on record has the same output (it took the folder
-        over with --overwrite). Files go after the records: a head stopped in between leaves files without a job,
-        never a job without its files."""
+        """Each deleted job's folder in the state folder (its code package, its dataset's plan and read credential),
+        its code package in Ray's GCS (Dispatcher.forget_code) and, with `outputs`, its results, unless a job still on
+        record has the same output (it took the folder over with --overwrite). Files go after the records: a head
+        stopped in between leaves files without a job, never a job without its files."""
         in_use = {output_key(o) for o in self.store.job_outputs()} if outputs else set()
         deleted = []
         for job in jobs:
+            uri = await asyncio.to_thread(_code_uri, Path(job.code_path))
+            if uri:
+                self.dispatcher.forget_code(uri)
             await asyncio.to_thread(shutil.rmtree, datasets.job_dir(self.settings.state_dir, job.id), True)
             if not outputs or not job.output:
                 deleted.append(Deleted(job))
@@ -135,6 +138,14 @@ class Jobs:
                 except asyncio.TimeoutError:
                     pass
                 changed.clear()
+
+
+def _code_uri(path: Path) -> str:
+    """The Ray package URI of the code at `path` ("": gone)."""
+    try:
+        return ray_compat.code_uri(path.read_bytes())
+    except FileNotFoundError:
+        return ""
 
 
 def output_key(output: str) -> str:

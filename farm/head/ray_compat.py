@@ -16,10 +16,23 @@ def upload_code(data: bytes) -> str:
     whole driver's working_dir the same way, for one driver only)."""
     from ray._private.runtime_env import packaging
 
-    uri = f"gcs://_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
+    uri = code_uri(data)
     if not packaging.package_exists(uri):
         packaging.upload_package_to_gcs(uri, data)
     return uri
+
+
+def code_uri(data: bytes) -> str:
+    """The package URI of a job's zipped code: one per content, whichever jobs share it."""
+    return f"gcs://_ray_pkg_{hashlib.sha1(data).hexdigest()}.zip"
+
+
+def drop_code(uri: str) -> None:
+    """Remove a code package from the cluster's GCS. Ray frees a package once the driver that uploaded it ends, and
+    the head's driver lives as long as the head: a deleted job's code would stay in the GCS's memory till then."""
+    from ray.experimental.internal_kv import _internal_kv_del
+
+    _internal_kv_del(uri)
 
 
 def keep_loopback() -> None:

@@ -1,5 +1,5 @@
 """farm.head.ray_compat.upload_code on a real Ray cluster of its own: a job's zipped code, uploaded once, is the cwd
-of a task that names it as its working_dir."""
+of a task that names it as its working_dir; drop_code removes it from the GCS."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import zipfile
 
 import ray
 
-from farm.head.ray_compat import upload_code
+from farm.head.ray_compat import drop_code, upload_code
 
 buffer = io.BytesIO()
 with zipfile.ZipFile(buffer, "w") as archive:
@@ -33,7 +33,10 @@ try:
         return open("hello.txt").read()
 
 
-    print(uri, ray.get(read.options(runtime_env={"working_dir": uri}).remote()))
+    text = ray.get(read.options(runtime_env={"working_dir": uri}).remote())
+    drop_code(uri)  # a deleted job's: out of the GCS, which would keep it as long as this driver lives
+    from ray._private.runtime_env import packaging
+    print(uri, packaging.package_exists(uri), text)
 finally:
     ray.shutdown()
 """
@@ -43,5 +46,6 @@ def test_uploaded_code_is_the_working_dir_of_a_task() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}  # a cluster of its own, no token
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    uri, text = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    uri, kept, text = done.stdout.strip().splitlines()[-1].split(" ", 2)
     assert uri.startswith("gcs://_ray_pkg_") and uri.endswith(".zip") and text == "from the job's code"
+    assert kept == "False"  # dropped
