@@ -269,6 +269,11 @@ class Dispatcher:
             self.code[job.id] = ray_compat.upload_code(Path(job.code_path).read_bytes())
         return self.code[job.id]
 
+    def holds(self, job_id: str) -> bool:
+        """Whether shards of this job are still out (an ended job's, being stopped): their results would come back
+        for a job deleted meanwhile."""
+        return any(running_job == job_id for running_job, _ in self.running)
+
     def forget_code(self, uri: str) -> None:
         """A deleted job's code package (`uri`: ray_compat.code_uri of its bytes), out of Ray's GCS, unless a job
         still on its way uses the same code. On the event loop, as uploads are: none slips in between."""

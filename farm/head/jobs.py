@@ -91,7 +91,12 @@ class Jobs:
     async def delete(self, job_ids: list[str], outputs: bool = False) -> list[Deleted]:
         """Forget finished jobs: their records in one transaction (all or none: a job not finished is refused), then
         their files (`outputs`: their results too)."""
-        return await self._remove_files(self.store.delete_jobs(list(dict.fromkeys(job_ids))), outputs)
+        job_ids = list(dict.fromkeys(job_ids))
+        for job_id in job_ids:
+            if self.dispatcher.holds(job_id):
+                raise ConflictError(f"job {job_id} has ended but its last shards are still being stopped: delete it "
+                                    "in a moment")
+        return await self._remove_files(self.store.delete_jobs(job_ids), outputs)
 
     async def prune(self, older_than_s: float, states: list[str], outputs: bool = False) -> list[Deleted]:
         """Delete every job in `states` (finished ones; none: all three) that ended `older_than_s` ago or earlier."""
@@ -101,7 +106,8 @@ class Jobs:
         if not 0 <= older_than_s < 1e12:
             raise UserError("older_than_s must be 0 or more seconds")
         chosen = tuple(JobState(s) for s in states or finished)
-        return await self._remove_files(self.store.prune_jobs(time.time() - older_than_s, chosen), outputs)
+        pruned = self.store.prune_jobs(time.time() - older_than_s, chosen, keep=self.dispatcher.holds)
+        return await self._remove_files(pruned, outputs)
 
     async def _remove_files(self, jobs: list[Job], outputs: bool) -> list[Deleted]:
         """Each deleted job's folder in the state folder (its code package, its dataset's plan and read credential),

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from farm.core.errors import ConflictError, SpecError
+from farm.data.locations import join
 from farm.data.results import Results
 
 # What a job writes into its folder (every kind's results, the manifest, unfinished writes): found to tell a folder
@@ -39,7 +40,7 @@ def remove_results(output: str) -> None:
     results = Results(output)
     if not results.local:
         for name, _ in results.files():
-            results.fs.rm_file(f"{results.root.rstrip('/')}/{name}")
+            results.fs.rm_file(join(results.root, name))
         return
     folder = Path(output)
     for path in _results(folder):

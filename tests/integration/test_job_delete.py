@@ -4,6 +4,7 @@ has not ended refused with one line, and nothing deleted then."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import subprocess
@@ -16,6 +17,10 @@ import pytest
 
 from farm.core.errors import AuthError, ConflictError, NotFoundError, UserError
 from farm.core.models import JobState
+from farm.head.dispatch import Dispatcher, Running
+from farm.head.events import JobEvents
+from farm.head.jobs import Jobs
+from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from tests.conftest import ROOT
 from tests.integration.inprocess_head import Head, running_head
@@ -158,3 +163,22 @@ def test_the_cli_deletes_and_refuses_in_one_line(head: Head, tmp_path: Path) -> 
     assert deleted.returncode == 0, deleted.stderr
     assert f"deleted {done} (toy, succeeded)" in deleted.stdout and "1 job deleted" in deleted.stdout
     assert rows(head, done) == (0, 0, 0) and rows(head, queued)[0] == 1
+
+
+def test_an_ended_job_whose_shards_are_still_out_is_kept_until_they_are_back(tmp_path: Path) -> None:
+    """A failed job's other shards are being stopped: their results would come back for a deleted job (a log line
+    and an output file of a job no longer on record), so it is kept until the dispatcher holds none."""
+    settings = HeadSettings(state_dir=tmp_path, host="127.0.0.1")
+    store = Store(tmp_path / "state.db")
+    events = JobEvents()
+    dispatcher = Dispatcher(store, settings, events.publish)
+    jobs = Jobs(store, dispatcher, events, settings)
+    store.add_job("j-1", "toy", "inference", "name: toy\n", str(tmp_path / "code.zip"), "/out", 10, [(0, 5), (5, 10)])
+    store.set_job_state("j-1", JobState.FAILED, "shard 0: ValueError")
+    dispatcher.running[("j-1", 1)] = Running(node_id="n-1", device="cpu", ref=None)  # shard 1, being stopped
+    with pytest.raises(ConflictError, match="its last shards are still being stopped"):
+        asyncio.run(jobs.delete(["j-1"]))
+    assert asyncio.run(jobs.prune(0, [])) == [] and store.job("j-1").state is JobState.FAILED
+    del dispatcher.running[("j-1", 1)]  # its result came back (or its cancel did)
+    assert [d.job.id for d in asyncio.run(jobs.prune(0, []))] == ["j-1"]
+    store.close()

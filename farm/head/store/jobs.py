@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from typing import Any
 
 from farm.core.energy import Energy
@@ -313,9 +314,10 @@ class JobRecords(Database):
                                         f"(cancel it first: farm cancel {job_id})")
             return self._delete(db, rows)
 
-    def prune_jobs(self, finished_before: float, states: tuple[JobState, ...]) -> list[Job]:
+    def prune_jobs(self, finished_before: float, states: tuple[JobState, ...],
+                   keep: Callable[[str], bool] = lambda job_id: False) -> list[Job]:
         """Remove the records of every job in one of `states` (finished ones) that ended before `finished_before`,
-        in one transaction; return them as they were (their shards left out)."""
+        but those `keep` names, in one transaction; return them as they were (their shards left out)."""
         if any(not state.finished for state in states):
             raise ConflictError("only finished jobs can be pruned (succeeded, failed or cancelled)")
         with self._tx() as db:
@@ -323,7 +325,7 @@ class JobRecords(Database):
                 "SELECT * FROM jobs WHERE state IN (SELECT value FROM json_each(?)) AND finished_at < ? ORDER BY seq",
                 (json.dumps([s.value for s in states]), finished_before),
             ).fetchall()
-            return self._delete(db, rows)
+            return self._delete(db, [row for row in rows if not keep(row["id"])])
 
     def job_outputs(self) -> set[str]:
         """Every output a job on record writes or wrote."""
