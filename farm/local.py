@@ -43,17 +43,24 @@ def private_folder(path: Path) -> None:
 
 
 def keep_private(folder: Path) -> None:
-    """Make `folder` 0700 and everything in it the owner's alone (folders 0700, files 0600): a state folder, as a
-    head or agent starts, whatever made its files (an older Farm, SQLite's own files, a copy)."""
+    """Make `folder` 0700 and what this user owns in it this user's alone (folders 0700, files without group or
+    other bits): a state folder, as a head or agent starts, whatever made its files (an older Farm, SQLite's own
+    files, a copy). What another user owns there (a Ray node's account) is left as it is, and not entered."""
     private_folder(folder)
     folder.chmod(0o700)
+    me = os.geteuid()
     for parent, folders, files in os.walk(folder):
-        for name in folders:
-            os.chmod(os.path.join(parent, name), 0o700, follow_symlinks=False)
+        for name in list(folders):
+            info = os.lstat(os.path.join(parent, name))
+            if info.st_uid != me or stat.S_ISLNK(info.st_mode):
+                folders.remove(name)
+            else:
+                os.chmod(os.path.join(parent, name), 0o700)
         for name in files:
             path = os.path.join(parent, name)
-            if not os.path.islink(path):
-                os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) & 0o700)
+            info = os.lstat(path)
+            if info.st_uid == me and stat.S_ISREG(info.st_mode):
+                os.chmod(path, stat.S_IMODE(info.st_mode) & 0o700)
 
 
 def write_private(path: Path, data: bytes) -> None:
