@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from farm.local import ray_temp_dir, read_json
+from farm.local import ray_temp_dir, read_json, wait_for
 from tests.chaos import chaosjob
 from tests.conftest import Cluster
 
@@ -82,3 +83,27 @@ def test_an_agent_started_again_by_hand_needs_neither_the_head_nor_the_join_toke
     assert running["running"]["pid"] == cluster.agent_pids()["agent-b"]
     text = cluster.farm("agent", "status", "--state-dir", state).stdout
     assert f"agent agent-b (not a service) -> head {cluster.head.address}, node {before['agent-b']}: ready (pid" in text
+
+
+def test_an_agent_whose_join_token_expired_since_rejoins_on_its_own_credentials(cluster: Cluster,
+                                                                               tmp_path: Path) -> None:
+    """As an installed service starts it after a reboot (`farm agent start --token-file FILE`, the file holding the
+    join token it was installed with): the token has expired since, and the node rejoins all the same."""
+    state = str(cluster.state_dir)
+    made = cluster.farm("head", "token", "create", "--ttl", "1s", "--json", "--state-dir", state)
+    assert made.returncode == 0, made.stderr
+    expiring = json.loads(made.stdout)
+    token_file = tmp_path / "join.token"
+    token_file.write_text(expiring["token"] + "\n")
+    before = {n["name"]: n["id"] for n in json.loads(cluster.farm("nodes", "--json").stdout)}
+    stopped = cluster.farm("agent", "stop", "--name", "agent-b")
+    assert stopped.returncode == 0, stopped.stderr
+    assert wait_for(lambda: time.time() > expiring["expires_at"] + 0.5, 10)
+
+    started = cluster.farm("agent", "start", "--head", cluster.head.address, "--token-file", str(token_file),
+                           "--ca-hash", cluster.head.ca_hash, "--name", "agent-b", "--cpus", "1", "--state-dir", state,
+                           "--detach", "--max-foreign-cpu", "100")
+    assert started.returncode == 0, started.stderr  # the old agent: "join token jt-... has expired"
+    after = [(n["id"], n["state"]) for n in json.loads(cluster.farm("nodes", "--json").stdout)
+             if n["name"] == "agent-b"]
+    assert after == [(before["agent-b"], "ready")]
