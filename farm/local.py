@@ -305,7 +305,8 @@ def ray_env(token_path: Path, loopback: bool = False) -> dict[str, str]:
     return env
 
 
-RAY_START_LOCK = Path(tempfile.gettempdir()) / "farm" / "ray-start.lock"
+# Not in a folder named `farm`: `python -m farm...` run from the temp folder would import it as the package.
+RAY_START_LOCK = Path(tempfile.gettempdir()) / "farm-locks" / "ray-start.lock"
 
 
 def ray_temp_dir(node_id: str) -> Path:
@@ -368,6 +369,9 @@ class RayProcess:
                 env = ray_env(token_path, loopback=self.loopback)
                 if self.folder is not None:
                     env["HOME"] = str(self.folder)
+                    # Farm's own state in the workers (the kernel tuner's cache, Core ML conversions) where the node's
+                    # user may write: the owner's state folder is closed to it (learned again after a restart).
+                    env["FARM_STATE_DIR"] = str(self.folder / "state")
                 if self.group is not None:
                     env.update(self.group.env())
                 if self.user is not None:

@@ -79,6 +79,11 @@ def job(mode, paths):
     if mode == "spawn":
         started = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True)
         return [int(started.stdout), os.geteuid()]
+    if mode == "state":  # where Farm's worker code keeps its own state (the kernel tuner's cache): writable
+        from farm_agent.tuner.cache import default_dir
+        default_dir().mkdir(parents=True, exist_ok=True)
+        (default_dir() / "probe.json").write_text("{}")
+        return [str(default_dir()), os.geteuid()]
     read = {}
     for path in paths:
         try:
@@ -198,6 +203,10 @@ def test_job_code_cannot_read_the_agent_s_tokens_and_key(farm_ray_farm: FarmRayF
     assert euid == farm_ray_farm.user.pw_uid  # the agent's Ray node runs as farm-ray, every process of it
     recorded = (read_json(folder / "ray-node.json") or {}).get("processes", [])
     assert recorded and {psutil.Process(pid).username() for pid, _ in recorded} == {ray_user.DEFAULT}
+    # The worker's own state (the kernel tuner's cache, Core ML conversions) lives where its user may write: not in
+    # the agent's folder (on the H200 every cuda shard failed with PermissionError on the tuner's cache there).
+    cache, _ = farm_ray_farm.job("state")
+    assert Path(str(cache)).is_relative_to(ray_temp_dir(farm_ray_farm.node_id)), cache
     info = folder.stat()  # the agent's folder is root's and private, its secrets 0600
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o700)
     assert {stat.S_IMODE(p.stat().st_mode) for p in secrets} == {0o600}
