@@ -65,8 +65,9 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
             found.append((f"conv-gemm transposed={transposed} {precision}", module.kernel,
                           {"X": "*fp32", "Wp": "*fp32", "Y": "*fp32", **epi_types(params),
                            **ints("M", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "CG", "COG")},
-                          {**geometry, "TRANSPOSED": transposed, "PRECISION": precision, "BLOCK_M": bm,
-                           "BLOCK_N": bn, "BLOCK_K": bk}, warps, stages))
+                          {**geometry, "TRANSPOSED": transposed, "PRECISION": precision,
+                           "B_K_MAJOR": precision != "ieee", "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, warps,
+                          stages))
         if transposed:
             src = conv._PHASED_SOURCE.format(epi_params=epi, epilogue="\n".join(lines), helpers=conv._GEMM_HELPERS)
             module_p = codegen.load_source(src, "check_conv_phased")
@@ -76,7 +77,8 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                                **ints("M", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "QD", "QH", "QW", "CG",
                                       "COG")},
                               {**{k: v for k, v in geometry.items() if k[0] != "D"}, "PRECISION": precision,
-                               "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32}, 4, 3))
+                               "B_K_MAJOR": precision != "ieee", "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32}, 4,
+                              3))
         src = conv._DIRECT_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines),
                                          plane_tile=plane.PLANE_TILE)
         module = codegen.load_source(src, "check_conv_direct")

@@ -24,10 +24,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from farm_agent.tuner.candidates import build
 from farm_agent.tuner.problem import load_problem
 from farm_agent.tuner.templates import codegen, plane
-from farm_agent.tuner.templates.conv import (ConvSpec, gather_reference, packed_weight, phase_plan, source_coords,
-                                             torch_conv, uses_direct, uses_phases)
+from farm_agent.tuner.templates.conv import (ConvKernel, ConvSpec, gather_reference, packed_weight, phase_plan,
+                                             source_coords, torch_conv, uses_direct, uses_phases)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
-from farm_agent.tuner.templates.gemm import GemmKernel
+from farm_agent.tuner.templates.gemm import GemmKernel, k_major
 from farm_agent.tuner.templates.matcher import (ConvRegion, CrossEntropyRegion, DistanceRegion, GemmRegion, PoolRegion,
                                                 RowRegion, regions, rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
@@ -113,6 +113,21 @@ def test_the_packed_weight_is_groups_taps_in_out() -> None:
     packed_t = packed_weight(wt, ConvSpec(1, (1,), (0,), (1,), groups=2, transposed=True))
     assert packed_t.shape == (2, 5, 2, 3)
     assert packed_t[1, 3, 0, 2] == wt[1 * 2 + 0, 2, 3]
+    # K-major for tensor-core products: [groups, taps, out, in]
+    k_major = packed_weight(w, ConvSpec(2, (1, 1), (0, 0), (1, 1), groups=3), k_major=True)
+    assert k_major.is_contiguous() and torch.equal(k_major, packed.transpose(2, 3))
+    assert ConvKernel(ConvSpec(2, (1, 1), (0, 0), (1, 1), groups=3), (), "tf32x3").pack(w).shape == (3, 6, 2, 2)
+    assert torch.equal(ConvKernel(ConvSpec(2, (1, 1), (0, 0), (1, 1), groups=3), (), "ieee").pack(w), packed)
+
+
+def test_tensor_core_gemms_read_b_k_major() -> None:
+    b = torch.randn(3, 5, 7)  # [B, K, N], N contiguous: copied K-major
+    kb = k_major(b)
+    assert torch.equal(kb, b) and kb.stride(-2) == 1 and kb.data_ptr() != b.data_ptr()
+    already = torch.randn(3, 7, 5).transpose(1, 2)  # a Linear's weight read transposed: left as it is
+    assert k_major(already).data_ptr() == already.data_ptr()
+    shared = k_major(b[:1].expand(3, 5, 7))  # broadcast over the batch: one copy, still broadcast
+    assert torch.equal(shared, b[:1].expand(3, 5, 7)) and shared.stride(0) == 0 and shared.stride(-2) == 1
 
 
 POOLS = [
@@ -506,11 +521,12 @@ def test_every_conv_form_runs_under_the_interpreter(interpreter: None) -> None:
         else:
             conv = conv_type(x_shape[1], w_shape[0], w_shape[2:], **kwargs)
         model, x = nn.Sequential(conv, nn.GELU()).eval(), torch.randn(x_shape)
-        rewritten, counts = rewrite(model, [x], "ieee")
-        assert counts == {"conv": 1}
-        with torch.no_grad():
-            torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
-        assert not regions(rewritten)[0].failed, codegen.FAILURES
+        for precision in ("ieee", "tf32x3"):  # [CG, COG] weights, and K-major ones for tensor-core products
+            rewritten, counts = rewrite(model, [x], precision)
+            assert counts == {"conv": 1}
+            with torch.no_grad():
+                torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
+            assert not regions(rewritten)[0].failed, codegen.FAILURES
 
 
 
@@ -574,3 +590,18 @@ def test_the_cross_entropy_rows_run_under_the_interpreter(interpreter: None) -> 
             for got, want in zip(rewritten(logits, targets), model(logits, targets), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_tensor_core_gemms_with_a_row_major_b_run_under_the_interpreter(interpreter: None) -> None:
+    class Products(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.relu(a @ b), torch.bmm(c, b.expand(2, -1, -1)) * 2.0
+
+    a, b, c = torch.randn(300, 24), torch.randn(24, 40), torch.randn(2, 260, 24)  # 256 rows or more: B copied
+    model = Products()
+    rewritten, counts = rewrite(model, [a, b, c], "tf32x3")
+    assert counts == {"gemm": 2}
+    with torch.no_grad():
+        for got, want in zip(rewritten(a, b, c), model(a, b, c), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES

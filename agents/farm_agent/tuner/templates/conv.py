@@ -123,15 +123,19 @@ class ConvSpec:
                 "dilation": _three(self.dilation, 1)}
 
 
-def packed_weight(weight: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
-    """[groups, taps, in-channels per group, out-channels per group], contiguous: the kernel's B operand."""
+def packed_weight(weight: torch.Tensor, spec: ConvSpec, k_major: bool = False) -> torch.Tensor:
+    """[groups, taps, in-channels per group, out-channels per group], contiguous: the kernel's B operand; k_major:
+    [groups, taps, out, in] instead, each output channel's inputs contiguous (the layout tensor-core products read
+    without a transposing store: see ConvKernel)."""
     g = spec.groups
     taps = math.prod(weight.shape[2:])
     if spec.transposed:  # [C_in, C_out / g, *k]
         c_in, cog = weight.shape[0], weight.shape[1]
-        return weight.reshape(g, c_in // g, cog, taps).permute(0, 3, 1, 2).contiguous()
-    c_out, cg = weight.shape[0], weight.shape[1]
-    return weight.reshape(g, c_out // g, cg, taps).permute(0, 3, 2, 1).contiguous()
+        packed = weight.reshape(g, c_in // g, cog, taps).permute(0, 3, 1, 2)
+    else:
+        c_out, cg = weight.shape[0], weight.shape[1]
+        packed = weight.reshape(g, c_out // g, cg, taps).permute(0, 3, 2, 1)
+    return (packed.transpose(2, 3) if k_major else packed).contiguous()
 
 
 def source_coords(out_index: torch.Tensor, tap: int, size: int, stride: int, padding: int, dilation: int,
@@ -212,14 +216,19 @@ _COORDS = '''
 # they visit): one step of the reduction, and the output tile's channels, offsets and mask.
 _GEMM_HELPERS = """
 @triton.jit
-def channel_step(acc, x_rows, spatial, ok, Wp, w_row, c0, rk, rn, n_ok, CG, COG, DHW, PRECISION: tl.constexpr):
+def channel_step(acc, x_rows, spatial, ok, Wp, w_tap, c0, rk, rn, n_ok, CG, COG, DHW, PRECISION: tl.constexpr,
+                 B_K_MAJOR: tl.constexpr):
     # acc plus one tap's product over the input channels c0 + rk: the input gathered at `spatial` where `ok`,
-    # times the tap's packed weight rows from `w_row`
+    # times the packed weight of tap `w_tap` (groups x taps), [CG, COG] or, B_K_MAJOR, [COG, CG]
     c = c0 + rk
     c_ok = c < CG
     a = tl.load(x_rows[:, None] + spatial[:, None] + c[None, :].to(tl.int64) * DHW, mask=ok[:, None] & c_ok[None, :],
                 other=0.0)
-    b = tl.load(Wp + (w_row + c)[:, None] * COG + rn[None, :], mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+    if B_K_MAJOR:
+        b_ptrs = Wp + (w_tap * COG + rn)[None, :] * CG + c[:, None]
+    else:
+        b_ptrs = Wp + (w_tap * CG + c)[:, None] * COG + rn[None, :]
+    b = tl.load(b_ptrs, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
     return tl.dot(a, b, acc=acc, input_precision=PRECISION)
 
 
@@ -244,7 +253,7 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
            SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
            PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KD: tl.constexpr,
            KH: tl.constexpr, KW: tl.constexpr, TRANSPOSED: tl.constexpr, PRECISION: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+           B_K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     g = tl.program_id(2)
@@ -271,8 +280,8 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, CG, COG,
         kh = (tap // KW) % KH
         kw = tap % KW
 {coords}
-        acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok & m_ok, Wp, (g * TAPS + tap) * CG, c0, rk, rn,
-                           n_ok, CG, COG, DHW, PRECISION)
+        acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok & m_ok, Wp, g * TAPS + tap, c0, rk, rn, n_ok,
+                           CG, COG, DHW, PRECISION, B_K_MAJOR)
     chan, offs, mask = output_tile(nb, od, oh, ow, g, rn, m_ok, n_ok, CO, COG, OD, OH, OW)
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
@@ -327,7 +336,7 @@ import triton.language as tl
 def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, CG, COG,
            SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
            PW: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, PRECISION: tl.constexpr,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+           B_K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     # One output phase r per program (o = q * s + r): it meets only the taps k = k0 + j * s, k0 = (r + p) mod s,
     # at input q + (r + p - k0) / s - j (phase_plan, in Python, is the same arithmetic).
     pid_m = tl.program_id(0)
@@ -378,8 +387,8 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, C
         iw = qw + bw - jw
         ok = m_ok & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         tap = ((k0d + jd * SD) * KH + k0h + jh * SH) * KW + k0w + jw * SW
-        acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok, Wp, (g * TAPS + tap) * CG, c0, rk, rn, n_ok,
-                           CG, COG, DHW, PRECISION)
+        acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok, Wp, g * TAPS + tap, c0, rk, rn, n_ok, CG, COG,
+                           DHW, PRECISION, B_K_MAJOR)
     chan, offs, mask = output_tile(nb, od, oh, ow, g, rn, m_ok, n_ok, CO, COG, OD, OH, OW)
 {epilogue}
     tl.store(Y + offs, acc, mask=mask)
@@ -436,7 +445,17 @@ class ConvKernel:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         self.spec, self.chain, self.precision = spec, chain, precision
+        # Tensor-core products (tf32x3, tf32) read the weight K-major: a [CG, COG] tile takes a transposing store
+        # to shared memory before each product (in the sm_90 code, scalar st.shared where a K-major tile takes
+        # stmatrix). The likely reason, not yet measured, why on the H200 the GEMM template's Linear layers (B
+        # K-major) reached ~100 % of the fp32 speed of light and the convolutions ~60 %. FMA products (ieee) keep
+        # [CG, COG].
+        self.b_k_major = precision != "ieee"
         self._kernels: dict[str, Any] = {}
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight in the layout this kernel reads (packed_weight)."""
+        return packed_weight(weight, self.spec, k_major=self.b_k_major)
 
     def _kernel(self, form: str, cg: int, cog: int, m: int, out_hw: tuple[int, int] = (1, 1)) -> Any:
         """form: "direct", "gemm" or "phased"."""
@@ -484,14 +503,14 @@ class ConvKernel:
             kernel[lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), triton_cdiv(cog, meta["BLOCK_N"]),
                                  spec.groups * sd * sh * sw)](
                 x, packed, y, *operands, m, c_in, d, h, w, co, od, oh, ow, qd, qh, qw, cg, cog, **phased,
-                PRECISION=self.precision)
+                PRECISION=self.precision, B_K_MAJOR=self.b_k_major)
         else:
             m = n * od * oh * ow
             kernel = self._kernel("gemm", cg, cog, m)
             assert packed is not None
             kernel[lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), triton_cdiv(cog, meta["BLOCK_N"]), spec.groups)](
                 x, packed, y, *operands, m, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry,
-                PRECISION=self.precision)
+                PRECISION=self.precision, B_K_MAJOR=self.b_k_major)
         return y
 
 

@@ -9,7 +9,8 @@ Pairwise Euclidean distances (torch.cdist, p = 2) are the same kernel with `dist
 before the epilogue, sqrt(max(|x_i|^2 + |y_j|^2 - 2 x_i.y_j, 0)) with the squared norms read per row and column
 (computed beforehand, as PyTorch's own matrix form of cdist does): one pass where eager makes several.
 
-precision: "ieee" (fp32 FMA), "tf32x3" (split-TF32, fp32-level error), "tf32" (lowers precision).
+precision: "ieee" (fp32 FMA), "tf32x3" (split-TF32, fp32-level error), "tf32" (lowers precision). The tensor-core
+precisions read B K-major (k_major).
 """
 
 from __future__ import annotations
@@ -110,6 +111,19 @@ def batched_views(a: torch.Tensor, bt: torch.Tensor) -> tuple[torch.Tensor, torc
     return a3, b3, out_shape
 
 
+def k_major(b: torch.Tensor) -> torch.Tensor:
+    """b [B, K, N] with K contiguous (a copy where N is): tensor-core products read a K-major B tile straight into
+    shared memory (stmatrix), an N-major one through a transposing store (scalar st.shared, in the sm_90 code), the
+    likely reason why on the H200 the split-TF32 GEMMs won on Linear layers (whose B, the weight read transposed, is
+    K-major) and lost to cuBLAS on a @ b and bmm. The copy is one pass over B, which a GEMM of 256 rows or more reads
+    many times."""
+    if b.stride(-2) == 1 or b.shape[-2] == 1:
+        return b
+    if b.shape[0] > 1 and b.stride(0) == 0:  # one B shared by the batch: copied once
+        return k_major(b[:1]).expand(b.shape)
+    return b.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
 class GemmKernel:
     def __init__(self, chain: tuple[Step, ...], precision: str, distance: bool = False) -> None:
         if precision not in PRECISIONS:
@@ -128,6 +142,8 @@ class GemmKernel:
         a3, b3, out_shape = batched_views(a, bt)
         batches, m, k = a3.shape
         n = b3.shape[-1]
+        if self.precision != "ieee" and m >= 256:
+            b3 = k_major(b3)
         if self._kernel is None:
             module = codegen.load_source(self.source(), "distance" if self.distance else "gemm")
             self._kernel = codegen.autotuned(module.kernel, configs(self.precision, m, n, k), ["M", "N", "K"])

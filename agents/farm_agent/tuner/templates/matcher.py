@@ -33,7 +33,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from farm_agent.tuner.templates import codegen, epilogue
-from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec, kernel_operands, packed_weight, torch_conv
+from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec, kernel_operands, torch_conv
 from farm_agent.tuner.templates.epilogue import Step
 from farm_agent.tuner.templates.gemm import GemmKernel
 from farm_agent.tuner.templates.pool import PoolKernel, PoolSpec, torch_pool
@@ -133,7 +133,7 @@ class ConvRegion(TemplateRegion):
         w = self.conv.weight
         key = (w.data_ptr(), w._version)
         if self._packed is None or self._packed[0] != key:  # the weight laid out once, again only if it changed
-            self._packed = (key, packed_weight(w.detach(), self.spec))
+            self._packed = (key, self.kernel.pack(w.detach()))
         out_shape = self.spec.output_shape(x.shape, w.shape)
         return self.kernel(x, w.detach(), self._packed[1], kernel_operands(self.chain, operands, out_shape))
 
