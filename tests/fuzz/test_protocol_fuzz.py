@@ -124,7 +124,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
                    "--state-dir", str(state), "--detach", timeout=180)
     assert started.returncode == 0, started.stderr
     running = Head(state)
-    sessions = sessions_of([running.pid]) - {os.getsid(0)}
+    sessions = sessions_of([int(running.info["pid"])]) - {os.getsid(0)}
     yield running
     running.client.close()
     farm("head", "stop", "--state-dir", str(state))
