@@ -313,6 +313,16 @@ def test_bare_gemms_go_to_templates_only_with_tensor_core_products() -> None:
         def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
             return torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
 
+    class Projections(nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.mm(x, w), x.mm(w).relu()
+
+    x, w = torch.randn(7, 4), torch.randn(4, 3)
+    assert rewrite(Projections(), [x, w], "ieee")[1] == {"gemm": 1}  # the bare one left to cuBLAS
+    projections, counts = rewrite(Projections(), [x, w], "tf32x3")
+    assert counts == {"gemm": 2}
+    for got, want in zip(projections(x, w), Projections()(x, w), strict=True):
+        torch.testing.assert_close(got, want)
     q, k = torch.randn(3, 5, 4), torch.randn(3, 6, 4)
     assert rewrite(Attention(), [q, k], "ieee")[1] == {"rows": 1}  # fp32 bmm alone: cuBLAS's ground
     rewritten, counts = rewrite(Attention(), [q, k], "tf32x3")
@@ -475,7 +485,8 @@ def test_cross_entropies_the_row_kernel_does_not_cover_are_left_alone() -> None:
 @pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
                                              ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
                                              ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
-                                             ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1})])
+                                             ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1}),
+                                             ("gemm_tall_skinny", {"gemm": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")

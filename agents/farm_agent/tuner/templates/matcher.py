@@ -382,8 +382,9 @@ class Matcher:
                 anchor.chain.append(Step("add", "channel"))
                 anchor.sources.append(("param", "linear.bias"))
             return anchor
-        is_matmul = (node.op == "call_function" and node.target in (torch.matmul, operator.matmul, torch.bmm)) or \
-            (node.op == "call_method" and node.target in ("matmul", "bmm"))
+        is_matmul = (node.op == "call_function" and node.target in (torch.matmul, operator.matmul, torch.bmm,
+                                                                   torch.mm)) or \
+            (node.op == "call_method" and node.target in ("matmul", "bmm", "mm"))
         if is_matmul and len(node.args) == 2 and not node.kwargs and all(isinstance(a, fx.Node) for a in node.args):
             a, b = node.args
             sa, sb = _shape(a), _shape(b)
