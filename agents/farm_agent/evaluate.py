@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+
 from farm.core.errors import SpecError
 from farm.core.tasks import EvaluateResult, EvaluateTask
-from farm.data.batches import from_ipc
+from farm.data.batches import concat
 from farm.data.results import outputs_array
 from farm_agent.capture import job_shard
 from farm_agent.jobcode import load_dataset
@@ -26,8 +28,9 @@ def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
     if labels is None:
         raise SpecError(f"dataset {shard.dataset!r} gives no labels: evaluate needs (inputs, labels)")
     loss = loss_function(task.loss, root)
-    ran = run_shard(shard)
-    outputs = outputs_array(from_ipc(ran.table), shard.dataset)  # the shard's rows in order
+    tables: list[pa.Table] = []
+    ran = run_shard(shard, tables.append)  # the outputs stay here: only the figures go to the head
+    outputs = outputs_array(concat(tables), shard.dataset)  # the shard's rows in order
     with torch.no_grad():
         value = float(loss(torch.from_numpy(outputs), torch.as_tensor(labels[shard.start : shard.stop])))
     return EvaluateResult(items=ran.items, seconds=ran.seconds, correct=ran.correct, loss=value,

@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+
 from farm.core.errors import FarmError
 from farm.core.kernels import (
-    KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, RewardMode, reward, speedup,
+    COLUMNS, KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, RewardMode, reward, speedup,
 )
 from farm_agent.capture import job_shard
 from farm_agent.power import meter_for
@@ -65,6 +67,12 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
         rows=ordered, items=len(ordered), seconds=seconds, correct=sum(r.correct for r in ordered),
         node_ray_id=node, energy=window.energy,
     )
+
+
+def rows_table(rows: list[KernelResult]) -> pa.Table:
+    """A shard's rows as the table its upload carries (the head writes them as JSON lines)."""
+    return pa.Table.from_pylist([r.to_dict() for r in rows],
+                                schema=None if rows else pa.schema([(name, pa.null()) for name in COLUMNS]))
 
 
 def baseline_times(results: list[Result]) -> tuple[float | None, float | None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 from functools import lru_cache
@@ -21,7 +21,7 @@ from farm.core.energy import Energy
 from farm.core.errors import FarmError
 from farm.core.tasks import ShardResult, ShardTask, Tuning
 from farm.data import read
-from farm.data.batches import column_to_numpy, concat, model_inputs, numpy_batch, output_column, rebatch, to_ipc
+from farm.data.batches import column_to_numpy, model_inputs, numpy_batch, output_column, rebatch
 from farm.data.results import OUTPUT
 from farm_agent import backends
 from farm_agent.backends.base import Backend
@@ -39,9 +39,10 @@ _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] 
 
 
 @job_shard
-def run_shard(task: ShardTask) -> ShardResult:
+def run_shard(task: ShardTask, out: Callable[[pa.Table], None]) -> ShardResult:
     """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
-    the device's energy window, and return its results as an Arrow IPC stream.
+    the device's energy window; each batch's results (row_id, passthrough columns, `output`) go to `out` as they are
+    made (to the head's upload: farm_agent.upload), and the shard's figures are returned.
 
     The preprocess runs inside the window, interleaved with the model: streaming keeps a worker's memory at a few
     batches whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
@@ -52,37 +53,37 @@ def run_shard(task: ShardTask) -> ShardResult:
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)
     with closing(prefetch(model_batches(task, root))) as stream:  # closing: the reader stops if the model fails
-        return _run(task, module, backend, stream)
+        return _run(task, module, backend, stream, out)
 
 
-def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch]) -> ShardResult:
+def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch],
+         out: Callable[[pa.Table], None]) -> ShardResult:
     first = next(stream, None)
     if first is None:  # a byte range holding no line start: nothing to run
-        return _result(task, [], 0, 0.0, None, None)
+        return _result(task, 0, 0.0, None, None)
     _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
              or task.data.plan.unit is Unit.ROWS else None)
     _reset_peak_memory(task.device)
-    tables, rows, correct = [], 0, None
+    rows, correct = 0, None
     with _meter(task.device).window() as window:
         began = time.perf_counter()
         for batch in itertools.chain([first], stream):
             outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
             if len(outputs) != batch.table.num_rows:
                 raise FarmError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
-            tables.append(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
+            out(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
             rows += len(outputs)
             if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
                 correct = (correct or 0) + int((np.argmax(outputs, axis=1) == batch.labels).sum())
         seconds = time.perf_counter() - began
-    return _result(task, tables, rows, seconds, correct, window.energy)
+    return _result(task, rows, seconds, correct, window.energy)
 
 
-def _result(task: ShardTask, tables: list[pa.Table], rows: int, seconds: float, correct: int | None,
-            energy: Energy | None) -> ShardResult:
+def _result(task: ShardTask, rows: int, seconds: float, correct: int | None, energy: Energy | None) -> ShardResult:
     import ray
 
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    return ShardResult(table=to_ipc(concat(tables)), items=rows, seconds=seconds, correct=correct,
+    return ShardResult(items=rows, seconds=seconds, correct=correct,
                        node_ray_id=node, energy=energy, peak_memory_bytes=_peak_memory(task.device))
 
 

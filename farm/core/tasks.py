@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from farm.core.dataset import DatasetPlan, DatasetSpec
 from farm.core.energy import Energy
 
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
-# traceback to the head (farm_agent.capture sets them; they travel in the exception's pickled __dict__).
+# traceback (farm_agent.capture sets them; the shard's upload sends them to the head with its failure).
 SHARD_LOG_ATTR = "farm_log"
 SHARD_TRACEBACK_ATTR = "farm_traceback"
 # The worker environment variable through which the head hands a job's pip requirements to its shards' workers:
@@ -41,6 +42,21 @@ class HeadAccess:
 
 
 @dataclass(frozen=True)
+class ResultRoute:
+    """Where and how a shard's attempt sends its result: the head's address and CA, and the attempt's upload ticket
+    (a random token the head issued for this job, shard, attempt and node, void once the attempt ends). Results
+    travel over the head's channel as Arrow IPC and protobuf (farm_agent.upload), never as a Ray return value,
+    which the head would have to unpickle."""
+
+    address: str
+    ca_pem: bytes  # empty: a head without TLS
+    ticket: str
+
+    def __repr__(self) -> str:  # never a credential in a log or a traceback
+        return f"ResultRoute(address={self.address!r})"
+
+
+@dataclass(frozen=True)
 class DataTask:
     """A shard's slice of a planned dataset: the spec (columns, preprocess), the plan's files holding its units,
     and, for a dataset on the head's machine, how to read it there."""
@@ -69,9 +85,9 @@ class ShardTask:
 
 @dataclass(frozen=True)
 class ShardResult:
-    # The shard's results as an Arrow IPC stream (row_id, passthrough columns, the model's `output`): bytes, so
-    # what travels from node to head is Arrow's format, never a pickle of arrays.
-    table: bytes
+    """A shard's figures on its node; its results table (row_id, passthrough columns, the model's `output`) went to
+    the runner's sink batch by batch (to the head, as Arrow IPC, for inference)."""
+
     items: int
     seconds: float  # time spent in the model, loading excluded
     correct: int | None  # predictions equal to the dataset's labels, when it has labels
@@ -79,6 +95,20 @@ class ShardResult:
     energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell
     peak_memory_bytes: int = 0  # the most memory the shard took on its device (0: not measured)
     log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.capture fills it in
+
+
+@dataclass(frozen=True)
+class ShardFigures:
+    """What one attempt of a shard measured, as its node sent it to the head (farm.proto.convert.figures_from_pb),
+    for every kind alike; its table, if it has one, arrived beside it."""
+
+    items: int
+    seconds: float
+    correct: int | None = None
+    energy: Energy | None = None
+    peak_memory_bytes: int = 0
+    log: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)  # the kind's own figures (an evaluate shard's loss)
 
 
 @dataclass(frozen=True)

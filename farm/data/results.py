@@ -82,6 +82,29 @@ class Results:
         self._write(shard_file(index), parquet_bytes(table))
         return table.num_rows
 
+    def staging(self, index: int) -> Path:
+        """Where a shard's table is written as it arrives, before `commit_shard`: a hidden file beside its final one
+        (one rename away; removed as partial by a head that restarts), or a local temporary file for a bucket."""
+        if self.local:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+            fd, path = tempfile.mkstemp(dir=self.root, prefix=f".{shard_file(index)}.")
+        else:
+            fd, path = tempfile.mkstemp(prefix=f".{shard_file(index)}.")
+        os.close(fd)
+        return Path(path)
+
+    def commit_shard(self, index: int, staged: Path) -> None:
+        """A staged shard file (written and fsynced) made the shard's file, whole: renamed over it on a disk, one PUT
+        to a bucket (an object appears whole or not at all)."""
+        target = join(self.root, shard_file(index))
+        if self.local:
+            os.replace(staged, target)
+            return
+        try:
+            self.fs.put_file(str(staged), target)
+        finally:
+            staged.unlink(missing_ok=True)
+
     def write_table(self, index: int, table: pa.Table) -> None:
         self._write(shard_file(index), parquet_bytes(table))
 

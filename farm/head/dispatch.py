@@ -2,31 +2,41 @@
 
 It knows no job kind: each job's handler (farm.head.kinds) plans, builds and records its shards; results, failures
 and retries take the one path of farm.head.outcomes. Runs on the head's event loop. Blocking Ray calls (cluster
-state) go to a thread; task results are awaited.
+state, ray.wait) go to a thread.
+
+Ray places and runs a shard; it never brings its result back. Each attempt gets an upload ticket at launch (random,
+held here, bound to its job, shard, attempt and node), and its entry point on the node streams the result or the
+failure to the head's ResultService with it (farm.head.arrivals): Arrow IPC and protobuf over the head's own
+channel. The head never gets or awaits a node's ObjectRef, which Ray would deserialize with pickle, as the node's
+metadata says, inside the head's process. Whether a task ended comes from ray.wait, which reads no object: one call
+per round over every running attempt; one that ended with no result in is the node's failure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ray
-from ray import exceptions as ray_errors
 
 from farm.core.energy import Energy, marginal_joules
-from farm.core.errors import SpecError
+from farm.core.errors import AuthError, FarmError, SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobSpec, parse_spec
-from farm.head import autoshard, environment, joblog, kinds, node_check, ray_compat, remote
+from farm.core.tasks import ResultRoute
+from farm.proto.v1 import result_pb2
+from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat, remote
+from farm.head.arrivals import Arrival, BadUpload, Void
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
-from farm.head.outcomes import Outcomes, ShardRecord, sort_failure
+from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -39,10 +49,14 @@ log = logging.getLogger("farm.head")
 
 @dataclass
 class Running:
+    """One attempt of a shard: where it runs, its Ray task (only ever waited on, never read) and its upload ticket."""
+
     node_id: str
     device: str
     ref: Any
+    ticket: str = ""
     started: float = field(default_factory=time.monotonic)
+    receiving: bool = False  # its upload has begun: the ticket takes no second one
 
 
 @dataclass
@@ -60,6 +74,8 @@ class Dispatcher:
         self.notify = notify
         self.wake = asyncio.Event()
         self.running: dict[tuple[str, int], Running] = {}
+        self.tickets: dict[str, tuple[str, int]] = {}  # upload ticket → the shard whose running attempt holds it
+        self._ca_pem: bytes | None = None
         # Shards whose result is in and whose output is being written: what they measured, for sizing and scoring
         # (the store has it only once the output is written, exactly once; the device is free meanwhile).
         self.writing: dict[tuple[str, int], Sample] = {}
@@ -81,6 +97,7 @@ class Dispatcher:
                 pass
             self.wake.clear()
             await self.refresh_nodes()
+            await self.reap()
             self.schedule()
 
     def admit(self, job_id: str, spec: JobSpec) -> None:
@@ -164,7 +181,7 @@ class Dispatcher:
         for key, running in list(self.running.items()):
             if running.node_id in holding:
                 continue
-            del self.running[key]
+            self._release(key)
             ray.cancel(running.ref, force=True)
             if running.node_id in draining:
                 self.outcomes.requeue(*key, "its node drained and stopped its Ray worker")
@@ -285,67 +302,136 @@ class Dispatcher:
         """Start a shard on the assignment's device; `why` it went there (default: the score it went on)."""
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
+        ticket = secrets.token_urlsafe(32)
         ref = call.remote.options(**remote.pinned(
             node.id, assignment.backend.value, environment.runtime_env(spec, self.working_dir(job)),
             f"farm:{job.name}:{shard.index}"),
-        ).remote(call.task)
-        running = self.running[(job.id, shard.index)] = Running(node.id, assignment.device, ref)
+        ).remote(call.task, self._route(ticket))
+        key = (job.id, shard.index)
+        self.running[key] = Running(node.id, assignment.device, ref, ticket)
+        self.tickets[ticket] = key
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
-        watcher = asyncio.create_task(self._collect(job.id, shard.index, running))
-        self.tasks.add(watcher)
-        watcher.add_done_callback(self.tasks.discard)
 
-    async def _collect(self, job_id: str, index: int, running: Running) -> None:
-        key = (job_id, index)
+    def _route(self, ticket: str) -> ResultRoute:
+        """How an attempt reaches this head with its result: the address agents join at, the CA they pin."""
+        if self._ca_pem is None:
+            self._ca_pem = b"" if self.settings.insecure else (self.settings.tls_dir / "ca.pem").read_bytes()
+        return ResultRoute(self.settings.address, self._ca_pem, ticket)
+
+    def _release(self, key: tuple[str, int]) -> Running | None:
+        """The shard's running attempt ends here: its ticket is void from now on."""
+        running = self.running.pop(key, None)
+        if running is not None:
+            self.tickets.pop(running.ticket, None)
+        return running
+
+    def _holder(self, ticket: str) -> tuple[tuple[str, int], Running] | None:
+        key = self.tickets.get(ticket) if ticket else None
+        running = self.running.get(key) if key is not None else None
+        if key is None or running is None or running.ticket != ticket:
+            return None
+        return key, running
+
+    def takes_upload(self, ticket: str) -> bool:
+        """Whether `ticket` is a running attempt's, whose upload has not begun (the gate asks, before the body)."""
+        holder = self._holder(ticket)
+        return holder is not None and not holder[1].receiving
+
+    async def receive(self, ticket: str, parts: AsyncIterator[result_pb2.UploadPart]) -> None:
+        """An attempt's upload (ResultService.Upload), read whole. Its result is claimed (the attempt is released, the
+        device free) before this returns, so before its task ends; its output is written after, exactly once. A
+        ticket that is unknown, void (the attempt taken back or ended) or already used is refused."""
+        holder = self._holder(ticket)
+        if holder is None or holder[1].receiving:
+            raise AuthError("invalid or void upload ticket (its attempt ended, or its result is in)")
+        key, running = holder
+        running.receiving = True
+        job = self.store.job(key[0])
         try:
-            result = await running.ref
-            if self.running.get(key) is not running:  # taken back meanwhile: a rerun owns the shard now
-                return
-            # Claimed before the first await: the result is here, so losing its node while the file is written must
-            # not hand the shard to another node (a second result, a second write).
-            del self.running[key]
+            arrival = await arrivals.receive(parts, self.handler(job).staging(job, key[1]),
+                                             lambda: self.running.get(key) is running)
+        except BadUpload as exc:  # as a broken node would send: the attempt counts as the node's failure
+            if self._release(key) is running:
+                self._failed(key, running, Failure(True, f"its upload: {exc.message}"))
+            raise
+        if self.running.get(key) is not running:  # taken back while it arrived: a rerun owns the shard now
+            arrival.discard()
+            raise Void("the attempt was taken back while its result arrived")
+        self._release(key)  # claimed before any await: losing the node now must not hand the shard to another
+        settling = asyncio.create_task(self._settle(key, running, arrival))
+        self.tasks.add(settling)
+        settling.add_done_callback(self.tasks.discard)
+
+    async def reap(self) -> None:
+        """Attempts whose Ray task ended with no result in: the node or its worker failed (or the entry point could
+        not reach the head), and the shard runs again. ray.wait reads no object: what a task returned stays unread."""
+        refs = [running.ref for running in self.running.values()]
+        if not refs:
+            return
+        ended, _ = await asyncio.to_thread(ray.wait, refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        if not ended:
+            return
+        ended_set = set(ended)
+        for key, running in list(self.running.items()):
+            if running.ref not in ended_set:
+                continue
+            self._release(key)
+            if not self.store.job_state(key[0]).finished:  # a finished job's tasks were cancelled
+                self._failed(key, running, Failure(True, "its task ended with no result: its worker or node failed"))
+        self.wake.set()
+
+    async def _settle(self, key: tuple[str, int], running: Running, arrival: Arrival) -> None:
+        """A claimed attempt's result: its output written and the shard done, or its failure sorted."""
+        job_id, index = key
+        try:
             job = self.store.job(job_id)
             if job.state.finished:  # cancelled, or failed by another shard
+                arrival.discard()
                 return
-            joblog.record_output(self.store, job_id, index, result)
+            if arrival.failure is not None:
+                self._failed(key, running, arrival.failure, arrival.log, arrival.traceback)
+                return
+            joblog.record_output(self.store, job_id, index, arrival.figures)
             handler, spec = self.handler(job), self.spec(job)
-            handler.check_result(job, spec, job.shards[index], result)
-            measured = handler.measured(result)
+            await asyncio.to_thread(handler.check_result, job, spec, job.shards[index], arrival)
+            measured = handler.measured(arrival)
             if measured is not None:  # its device takes its next shard, sized by this one, while the output is written
                 self.writing[key] = self._sample(running, self._with_marginal(running, measured))
                 self.wake.set()
             try:
-                record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], result)
+                record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], arrival)
             finally:
                 self.writing.pop(key, None)
             self.outcomes.succeeded(job_id, index, self._with_marginal(running, record))
             self.outcomes.finish_if_done(job_id, handler, spec)
-        except ray_errors.TaskCancelledError:
-            pass
         except Exception as exc:
-            failure = sort_failure(exc)
-            if failure.node:
-                if self.running.get(key) is not running:  # taken back meanwhile
-                    pass
-                elif running.node_id in self.draining:  # its agent stopped Ray: not the shard's fault
-                    self.outcomes.requeue(job_id, index, f"its node drained ({type(exc).__name__})")
-                else:
-                    self.outcomes.retry_or_fail(job_id, index, failure.message)
-            else:
-                if not isinstance(exc, ray_errors.RayTaskError):  # the head itself failed at the shard's output
-                    log.exception("shard %s/%d", job_id, index)
-                joblog.record_error(self.store, job_id, index, exc)
-                if failure.data:  # a malformed input: this shard fails, the job's others go on
-                    job = self.store.job(job_id)
-                    self.outcomes.shard_failed(job_id, index, failure.message, self.handler(job), self.spec(job))
-                else:
-                    self.outcomes.fail(job_id, index, failure.message)
+            arrival.discard()
+            if not isinstance(exc, FarmError):  # the head itself failed at the shard's output
+                log.exception("shard %s/%d", job_id, index)
+            self._failed(key, running, sort_failure(exc))
         finally:
-            if self.running.get(key) is running:
-                del self.running[key]
             self.notify(job_id)
             self.wake.set()
+
+    def _failed(self, key: tuple[str, int], running: Running, failure: Failure, output: str = "",
+                trace: str = "") -> None:
+        """An attempt's failure, released already: the node's retries the shard (or requeues it, on a node that
+        drained), its data's fails the shard alone, the job's fails the job."""
+        job_id, index = key
+        if failure.node:
+            if running.node_id in self.draining:  # its agent stopped Ray: not the shard's fault
+                self.outcomes.requeue(job_id, index, f"its node drained ({failure.message})")
+            else:
+                self.outcomes.retry_or_fail(job_id, index, failure.message)
+            self.notify(job_id)
+            return
+        joblog.record_failure(self.store, job_id, index, output, trace)
+        if failure.data:  # a malformed input: this shard fails, the job's others go on
+            job = self.store.job(job_id)
+            self.outcomes.shard_failed(job_id, index, failure.message, self.handler(job), self.spec(job))
+        else:
+            self.outcomes.fail(job_id, index, failure.message)
 
     def _with_marginal(self, running: Running, record: ShardRecord) -> ShardRecord:
         if record.marginal_j is None and record.energy is not None:

@@ -29,12 +29,14 @@ class Needs(Enum):
     JOIN = "a join token, or a joined node's token and id (a node that joins again)"
     NODE = "the node's token, and its id as farm-node-id"
     BEARER = "a credential (a job's read credential, checked in full by DataService with the job's id)"
+    TICKET = "a running shard attempt's upload ticket"
 
 
 # What a refusal says: as the servicers' own checks say it.
 REFUSAL = {Needs.API: "invalid or missing API token", Needs.READ: "invalid or missing API token",
            Needs.JOIN: "invalid join token", Needs.NODE: "unknown node or invalid node token",
-           Needs.BEARER: "invalid or missing read credential for this job"}
+           Needs.BEARER: "invalid or missing read credential for this job",
+           Needs.TICKET: "invalid or void upload ticket (its attempt ended, or its result is in)"}
 
 
 # Every method not named here needs the API token.
@@ -44,6 +46,7 @@ NEEDS = {
     "/farm.v1.AgentService/Deregister": Needs.NODE,
     "/farm.v1.DataService/Stat": Needs.BEARER,
     "/farm.v1.DataService/Read": Needs.BEARER,
+    "/farm.v1.ResultService/Upload": Needs.TICKET,
     **{f"/farm.v1.{service}/{method}": Needs.READ for service, method in (
         ("FleetService", "ListNodes"), ("JobService", "Get"), ("JobService", "List"), ("JobService", "Watch"),
         ("JobService", "Logs"), ("JobService", "FollowLogs"))},
@@ -55,9 +58,12 @@ def bearer(metadata: Mapping[str, Any]) -> str:
 
 
 class AuthGate(grpc.aio.ServerInterceptor):
-    def __init__(self, tokens: Tokens, store: Store) -> None:
+    def __init__(self, tokens: Tokens, store: Store, takes_upload: Callable[[str], bool] = lambda ticket: False
+                 ) -> None:
+        """`takes_upload`: whether a ticket is a running attempt's that has not uploaded yet (the dispatcher's)."""
         self.tokens = tokens
         self.store = store
+        self.takes_upload = takes_upload
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -80,6 +86,8 @@ class AuthGate(grpc.aio.ServerInterceptor):
             return bool(stored) and hmac.compare_digest(hash_token(presented), str(stored))
         if needs is Needs.BEARER:
             return True
+        if needs is Needs.TICKET:
+            return self.takes_upload(presented)
         return self.tokens.open_read and needs is Needs.READ or \
             hmac.compare_digest(presented.encode(), self.tokens.api.encode())
 

@@ -30,9 +30,14 @@ def record_worker_output(store: Store, job_id: str, index: int, worker: str, tex
 
 
 def record_error(store: Store, job_id: str, index: int, error: BaseException) -> None:
-    """A failed shard's output and full traceback, as its node sent them with the exception."""
-    _record(store, job_id, index, "output", getattr(error, SHARD_LOG_ATTR, ""))
-    _record(store, job_id, index, "error", getattr(error, SHARD_TRACEBACK_ATTR, ""))
+    """A failed call's output and full traceback, as they came with its exception (a training worker's)."""
+    record_failure(store, job_id, index, getattr(error, SHARD_LOG_ATTR, ""), getattr(error, SHARD_TRACEBACK_ATTR, ""))
+
+
+def record_failure(store: Store, job_id: str, index: int, output: str, trace: str) -> None:
+    """A failed shard's output and full traceback, as its node sent them with its failure."""
+    _record(store, job_id, index, "output", output)
+    _record(store, job_id, index, "error", trace)
 
 
 def _record(store: Store, job_id: str, index: int, level: str, text: object) -> None:

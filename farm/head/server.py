@@ -22,6 +22,7 @@ from farm.core.errors import UserError
 from farm.head import uploads
 from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
 from farm.head.data_service import DataServicer
+from farm.head.result_service import ResultServicer
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.gate import AuthGate
@@ -33,7 +34,7 @@ from farm.head.store import Store
 from farm.local import (
     RayProcess, clear_left_behind, free_port, keep_private, read_json, recorded_alive, this_process, write_json,
 )
-from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc
+from farm.proto.v1 import agent_pb2_grpc, data_pb2_grpc, fleet_pb2_grpc, job_pb2_grpc, result_pb2_grpc
 from farm.tls import HeadTLS, join_command
 
 log = logging.getLogger("farm.head")
@@ -149,7 +150,7 @@ def ray_port_args(settings: HeadSettings) -> list[str]:
 
 def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatcher: Dispatcher, events: JobEvents,
                  tls: HeadTLS | None = None) -> grpc.aio.Server:
-    """The control plane: the four services on one gRPC server (call within the event loop that will run it).
+    """The control plane: the five services on one gRPC server (call within the event loop that will run it).
 
     With TLS (unless settings.insecure; `tls` is loaded from the state folder when not given) it listens twice: on
     --port with server authentication only (joining agents and the CLI have no certificate), and on the mTLS port,
@@ -159,12 +160,13 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
         tls = head_tls(settings)
     tokens = tokens.for_server(settings)
     store.keep_join_token(DEFAULT_JOIN_TOKEN_ID, hash_token(tokens.join))
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(tokens, store)])
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(tokens, store, dispatcher.takes_upload)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
         AgentServicer(store, tokens, settings, dispatcher.wake, tls), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
     data_pb2_grpc.add_DataServiceServicer_to_server(DataServicer(store, tokens, settings), server)
+    result_pb2_grpc.add_ResultServiceServicer_to_server(ResultServicer(dispatcher), server)
     if tls is None:
         server.add_insecure_port(f"{settings.host}:{settings.port}")
         return server

@@ -24,15 +24,19 @@ def check(shard: Shard, items: int, rows: int | None) -> None:
         raise ShardResultError(f"its result holds {rows} output rows for a range of {expected}")
 
 
-def check_table(shard: Shard, items: int, table: pa.Table, in_bytes: bool) -> None:
-    """A results table (row_id first) against its shard: one row per item it claims, every row id inside the range
-    and none twice. `in_bytes`: the range counts bytes of lines (a line's id is its offset), not rows."""
-    if table.num_rows != items:
-        raise ShardResultError(f"its result says {items} items and holds {table.num_rows} output rows")
+def check_table(shard: Shard, items: int, rows: int, ids: pa.ChunkedArray | None, in_bytes: bool) -> None:
+    """A results table's `rows` and its row ids (`ids`: its row_id column, None when it has none) against its shard:
+    one row per item it claims, every row id inside the range and none twice. `in_bytes`: the range counts bytes of
+    lines (a line's id is its offset), not rows."""
+    if rows != items:
+        raise ShardResultError(f"its result says {items} items and holds {rows} output rows")
     if not in_bytes:
-        check(shard, items, table.num_rows)
-    if table.num_rows:
-        ids = table.column(ROW_ID)
+        check(shard, items, rows)
+    if rows and ids is None:
+        raise ShardResultError(f"its result has no {ROW_ID} column")
+    if rows and ids is not None:
+        if not pa.types.is_integer(ids.type) or ids.null_count:
+            raise ShardResultError(f"its result's {ROW_ID} column is not whole numbers")
         low, high = pc.min_max(ids).values()
         if low.as_py() < shard.start or high.as_py() >= shard.stop or pc.count_distinct(ids).as_py() != len(ids):
             raise ShardResultError(f"its result's row ids are not each once inside its range ({shard.start}-"

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
-from farm.core.energy import DevicePower
+from farm.core.energy import DevicePower, Energy
+from farm.core.errors import FarmError
 from farm.core.models import BackendOffer, Gpu, Hardware, Node
-from farm.proto.v1 import common_pb2, fleet_pb2
+from farm.core.tasks import ShardFigures
+from farm.proto.v1 import common_pb2, fleet_pb2, result_pb2
+
+MAX_METRICS = 64  # a kind's own figures in one shard's result: a handful (evaluate sends one)
 
 
 def hardware_to_pb(hw: Hardware) -> common_pb2.Hardware:
@@ -87,3 +92,41 @@ def _int64_as_numbers(msg: Message, data: dict[str, Any]) -> dict[str, Any]:
             else:
                 data[field.name] = _int64_as_numbers(value, data[field.name])
     return data
+
+
+def energy_to_pb(energy: Energy) -> result_pb2.Energy:
+    return result_pb2.Energy(**energy.model_dump(mode="json"))
+
+
+def figures_to_pb(figures: ShardFigures) -> result_pb2.ShardFigures:
+    return result_pb2.ShardFigures(
+        items=figures.items, seconds=figures.seconds, correct=figures.correct,
+        energy=energy_to_pb(figures.energy) if figures.energy is not None else None,
+        peak_memory_bytes=figures.peak_memory_bytes, log=figures.log, metrics=dict(figures.metrics),
+    )
+
+
+class BadFigures(FarmError):
+    """Figures from a node that no shard could have measured."""
+
+
+def figures_from_pb(msg: result_pb2.ShardFigures) -> ShardFigures:
+    """A node's figures, checked: counts at least 0, times and figures finite (a node sends what its job's code
+    made it send)."""
+    numbers = [msg.seconds, *msg.metrics.values()]
+    if msg.items < 0 or msg.peak_memory_bytes < 0 or not all(math.isfinite(n) for n in numbers) or msg.seconds < 0:
+        raise BadFigures("its figures are out of range (a negative count or time, or a figure that is not finite)")
+    correct = msg.correct if msg.HasField("correct") else None
+    if correct is not None and not 0 <= correct <= msg.items:
+        raise BadFigures(f"its figures say {correct} correct of {msg.items} items")
+    if len(msg.metrics) > MAX_METRICS:
+        raise BadFigures(f"its figures hold {len(msg.metrics)} metrics: at most {MAX_METRICS}")
+    energy = None
+    if msg.HasField("energy"):
+        try:
+            energy = Energy.model_validate(to_dict(msg.energy))
+        except ValueError as exc:
+            raise BadFigures(f"its energy is not one: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}") \
+                from None
+    return ShardFigures(items=msg.items, seconds=msg.seconds, correct=correct, energy=energy,
+                        peak_memory_bytes=msg.peak_memory_bytes, log=msg.log, metrics=dict(msg.metrics))

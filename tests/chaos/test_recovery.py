@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, Node, ShardState
-from farm.core.tasks import ShardResult
+from farm.core.tasks import ShardFigures
 from farm.head.dispatch import Dispatcher, Running
-from farm.data.batches import output_column, to_ipc
+from farm.data.batches import output_column
 from farm.data.results import Results, read_predictions
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
+from tests.uploads import parts, stream
 
 SPEC = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
@@ -42,10 +43,10 @@ def outputs(index: int) -> np.ndarray:
     return np.arange(start * 2, stop * 2, dtype=np.float32).reshape(-1, 2)
 
 
-def results(index: int) -> bytes:
-    """A shard's results as its node sends them: an Arrow IPC stream of row ids and outputs."""
+def results(index: int) -> pa.Table:
+    """A shard's results as its node makes them: row ids and outputs."""
     start, stop = RANGES[index]
-    return to_ipc(pa.table({"row_id": pa.array(range(start, stop), pa.int64()), "output": output_column(outputs(index))}))
+    return pa.table({"row_id": pa.array(range(start, stop), pa.int64()), "output": output_column(outputs(index))})
 
 
 def add_job(store: Store, output: Path) -> str:
@@ -56,7 +57,7 @@ def add_job(store: Store, output: Path) -> str:
 
 def finish_shard(store: Store, output: Path, index: int) -> None:
     store.shard_started("j-1", index, node(store), "cpu", "cpu")
-    Results(str(output)).write_shard(index, results(index))
+    Results(str(output)).write_table(index, results(index))
     store.shard_succeeded("j-1", index, 2, 0.1, None, None)
 
 
@@ -105,17 +106,12 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
     farm = dispatcher(store, tmp_path)
 
     async def scenario() -> None:
-        result: asyncio.Future[ShardResult] = asyncio.get_running_loop().create_future()  # Ray's ref, awaitable
-        running = Running("n-1", "cpu", result)
-        farm.running[("j-1", 0)] = running
+        farm.running[("j-1", 0)] = Running("n-1", "cpu", None, "ticket-0")
+        farm.tickets["ticket-0"] = ("j-1", 0)
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
-        collecting = asyncio.create_task(farm._collect("j-1", 0, running))
-        await asyncio.sleep(0)
-        result.set_result(ShardResult(table=results(0), items=2, seconds=0.1, correct=None, node_ray_id="r",
-                                      energy=None))
-        await asyncio.sleep(0)  # the collector's step: the result in hand, the file's write begun
-        assert ("j-1", 0) not in farm.running
-        await collecting
+        await farm.receive("ticket-0", stream(parts([results(0)], ShardFigures(items=2, seconds=0.1))))
+        assert ("j-1", 0) not in farm.running and not farm.tickets  # claimed as the upload is taken, before its write
+        await asyncio.gather(*farm.tasks)
 
     asyncio.run(scenario())
     shard = store.job("j-1").shards[0]
@@ -132,13 +128,12 @@ def test_a_result_short_of_its_range_does_not_pass_as_done(store: Store, tmp_pat
     farm = dispatcher(store, tmp_path)
 
     async def scenario() -> None:
-        result: asyncio.Future[ShardResult] = asyncio.get_running_loop().create_future()
-        running = Running("n-1", "cpu", result)
-        farm.running[("j-1", 0)] = running
+        farm.running[("j-1", 0)] = Running("n-1", "cpu", None, "ticket-0")
+        farm.tickets["ticket-0"] = ("j-1", 0)
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
-        short = to_ipc(pa.table({"row_id": pa.array([0], pa.int64()), "output": output_column(outputs(0)[:1])}))
-        result.set_result(ShardResult(table=short, items=2, seconds=0.1, correct=None, node_ray_id="r", energy=None))
-        await farm._collect("j-1", 0, running)
+        short = pa.table({"row_id": pa.array([0], pa.int64()), "output": output_column(outputs(0)[:1])})
+        await farm.receive("ticket-0", stream(parts([short], ShardFigures(items=2, seconds=0.1))))
+        await asyncio.gather(*farm.tasks)
 
     asyncio.run(scenario())
     shard = store.job("j-1").shards[0]

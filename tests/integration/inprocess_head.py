@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -26,15 +26,28 @@ from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import new_node_key
 from farm_agent.client import credentials
 
+T = TypeVar("T")
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 
 
 class Head:
-    def __init__(self, settings: HeadSettings, tokens: Tokens) -> None:
+    def __init__(self, settings: HeadSettings, tokens: Tokens, dispatcher: Dispatcher | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.settings = settings
         self.tokens = tokens
+        self.dispatcher = dispatcher  # the head's, never started (no Ray): tests plant its state through on_loop
+        self.loop = loop
         self.db = settings.state_dir / "state.db"
         self.ca_pem = b"" if settings.insecure else (settings.tls_dir / "ca.pem").read_bytes()
+
+    def on_loop(self, call: Callable[[], T]) -> T:
+        """`call` run on the head's event loop (where its dispatcher's state lives), its result here."""
+        assert self.loop is not None
+
+        async def run() -> T:
+            return call()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
 
     def channel(self, key_pem: bytes | None = None, cert_pem: bytes | None = None, port: int | None = None,
                 ca_pem: bytes | None = None) -> grpc.Channel:
@@ -69,13 +82,15 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
     loop = asyncio.new_event_loop()
     started = threading.Event()
     stopping: asyncio.Event | None = None
+    dispatcher: Dispatcher | None = None
 
     async def serve() -> None:
-        nonlocal stopping
+        nonlocal stopping, dispatcher
         stopping = asyncio.Event()
         store = Store(state / "state.db")
         events = JobEvents()
-        server = build_server(settings, tokens, store, Dispatcher(store, settings, events.publish), events)
+        dispatcher = Dispatcher(store, settings, events.publish)
+        server = build_server(settings, tokens, store, dispatcher, events)
         await server.start()
         started.set()
         await stopping.wait()
@@ -86,7 +101,7 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
     thread.start()
     assert started.wait(10)
     try:
-        yield Head(settings, tokens)
+        yield Head(settings, tokens, dispatcher, loop)
     finally:
         loop.call_soon_threadsafe(stopping.set)  # type: ignore[union-attr]
         thread.join(10)

@@ -15,7 +15,6 @@ import pytest
 
 from farm import data
 from farm.core.dataset import ROW_ID, DatasetSpec
-from farm.data.batches import to_ipc
 from farm.data.results import MANIFEST, Results, read_predictions, shard_file
 
 from tests.servers import RangeHandler, new_bucket, s3_environment, serve_http
@@ -95,7 +94,10 @@ def test_results_in_a_bucket(bucket: str) -> None:
     for index in range(2):
         table = pa.table({ROW_ID: pa.array([2 * index, 2 * index + 1], pa.int64()),
                           "output": pa.array([float(index)] * 2)})
-        assert results.write_shard(index, to_ipc(table)) == 2
+        staged = results.staging(index)  # a shard's table arrives in a local file, then goes up in one PUT
+        pq.write_table(table, staged)
+        results.commit_shard(index, staged)
+        assert not staged.exists()
     results.write_manifest({"shards": 2})
     assert [name for name, _ in results.files()] == [MANIFEST, shard_file(0), shard_file(1)]
     assert read_predictions(f"s3://{bucket}/out/job").tolist() == [0.0, 0.0, 1.0, 1.0]
@@ -106,8 +108,8 @@ def test_an_inference_job_writes_its_results_and_manifest_to_a_bucket(bucket: st
     manifest by the one finishing path, read back as `farm results` reads a job's files."""
     from farm.core.models import BackendName, BackendOffer, Hardware
     from farm.core.spec import parse_spec
-    from farm.core.tasks import ShardResult
     from farm.data.batches import output_column
+    from tests.uploads import arrive
     from farm.head.dispatch import Dispatcher
     from farm.head.settings import HeadSettings
     from farm.head.store import Store
@@ -125,7 +127,7 @@ def test_an_inference_job_writes_its_results_and_manifest_to_a_bucket(bucket: st
         store.shard_started(job.id, shard.index, store.nodes()[0], "cpu", "cpu")
         table = pa.table({ROW_ID: pa.array(range(shard.start, shard.stop), pa.int64()),
                           "output": output_column(np.full((2, 3), shard.index, np.float32))})
-        result = ShardResult(table=to_ipc(table), items=2, seconds=0.1, correct=None, node_ray_id="r", energy=None)
+        result = arrive(handler.staging(job, shard.index), [table], items=2, seconds=0.1)
         handler.check_result(job, spec, shard, result)
         farm.outcomes.succeeded(job.id, shard.index, handler.record(job, spec, shard, result))
     assert farm.outcomes.finish_if_done(job.id, handler, spec)

@@ -19,14 +19,16 @@ from ray import exceptions as ray_errors
 import farm
 from farm.core.energy import Energy, EnergyScope, EnergySource
 from farm.core.errors import SpecError
-from farm.core.kernels import KernelEvalShardResult
+from farm.core.kernels import KernelResult
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.core.spec import JobKind, parse_spec
-from farm.core.tasks import EvaluateResult, ShardResult
+from farm.core.tasks import ShardFigures
 from farm.head import autoshard, kinds
 from farm.head.dispatch import Dispatcher, Round, Running
 from farm.head.kinds.base import Submission
-from farm.data.batches import output_column, to_ipc
+from farm.data.batches import output_column
+from farm_agent.kernel_eval import rows_table
+from tests.uploads import arrive, parts, stream
 from farm.head.outcomes import NodeLost, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
@@ -113,11 +115,13 @@ def test_every_kind_writes_one_manifest_shape(store: Store, tmp_path: Path) -> N
     """Inference and kernel-eval finished through the one path: the same keys, each shard once with its file."""
     farm_ = dispatcher(store, tmp_path)
     node = store.nodes()[0]
-    results: dict[str, Any] = {
-        "inference": ShardResult(table=to_ipc(pa.table({"row_id": pa.array([0, 1], pa.int64()),
-                                                        "output": output_column(np.zeros((2, 2), np.float32))})),
-                                 items=2, seconds=0.1, correct=1, node_ray_id="r", energy=None),
-        "kernel-eval": KernelEvalShardResult(rows=[], items=2, seconds=0.1, correct=1),
+    rows = {
+        "inference": pa.table({"row_id": pa.array([0, 1], pa.int64()),
+                               "output": output_column(np.zeros((2, 2), np.float32))}),
+        "kernel-eval": rows_table([KernelResult(problem="p", candidate=c, compiled=True, correct=c == "a",
+                                                max_abs_err=0.0, rel_norm_err=0.0, median_ms=1.0, eager_ms=1.0,
+                                                compile_ms=1.0, speedup_vs_eager=1.0, speedup_vs_compile=1.0,
+                                                reward=1.0, error="") for c in ("a", "b")]),
     }
     manifests = {}
     for kind, text in (("inference", INFER.replace("shards: 3", "shards: 1")), ("kernel-eval", KERNELS)):
@@ -126,8 +130,9 @@ def test_every_kind_writes_one_manifest_shape(store: Store, tmp_path: Path) -> N
         job = store.job(f"j-{kind}")
         handler = farm_.handler(job)
         store.shard_started(job.id, 0, node, "cpu", "cpu")
+        result = arrive(handler.staging(job, 0), [rows[kind]], items=2, seconds=0.1, correct=1)
         farm_.outcomes.succeeded(job.id, 0, handler.record(job, farm_.spec(job), store.job(job.id).shards[0],
-                                                           results[kind]))
+                                                           result))
         assert farm_.outcomes.finish_if_done(job.id, handler, farm_.spec(job))
         assert store.job(job.id).state is JobState.SUCCEEDED
         manifests[kind] = json.loads((output / "manifest.json").read_text())
@@ -214,7 +219,7 @@ def test_evaluate_reports_accuracy_and_loss_per_device_and_writes_no_outputs(sto
     # box's two shards: 9/10 right at loss 0.2, 7/10 at 0.4; other's one: 10/10 at 0.1.
     for index, (name, correct, loss) in enumerate([("box", 9, 0.2), ("box", 7, 0.4), ("other", 10, 0.1)]):
         store.shard_started("j-1", index, nodes[name], "cpu", "cpu")
-        result = EvaluateResult(items=10, seconds=0.1, correct=correct, loss=loss, node_ray_id="r", energy=None)
+        result = arrive(None, items=10, seconds=0.1, correct=correct, metrics={"loss": loss})
         farm_.outcomes.succeeded("j-1", index, handler.record(job, spec, store.job("j-1").shards[index], result))
     assert farm_.outcomes.finish_if_done("j-1", handler, spec)
     metrics = store.job("j-1").metrics
@@ -282,22 +287,21 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
     index = autoshard.apply(store, job, cut)
     store.shard_started("j-1", index, store.nodes()[0], "cpu", "cpu")
     release, writing = threading.Event(), threading.Event()
-    write_shard = Results.write_shard
+    commit_shard = Results.commit_shard
 
-    def slow_write(self: Results, *args: Any) -> Any:
+    def slow_commit(self: Results, *args: Any) -> Any:
         writing.set()
         assert release.wait(10)
-        return write_shard(self, *args)
+        return commit_shard(self, *args)
 
-    monkeypatch.setattr(Results, "write_shard", slow_write)
+    monkeypatch.setattr(Results, "commit_shard", slow_commit)
     rows = pa.table({"row_id": pa.array(range(8), pa.int64()), "output": output_column(np.zeros((8, 2), np.float32))})
-    result = ShardResult(table=to_ipc(rows), items=8, seconds=0.01, correct=None, node_ray_id="r", energy=None)
+    upload = parts([rows], ShardFigures(items=8, seconds=0.01))
 
     async def collect() -> None:
-        ref = asyncio.get_running_loop().create_future()
-        ref.set_result(result)
-        running = farm_.running[("j-1", index)] = Running("n-1", "cpu", ref)
-        collecting = asyncio.create_task(farm_._collect("j-1", index, running))
+        farm_.running[("j-1", index)] = Running("n-1", "cpu", None, "ticket-1")
+        farm_.tickets["ticket-1"] = ("j-1", index)
+        await farm_.receive("ticket-1", stream(upload))  # the upload's reply: the result is in
         await asyncio.to_thread(writing.wait, 10)
         assert farm_.wake.is_set() and ("j-1", index) not in farm_.running  # the device is free
         assert store.job("j-1").shards[index].state is ShardState.RUNNING  # not done until written
@@ -305,7 +309,7 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
                                Counter(), {}, store, None, writing=farm_._writing(store.job("j-1"))).cuts
         assert [(c.start, c.stop) for c in grown] == [(8, 40)]  # grown 4x from the shard being written
         release.set()
-        await collecting
+        await asyncio.gather(*farm_.tasks)
         assert not farm_.writing and store.job("j-1").shards[index].state is ShardState.SUCCEEDED
 
     asyncio.run(collect())

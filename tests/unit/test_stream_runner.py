@@ -15,8 +15,8 @@ from farm import data
 from farm.core.dataset import ROW_ID, DatasetSpec
 from farm.core.errors import DataError
 from farm.core.tasks import DataTask, ShardTask
-from farm.data.batches import column_to_numpy, from_ipc
-from farm_agent.runner import run_shard
+from farm.data.batches import column_to_numpy
+from tests.uploads import arrive, run_here
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -44,8 +44,7 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_parquet_range_streams_through_preprocess_and_model(digits: Path) -> None:
     spec = DatasetSpec(location=str(digits / "digits-parquet"), format="parquet", inputs=["pixels"],
                        passthrough=["index"], label="label", preprocess="examples.datasets.prep:pixels")
-    result = run_shard(task(spec, 100, 300, batch_size=48))
-    table = from_ipc(result.table)
+    result, table = run_here(task(spec, 100, 300, batch_size=48))
     assert table.column_names == [ROW_ID, "index", "output"]
     assert table.column(ROW_ID).to_pylist() == list(range(100, 300)) == table.column("index").to_pylist()
     assert result.items == 200 and result.correct is not None and result.correct / 200 > 0.9
@@ -65,7 +64,7 @@ def test_a_parquet_range_streams_through_preprocess_and_model(digits: Path) -> N
 def test_an_image_folder_range_is_decoded_on_the_node(digits: Path) -> None:
     spec = DatasetSpec(location=str(digits / "digits-images"), format="images", passthrough=["path"],
                        preprocess="examples.datasets.prep:images")
-    table = from_ipc(run_shard(task(spec, 0, 70)).table)
+    table = run_here(task(spec, 0, 70))[1]
     assert table.column("path").to_pylist()[:2] == ["000-1.png", "001-4.png"]
     labels = [int(p.split("-")[1].removesuffix(".png")) for p in table.column("path").to_pylist()]
     predicted = column_to_numpy(table.column("output"), "output", [], "").argmax(axis=1)
@@ -77,9 +76,9 @@ def test_an_image_that_does_not_decode_fails_its_shard_only(digits: Path) -> Non
     victim.write_bytes(b"not a png")
     spec = DatasetSpec(location=str(digits / "digits-images"), format="images",
                        preprocess="examples.datasets.prep:images")
-    assert from_ipc(run_shard(task(spec, 0, 50)).table).num_rows == 50  # the shard before it
+    assert run_here(task(spec, 0, 50))[1].num_rows == 50  # the shard before it
     with pytest.raises(DataError, match=rf"digits-images/{victim.name} \(row 50\): the image does not decode"):
-        run_shard(task(spec, 50, 100))
+        run_here(task(spec, 50, 100))
 
 
 def test_a_bad_row_fails_its_shard_naming_file_and_row(tmp_path: Path) -> None:
@@ -89,7 +88,7 @@ def test_a_bad_row_fails_its_shard_naming_file_and_row(tmp_path: Path) -> None:
     shard = task(spec, 0, 10_000)
     shard = ShardTask(**{**shard.__dict__, "model": "tests.unit.test_stream_runner:linear", "weights": None})
     with pytest.raises(DataError, match=r"d\.jsonl \(row 126\): column 'x' holds \(1,\) where the rows before"):
-        run_shard(shard)
+        run_here(shard)
 
 
 def linear():  # type: ignore[no-untyped-def]
@@ -102,8 +101,7 @@ def test_a_callable_dataset_still_works() -> None:
     shard = ShardTask(job_id="j", index=0, start=10, stop=30, model="examples.digits.model:build",
                       weights="examples/digits/weights.pt", dataset="examples.digits.data:test_set", batch_size=8,
                       backend="cpu", device="cpu", threads=1)
-    result = run_shard(shard)
-    table = from_ipc(result.table)
+    result, table = run_here(shard)
     assert table.column(ROW_ID).to_pylist() == list(range(10, 30)) and result.correct is not None
     assert column_to_numpy(table.column("output"), "output", [], "").shape == (20, 10)
 
@@ -159,7 +157,9 @@ def test_a_json_lines_job_end_to_end_in_bytes(digits: Path, tmp_path: Path) -> N
                             threads=1, score=0.0, basis="")
         task = handler.task(job, spec, shard, placed).task
         assert task.data.access is not None and task.data.access.job_id == job.id  # a node reads via the head ...
-        result = run_shard(dataclasses.replace(task, data=dataclasses.replace(task.data, access=None)))  # ... here: its disk
+        ran, table = run_here(dataclasses.replace(task, data=dataclasses.replace(task.data, access=None)))  # its disk
+        result = arrive(handler.staging(job, shard.index), [table], items=ran.items, seconds=ran.seconds,
+                        correct=ran.correct)  # as its upload arrives at the head
         handler.check_result(job, spec, shard, result)
         farm.outcomes.succeeded(job.id, shard.index, handler.record(job, spec, shard, result))
     assert farm.outcomes.finish_if_done(job.id, handler, spec)

@@ -33,7 +33,8 @@ def filesystem(location: str, access: HeadAccess | None = None) -> tuple[fsspec.
 
 
 @lru_cache(maxsize=4)
-def _channel(address: str, ca_pem: bytes) -> grpc.Channel:
+def channel(address: str, ca_pem: bytes) -> grpc.Channel:
+    """A channel to the head as a Ray worker reaches it (its dataset reads, its shards' uploads): one per head."""
     options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
     if not ca_pem:  # a head started with --insecure
         return grpc.insecure_channel(address, options=options)
@@ -51,7 +52,7 @@ class HeadFileSystem(AbstractFileSystem):
         from farm.proto.v1 import data_pb2_grpc
 
         self.access = access
-        self.stub = data_pb2_grpc.DataServiceStub(_channel(access.address, access.ca_pem))
+        self.stub = data_pb2_grpc.DataServiceStub(channel(access.address, access.ca_pem))
         self.metadata = (("authorization", f"Bearer {access.token}"),)
 
     def _call(self, path: str, call: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import zipfile
+from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
@@ -13,6 +14,7 @@ from farm.core.errors import SpecError
 from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, ModelJobSpec, SpecBase
 from farm.head import shard_check
+from farm.head.arrivals import Arrival
 from farm.head.outcomes import Outcomes, ShardRecord
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -46,7 +48,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class ShardCall:
-    """A shard's task: the entry point to call on the node (one of farm.head.remote's) and its one argument."""
+    """A shard's task: the entry point to call on the node (one of farm.head.remote's) and its argument (the dispatcher
+    adds the attempt's ResultRoute)."""
 
     remote: Any  # a Ray remote function
     task: object
@@ -126,22 +129,28 @@ class ShardedKind(KindHandler[S]):
         """At launch: the call that runs this shard on the assignment's device."""
         raise NotImplementedError
 
-    def check_result(self, job: Job, spec: S, shard: Shard, result: Any) -> None:
-        """Before its output is written: the result covers its shard (ShardResultError otherwise)."""
-        shard_check.check(shard, result.items, None)
+    def staging(self, job: Job, index: int) -> Path | None:
+        """Where a shard's uploaded table is written as it arrives (None: the kind's shards send no table)."""
+        return None
+
+    def check_result(self, job: Job, spec: S, shard: Shard, result: Arrival) -> None:
+        """Before its output is written (in a worker thread): the result covers its shard (ShardResultError
+        otherwise)."""
+        assert result.figures is not None  # a failure never reaches here
+        shard_check.check(shard, result.figures.items, None)
 
     def counts_bytes(self, job: Job, spec: S) -> bool:
         """Whether the job's ranges count bytes of line files (a dataset by location), not rows or items."""
         return False
 
-    def measured(self, result: Any) -> ShardRecord | None:
+    def measured(self, result: Arrival) -> ShardRecord | None:
         """A shard's figures as its result arrived, before its output is written (None: known only once written).
         Sizing reads them at once, so that the device's next shard is cut while this one's output is written."""
         return None
 
-    def record(self, job: Job, spec: S, shard: Shard, result: Any) -> ShardRecord:
-        """A shard's result arrived: write its output (atomically; this runs in a worker thread), return its
-        figures."""
+    def record(self, job: Job, spec: S, shard: Shard, result: Arrival) -> ShardRecord:
+        """A shard's result arrived (its table staged, if it sent one): write its output (atomically; this runs in a
+        worker thread), return its figures."""
         raise NotImplementedError
 
 

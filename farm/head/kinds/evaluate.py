@@ -1,5 +1,5 @@
-"""`kind: evaluate`: a model scored over a labelled dataset, shard by shard as inference runs it; each shard returns
-its accuracy count and mean loss, and the job reports both per device and over all. It writes no outputs (the
+"""`kind: evaluate`: a model scored over a labelled dataset, shard by shard as inference runs it; each shard sends
+its accuracy count and mean loss (its figures, no table), and the job reports both per device and over all. It writes no outputs (the
 manifest alone, with the per-device table)."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from farm.core.models import Shard
 from farm.core.spec import EvaluateSpec, JobKind
-from farm.core.tasks import EvaluateResult, EvaluateTask
+from farm.core.tasks import EvaluateTask
 from farm.head import remote
+from farm.head.arrivals import Arrival
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
-from farm.head.kinds.inference import plan_rows, shard_task
+from farm.head.kinds.inference import figures, plan_rows, shard_task
+from farm.head.shard_check import ShardResultError
 from farm.head.outcomes import ShardRecord
 from farm.head.store import Job
 
@@ -29,10 +31,16 @@ class Evaluate(ShardedKind[EvaluateSpec]):
     def task(self, job: Job, spec: EvaluateSpec, shard: Shard, assignment: Assignment) -> ShardCall:
         return ShardCall(remote.run_evaluate_shard, EvaluateTask(shard_task(job, spec, shard, assignment), spec.loss))
 
-    def record(self, job: Job, spec: EvaluateSpec, shard: Shard, result: EvaluateResult) -> ShardRecord:
-        return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes,
-                           metrics={"loss": result.loss,
-                                    **({"correct": result.correct} if result.correct is not None else {})})
+    def check_result(self, job: Job, spec: EvaluateSpec, shard: Shard, result: Arrival) -> None:
+        super().check_result(job, spec, shard, result)
+        if "loss" not in figures(result).metrics:
+            raise ShardResultError("its result has no loss")
+
+    def record(self, job: Job, spec: EvaluateSpec, shard: Shard, result: Arrival) -> ShardRecord:
+        found = figures(result)
+        return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes,
+                           metrics={"loss": found.metrics["loss"],
+                                    **({"correct": found.correct} if found.correct is not None else {})})
 
     def metrics(self, job: Job, spec: EvaluateSpec) -> dict[str, float]:
         """The loss over all rows, then accuracy and loss per device ("accuracy@node/device")."""

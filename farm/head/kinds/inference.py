@@ -7,16 +7,18 @@ its range, which the node streams batch by batch (through the head's DataService
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.core.errors import SpecError
 from farm.core.models import Shard
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
-from farm.core.dataset import Unit
-from farm.core.tasks import DataTask, ShardResult, ShardTask, Tuning
+from farm.core.dataset import ROW_ID, Unit
+from farm.core.tasks import DataTask, ShardFigures, ShardTask, Tuning
+from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
-from farm.data.batches import from_ipc
 from farm.head import autoshard, datasets, remote, shard_check
+from farm.head.arrivals import Arrival
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
 from farm.head.store import Job
@@ -44,6 +46,11 @@ def shard_task(job: Job, spec: ModelJobSpec, shard: Shard, assignment: Assignmen
         backend=assignment.backend.value, device=assignment.device, threads=assignment.threads, data=data,
         tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=tune_budget_s),
     )
+
+
+def figures(result: Arrival) -> ShardFigures:
+    assert result.figures is not None  # a failure never reaches a kind's handler
+    return result.figures
 
 
 class Inference(ShardedKind[InferenceSpec]):
@@ -79,14 +86,23 @@ class Inference(ShardedKind[InferenceSpec]):
                             access=datasets.access(self.settings, job.id))
         return ShardCall(remote.run_shard, shard_task(job, spec, shard, assignment, spec.tune_budget_s, data))
 
-    def check_result(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> None:
-        shard_check.check_table(shard, result.items, from_ipc(result.table), self.counts_bytes(job, spec))
+    def staging(self, job: Job, index: int) -> Path:
+        return Results(job.output).staging(index)
 
-    def measured(self, result: ShardResult) -> ShardRecord:
-        return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes)
+    def check_result(self, job: Job, spec: InferenceSpec, shard: Shard, result: Arrival) -> None:
+        rows, ids = (result.table.rows, result.table.column(ROW_ID)) if result.table else (0, None)
+        shard_check.check_table(shard, figures(result).items, rows, ids, self.counts_bytes(job, spec))
 
-    def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: ShardResult) -> ShardRecord:
-        Results(job.output).write_shard(shard.index, result.table)
+    def measured(self, result: Arrival) -> ShardRecord:
+        found = figures(result)
+        return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes)
+
+    def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: Arrival) -> ShardRecord:
+        results = Results(job.output)
+        if result.table is None:  # no rows (a byte range holding no line start): an empty file all the same
+            results.write_table(shard.index, concat([]))
+        else:
+            results.commit_shard(shard.index, result.table.path)
         return self.measured(result)
 
     def finish(self, job: Job, spec: InferenceSpec, metrics: dict[str, float]) -> dict[str, Any]:

@@ -14,14 +14,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.core.kernels import (
-    COLUMNS, KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, kernel_pairs, kernel_shard_ranges,
+    COLUMNS, KernelEvalTask, KernelPair, KernelResult, kernel_pairs, kernel_shard_ranges,
 )
 from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, KernelEvalSpec
-from farm.head import remote
+from farm.data.results import Results
+from farm.head import remote, shard_check
+from farm.head.arrivals import Arrival
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
+from farm.head.kinds.inference import figures
 from farm.head.outcomes import ShardRecord
 from farm.head.output import atomic_write
+from farm.head.shard_check import ShardResultError
 from farm.head.store import Job
 
 if TYPE_CHECKING:
@@ -57,10 +61,24 @@ class KernelEval(ShardedKind[KernelEvalSpec]):
             runs=section.runs, atol=spec.tolerance.atol, rtol=spec.tolerance.rtol,
         ))
 
-    def record(self, job: Job, spec: KernelEvalSpec, shard: Shard, result: KernelEvalShardResult) -> ShardRecord:
+    def staging(self, job: Job, index: int) -> Path:
+        """Its rows arrive as a table (farm_agent.kernel_eval.rows_table), staged hidden in the job's folder."""
+        return Results(job.output).staging(index)
+
+    def record(self, job: Job, spec: KernelEvalSpec, shard: Shard, result: Arrival) -> ShardRecord:
         """Its rows, named by the node that measured them."""
-        write_rows(Path(job.output), shard.index, result.rows, shard.node_name)
-        return ShardRecord(result.items, result.seconds, result.correct, result.energy, result.peak_memory_bytes)
+        found = figures(result)
+        if result.table is None:
+            raise ShardResultError("its result carries no rows")
+        try:
+            rows = [KernelResult.from_dict(row) for row in result.table.table().to_pylist()]
+        except TypeError as exc:
+            raise ShardResultError(f"its rows are not kernel results: {exc}") from None
+        finally:
+            result.table.discard()
+        shard_check.check(shard, found.items, len(rows))
+        write_rows(Path(job.output), shard.index, rows, shard.node_name)
+        return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes)
 
     def finish(self, job: Job, spec: KernelEvalSpec, metrics: dict[str, float]) -> dict[str, Any]:
         """Join the shards' rows into results.jsonl and results.csv."""

@@ -1,0 +1,262 @@
+"""A shard's result as it arrives from its node (farm_agent.upload): the table's Arrow IPC stream written to a Parquet
+file as its parts come in (a staged file, hidden, beside the shard's final one: nothing holds the whole table), then
+its figures or its failure, last. Arrow's IPC reader and protobuf are the only readers of a node's bytes here: nothing
+a node sends is unpickled.
+
+pyarrow's IPC stream reader reads from a pipe fed by the event loop (a short queue: the node waits when the disk
+is slower than the network); a thread drains it into pyarrow's ParquetWriter. Hand-written: the pipe is the one
+piece neither gRPC nor pyarrow offers (an async iterator of chunks as a blocking file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from farm.core.errors import FarmError
+from farm.core.tasks import ShardFigures
+from farm.head.outcomes import Failure
+from farm.proto.convert import figures_from_pb
+from farm.proto.v1 import result_pb2
+
+DEPTH = 8  # parts between the event loop and the writing thread
+MAX_MESSAGE = 4 * 1024  # what the head keeps of a failure's one line from a node
+
+
+class BadUpload(FarmError):
+    """An upload no shard's entry point sends: out of order, a table that is not Arrow IPC, figures out of range."""
+
+
+class Void(FarmError):
+    """The attempt was taken back (its node lost, its job ended) while its result arrived."""
+
+    grpc_status = "FAILED_PRECONDITION"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A shard's table as it arrived, a Parquet file beside the shard's final one, until it is committed."""
+
+    path: Path
+    rows: int
+
+    def column(self, name: str) -> pa.ChunkedArray | None:
+        if name not in pq.read_schema(self.path).names:
+            return None
+        return pq.read_table(self.path, columns=[name]).column(name)
+
+    def table(self) -> pa.Table:
+        return pq.read_table(self.path)
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One attempt's upload, whole: its figures and its table (where it sent one), or its failure."""
+
+    figures: ShardFigures | None = None
+    table: Staged | None = None
+    failure: Failure | None = None
+    log: str = ""  # a failure's: what the shard printed
+    traceback: str = ""
+
+    def discard(self) -> None:
+        if self.table is not None:
+            self.table.discard()
+
+
+def failure_from_pb(msg: result_pb2.ShardFailure) -> Arrival:
+    """A node's failure as the head sorts every failure (farm.head.outcomes): the job's, its data's, or the node's."""
+    line = (msg.message.strip().splitlines() or [""])[0][:MAX_MESSAGE] or "the shard failed (no message)"
+    kind = result_pb2.ShardFailure.Kind
+    return Arrival(failure=Failure(node=msg.kind == kind.NODE, message=line, data=msg.kind == kind.DATA),
+                   log=msg.log, traceback=msg.traceback)
+
+
+async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | None,
+                  wanted: Callable[[], bool]) -> Arrival:
+    """Read one upload to its end: its table (if any) staged at `staging` (None: the kind sends none), then its last
+    part. `wanted`: whether the attempt is still the shard's (checked at every part; Void once it is not)."""
+    pipe: Pipe | None = None
+    writing: asyncio.Future[tuple[Path, int]] | None = None
+    last: result_pb2.UploadPart | None = None
+    try:
+        async for part in parts:
+            if not wanted():
+                raise Void("the attempt was taken back while its result arrived")
+            which = part.WhichOneof("part")
+            if last is not None or which is None:
+                raise BadUpload("its upload has parts after its last one, or an empty part")
+            if which == "table":
+                if staging is None:
+                    raise BadUpload("its upload carries a table, which this kind's shards never send")
+                if pipe is None:
+                    pipe = Pipe()
+                    writing = asyncio.ensure_future(asyncio.to_thread(stage, pipe, staging))
+                await asyncio.to_thread(pipe.put, part.table)
+            else:
+                last = part
+        if last is None:
+            raise BadUpload("its upload ended without its figures or its failure")
+        staged = None
+        if pipe is not None and writing is not None:
+            await asyncio.to_thread(pipe.put, None)
+            path, rows = await writing
+            staged = Staged(path, rows)
+        if last.WhichOneof("part") == "failure":
+            if staged is not None:
+                staged.discard()
+            return failure_from_pb(last.failure)
+        try:
+            return Arrival(figures=figures_from_pb(last.figures), table=staged)
+        except FarmError:
+            if staged is not None:
+                staged.discard()
+            raise
+    except BaseException as exc:
+        if pipe is not None and writing is not None:
+            pipe.abort()
+            try:
+                await writing
+            except Exception:
+                pass
+            if staging is not None:
+                _remove_staged(staging)
+        if isinstance(exc, (pa.ArrowException, ValueError, OSError)) and not isinstance(exc, FarmError):
+            raise BadUpload(f"its table is not an Arrow IPC stream the head can write: {exc}") from None
+        raise
+
+
+def _remove_staged(staging: Path) -> None:
+    for path in (staging, widened(staging)):
+        path.unlink(missing_ok=True)
+
+
+class Pipe:
+    """Chunks put by the event loop, read as a blocking file by pyarrow's IPC reader in a thread."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.chunks: queue.Queue[bytes | None] = queue.Queue(DEPTH)
+        self.rest = memoryview(b"")
+        self.ended = False
+        self.aborted = threading.Event()  # the reader failed or the upload was dropped: puts stop waiting
+
+    def put(self, chunk: bytes | None) -> None:
+        """The next chunk; None: the end."""
+        while not self.aborted.is_set():
+            try:
+                self.chunks.put(chunk, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+        raise BadUpload("the head stopped reading its table")
+
+    def abort(self) -> None:
+        self.aborted.set()
+        try:
+            self.chunks.put_nowait(None)  # a reader waiting for a chunk stops
+        except queue.Full:
+            pass
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def read(self, size: int = -1) -> bytes:
+        """Exactly `size` bytes unless the stream ends first (Arrow's reader takes a short read as a broken stream)."""
+        out = bytearray()
+        while (size < 0 or len(out) < size) and self._fill():
+            take = len(self.rest) if size < 0 else min(size - len(out), len(self.rest))
+            out += self.rest[:take]
+            self.rest = self.rest[take:]
+        return bytes(out)
+
+    def at_end(self) -> bool:
+        return not self._fill()
+
+    def _fill(self) -> bool:
+        if len(self.rest):
+            return True
+        if self.ended:
+            return False
+        chunk = self.chunks.get()
+        if chunk is None or self.aborted.is_set():
+            self.ended = True
+            return False
+        self.rest = memoryview(chunk)
+        return True
+
+
+def widened(path: Path) -> Path:
+    return path.with_name(path.name + "w")
+
+
+def stage(pipe: Pipe, path: Path) -> tuple[Path, int]:
+    """Write the IPC stream(s) from `pipe` to a Parquet file at `path` (or beside it, where a later stream's schema
+    widened the file's); the file and its rows. A node starts a new stream where a batch's inferred types differ
+    from the last one's (an integer column in one JSON batch, a float one in the next): the file is widened to
+    both, as farm.data.batches.concat widens a shard's tables."""
+    writer: pq.ParquetWriter | None = None
+    schema = pa.schema([])
+    rows = 0
+    try:
+        while not pipe.at_end():
+            with pa.ipc.open_stream(pipe) as reader:
+                schema = reader.schema
+                for batch in reader:
+                    if writer is None:
+                        writer = pq.ParquetWriter(path, batch.schema)
+                    elif batch.schema != writer.schema:
+                        writer, path = _widen(writer, path, batch.schema)
+                    table = pa.Table.from_batches([batch])
+                    writer.write_table(_conform(table, writer.schema) if table.schema != writer.schema else table)
+                    rows += batch.num_rows
+    except BaseException:
+        pipe.abort()
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:  # streams with no batch: an empty table
+        pq.write_table(schema.empty_table(), path)
+    _fsync(path)
+    return path, rows
+
+
+def _widen(writer: pq.ParquetWriter, path: Path, schema: pa.Schema) -> tuple[pq.ParquetWriter, Path]:
+    """The file so far rewritten with a schema that holds both its own and `schema`; the writer to go on with."""
+    writer.close()
+    written = pq.read_table(path)
+    wider = pa.unify_schemas([written.schema, schema], promote_options="permissive")
+    target = widened(path) if not path.name.endswith("w") else path.with_name(path.name[:-1])
+    wide = pq.ParquetWriter(target, wider)
+    wide.write_table(_conform(written, wider))
+    path.unlink(missing_ok=True)
+    return wide, target
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables([schema.empty_table(), table], promote_options="permissive").select(
+        schema.names).cast(schema)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,79 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class UploadPart(_message.Message):
+    __slots__ = ("table", "figures", "failure")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    FIGURES_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    table: bytes
+    figures: ShardFigures
+    failure: ShardFailure
+    def __init__(self, table: _Optional[bytes] = ..., figures: _Optional[_Union[ShardFigures, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ...) -> None: ...
+
+class Energy(_message.Message):
+    __slots__ = ("joules", "seconds", "source", "scope")
+    JOULES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    joules: float
+    seconds: float
+    source: str
+    scope: str
+    def __init__(self, joules: _Optional[float] = ..., seconds: _Optional[float] = ..., source: _Optional[str] = ..., scope: _Optional[str] = ...) -> None: ...
+
+class ShardFigures(_message.Message):
+    __slots__ = ("items", "seconds", "correct", "energy", "peak_memory_bytes", "log", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CORRECT_FIELD_NUMBER: _ClassVar[int]
+    ENERGY_FIELD_NUMBER: _ClassVar[int]
+    PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    items: int
+    seconds: float
+    correct: int
+    energy: Energy
+    peak_memory_bytes: int
+    log: str
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, items: _Optional[int] = ..., seconds: _Optional[float] = ..., correct: _Optional[int] = ..., energy: _Optional[_Union[Energy, _Mapping]] = ..., peak_memory_bytes: _Optional[int] = ..., log: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ShardFailure(_message.Message):
+    __slots__ = ("kind", "message", "traceback", "log")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        JOB: _ClassVar[ShardFailure.Kind]
+        DATA: _ClassVar[ShardFailure.Kind]
+        NODE: _ClassVar[ShardFailure.Kind]
+    JOB: ShardFailure.Kind
+    DATA: ShardFailure.Kind
+    NODE: ShardFailure.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
+    kind: ShardFailure.Kind
+    message: str
+    traceback: str
+    log: str
+    def __init__(self, kind: _Optional[_Union[ShardFailure.Kind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., log: _Optional[str] = ...) -> None: ...
+
+class UploadReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
