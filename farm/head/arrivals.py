@@ -85,8 +85,9 @@ def failure_from_pb(msg: result_pb2.ShardFailure) -> Arrival:
 
 async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | None,
                   wanted: Callable[[], bool]) -> Arrival:
-    """Read one upload to its end: its table (if any) staged at `staging` (None: the kind sends none), then its last
-    part. `wanted`: whether the attempt is still the shard's (checked at every part; Void once it is not)."""
+    """Read one upload to its end: its table (if any) staged at `staging` (a file made for it; None: the kind sends
+    none), then its last part; `staging` is removed where no table is kept. `wanted`: whether the attempt is still
+    the shard's (checked at every part; Void once it is not)."""
     pipe: Pipe | None = None
     writing: asyncio.Future[tuple[Path, int]] | None = None
     last: result_pb2.UploadPart | None = None
@@ -113,6 +114,8 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             await asyncio.to_thread(pipe.put, None)
             path, rows = await writing
             staged = Staged(path, rows)
+        elif staging is not None:  # no table came: the place kept for it goes
+            staging.unlink(missing_ok=True)
         if last.WhichOneof("part") == "failure":
             if staged is not None:
                 staged.discard()
@@ -130,8 +133,8 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
                 await writing
             except Exception:
                 pass
-            if staging is not None:
-                _remove_staged(staging)
+        if staging is not None:
+            _remove_staged(staging)
         if isinstance(exc, (pa.ArrowException, ValueError, OSError)) and not isinstance(exc, FarmError):
             raise BadUpload(f"its table is not an Arrow IPC stream the head can write: {exc}") from None
         raise
