@@ -12,25 +12,32 @@ calls `train` for each stretch of steps between checkpoints. Every worker walks 
 
 Collectives go through Ray's collective API: gloo (torch.distributed over TCP) for CPU tensors, NCCL when every
 worker is on CUDA. Torch is imported inside the actor only: the head imports this module without it.
+
+The head calls a worker through `call`, which sends the result back by the call's upload ticket (farm_agent.upload):
+figures as protobuf, a stretch's losses as an Arrow table, the checkpoint as a safetensors file. Never a Ray return
+value, which the head would have to unpickle; and a checkpoint holds tensors and plain numbers, never a pickle.
 """
 
 from __future__ import annotations
 
-import io
+import json
 import statistics
+import struct
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
-from farm.core.energy import Energy
-from farm.core.errors import SpecError
+from farm.core.errors import AgentError, SpecError
 from farm.core.spec import JobSpec, Optimizer, SyncMode, parse_spec
+from farm.core.tasks import ResultRoute, ShardFigures
 from farm_agent.capture import take_output, worker_call
 from farm_agent.environment import prepare_from_environment
 from farm_agent.jobcode import build_model, load_dataset, resolve
 from farm_agent.power import meter_for
+from farm_agent.upload import Upload, send
 
 if TYPE_CHECKING:
     import torch
@@ -70,14 +77,30 @@ class TrainWorker:
         self.loss = loss_function(self.training.loss, root)
         self.step = 0
         self.since_sync = 0  # local-sgd: samples seen since the last parameter average
-        if checkpoint is not None:
-            # made on another node: tensors and numbers only, never code
-            state = torch.load(io.BytesIO(checkpoint), map_location=self.device, weights_only=True)
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.step = int(state["step"])
+        if checkpoint is not None:  # made on another node: safetensors, tensors and numbers only, never code
+            self.step = load_checkpoint(checkpoint, self.model, self.optimizer, self.device)
         self.meter = meter_for(device)
         self._permutations: dict[int, np.ndarray] = {}
+
+    def call(self, route: ResultRoute, method: str, *args: Any) -> None:
+        """One of the head's calls (join, probe, train, state, evaluate), its result sent by `route`."""
+
+        def work(upload: Upload) -> ShardFigures:
+            if method not in ("join", "probe", "train", "state", "evaluate"):
+                raise AgentError(f"a training worker has no call {method!r}")
+            began = time.perf_counter()
+            result = getattr(self, method)(*args)
+            if method == "train":
+                upload.write(pa.table({"loss": pa.array(result["losses"], pa.float64())}))
+                return ShardFigures(items=result["items"], seconds=result["seconds"], energy=result["energy"],
+                                    log=result["log"], metrics={"compute_s": result["compute_s"]})
+            if method == "state":
+                upload.write_file(result)
+            metrics = {"step": float(result)} if method == "join" else {"speed": result} if method == "probe" else \
+                result if method == "evaluate" else {}
+            return ShardFigures(items=0, seconds=time.perf_counter() - began, metrics=metrics)
+
+        send(route, work)
 
     @worker_call
     def join(self) -> int:
@@ -148,12 +171,7 @@ class TrainWorker:
     @worker_call
     def state(self) -> bytes:
         """The model, optimizer and step, as a checkpoint (rank 0's: in sync mode every replica's is the same)."""
-        import torch
-
-        buffer = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step},
-                   buffer)
-        return buffer.getvalue()
+        return checkpoint_bytes(self.model, self.optimizer, self.step)
 
     @worker_call
     def evaluate(self, dataset: str) -> dict[str, float]:
@@ -257,6 +275,59 @@ class TrainWorker:
             import torch
 
             torch.cuda.synchronize(self.device)
+
+
+MODEL_PREFIX = "model."
+OPTIMIZER_PREFIX = "optimizer."
+
+
+def checkpoint_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> bytes:
+    """A checkpoint as safetensors: the model's tensors ("model.NAME"), the optimizer's per-parameter tensors
+    ("optimizer.INDEX.KEY"), and in its metadata the step, the optimizer's parameter groups and its per-parameter
+    numbers (JSON). Nothing in it is a pickle: whoever loads it runs no code from it."""
+    from safetensors.torch import save
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:  # safetensors refuses tensors that share memory (tied weights)
+        return tensor.detach().cpu().clone().contiguous()
+
+    tensors = {MODEL_PREFIX + name: own(value) for name, value in model.state_dict().items()}
+    state = optimizer.state_dict()
+    numbers: dict[str, Any] = {}
+    for index, values in state["state"].items():
+        for key, value in values.items():
+            if hasattr(value, "detach"):
+                tensors[f"{OPTIMIZER_PREFIX}{index}.{key}"] = own(value)
+            else:
+                numbers[f"{index}.{key}"] = value
+    return save(tensors, metadata={"step": str(step), "param_groups": json.dumps(state["param_groups"]),
+                                   "numbers": json.dumps(numbers)})
+
+
+def checkpoint_metadata(data: bytes) -> dict[str, str]:
+    """A safetensors file's metadata, read from its JSON header (safetensors.torch.load gives the tensors only)."""
+    (size,) = struct.unpack("<Q", data[:8])
+    return dict(json.loads(data[8:8 + size]).get("__metadata__") or {})
+
+
+def load_checkpoint(data: bytes, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    device: torch.device) -> int:
+    """Load a checkpoint_bytes() checkpoint into `model` and `optimizer`; its step."""
+    from safetensors.torch import load
+
+    tensors = load(data)
+    metadata = checkpoint_metadata(data)
+    model.load_state_dict({name.removeprefix(MODEL_PREFIX): value.to(device) for name, value in tensors.items()
+                           if name.startswith(MODEL_PREFIX)})
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith(OPTIMIZER_PREFIX):
+            index, key = name.removeprefix(OPTIMIZER_PREFIX).split(".", 1)
+            state.setdefault(int(index), {})[key] = value  # load_state_dict puts each where its parameter is
+    for name, value in json.loads(metadata.get("numbers", "{}")).items():
+        index, key = name.split(".", 1)
+        state.setdefault(int(index), {})[key] = value
+    optimizer.load_state_dict({"state": state, "param_groups": json.loads(metadata["param_groups"])})
+    return int(metadata["step"])
 
 
 def _optimizer(spec: JobSpec, params: Any) -> torch.optim.Optimizer:

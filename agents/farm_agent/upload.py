@@ -50,6 +50,11 @@ class Upload:
         """The table's next rows."""
         self.table.write_table(table)
 
+    def write_file(self, data: bytes) -> None:
+        """A file instead of a table (a training checkpoint, as safetensors)."""
+        for start in range(0, len(data), CHUNK):
+            self._send(result_pb2.UploadPart(file=data[start:start + CHUNK]))
+
     def finish(self, figures: ShardFigures) -> None:
         self._end(result_pb2.UploadPart(figures=figures_to_pb(figures)))
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,7 +44,8 @@ class Void(FarmError):
 
 @dataclass(frozen=True)
 class Staged:
-    """A shard's table as it arrived, a Parquet file beside the shard's final one, until it is committed."""
+    """A shard's table as it arrived, a Parquet file beside the shard's final one, until it is committed (or the file
+    it sent instead, `rows` 0)."""
 
     path: Path
     rows: int
@@ -90,6 +92,7 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
     the shard's (checked at every part; Void once it is not)."""
     pipe: Pipe | None = None
     writing: asyncio.Future[tuple[Path, int]] | None = None
+    file: IO[bytes] | None = None  # a file's bytes instead of a table (a training checkpoint)
     last: result_pb2.UploadPart | None = None
     try:
         async for part in parts:
@@ -98,9 +101,15 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             which = part.WhichOneof("part")
             if last is not None or which is None:
                 raise BadUpload("its upload has parts after its last one, or an empty part")
-            if which == "table":
-                if staging is None:
-                    raise BadUpload("its upload carries a table, which this kind's shards never send")
+            if which in ("table", "file") and (staging is None or (file if which == "table" else pipe)):
+                raise BadUpload(f"its upload carries a {which} where none is taken")
+            if which == "file":
+                assert staging is not None
+                if file is None:
+                    file = await asyncio.to_thread(staging.open, "wb")
+                await asyncio.to_thread(file.write, part.file)
+            elif which == "table":
+                assert staging is not None
                 if pipe is None:
                     pipe = Pipe()
                     writing = asyncio.ensure_future(asyncio.to_thread(stage, pipe, staging))
@@ -114,6 +123,10 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             await asyncio.to_thread(pipe.put, None)
             path, rows = await writing
             staged = Staged(path, rows)
+        elif file is not None and staging is not None:
+            await asyncio.to_thread(_close, file)
+            file = None
+            staged = Staged(staging, 0)
         elif staging is not None:  # no table came: the place kept for it goes
             staging.unlink(missing_ok=True)
         if last.WhichOneof("part") == "failure":
@@ -127,6 +140,8 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
                 staged.discard()
             raise
     except BaseException as exc:
+        if file is not None:
+            file.close()
         if pipe is not None and writing is not None:
             pipe.abort()
             try:
@@ -138,6 +153,12 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
         if isinstance(exc, (pa.ArrowException, ValueError, OSError)) and not isinstance(exc, FarmError):
             raise BadUpload(f"its table is not an Arrow IPC stream the head can write: {exc}") from None
         raise
+
+
+def _close(file: IO[bytes]) -> None:
+    file.flush()
+    os.fsync(file.fileno())
+    file.close()
 
 
 def _remove_staged(staging: Path) -> None:

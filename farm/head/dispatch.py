@@ -60,6 +60,15 @@ class Running:
 
 
 @dataclass
+class Expected:
+    """A worker's call whose result is to come by upload (a training worker's): where a file or table it sends goes,
+    and the future its arrival resolves."""
+
+    staging: Path | None
+    arrived: asyncio.Future[Arrival]
+
+
+@dataclass
 class Round:
     """What one scheduling round shares between its jobs: the nodes, and the slots taken so far."""
 
@@ -75,6 +84,7 @@ class Dispatcher:
         self.wake = asyncio.Event()
         self.running: dict[tuple[str, int], Running] = {}
         self.tickets: dict[str, tuple[str, int]] = {}  # upload ticket → the shard whose running attempt holds it
+        self.calls: dict[str, Expected] = {}  # upload ticket → a worker's call waiting for its result (training's)
         self._ca_pem: bytes | None = None
         # Shards whose result is in and whose output is being written: what they measured, for sizing and scoring
         # (the store has it only once the output is written, exactly once; the device is free meanwhile).
@@ -334,14 +344,35 @@ class Dispatcher:
         return key, running
 
     def takes_upload(self, ticket: str) -> bool:
-        """Whether `ticket` is a running attempt's, whose upload has not begun (the gate asks, before the body)."""
+        """Whether `ticket` is a running attempt's or a waiting call's, whose upload has not begun (the gate asks,
+        before the body)."""
         holder = self._holder(ticket)
-        return holder is not None and not holder[1].receiving
+        return ticket in self.calls or holder is not None and not holder[1].receiving
+
+    def expect(self, staging: Path | None = None) -> tuple[ResultRoute, asyncio.Future[Arrival]]:
+        """A worker's call that sends its result by upload (training's): its route, and the future its arrival
+        resolves. `staging`: a file made for what it sends, if it sends a table or a file."""
+        ticket = secrets.token_urlsafe(32)
+        arrived: asyncio.Future[Arrival] = asyncio.get_running_loop().create_future()
+        self.calls[ticket] = Expected(staging, arrived)
+        return self._route(ticket), arrived
+
+    def forget(self, route: ResultRoute) -> None:
+        """The call is over, its result in or not: its ticket is void."""
+        self.calls.pop(route.ticket, None)
 
     async def receive(self, ticket: str, parts: AsyncIterator[result_pb2.UploadPart]) -> None:
         """An attempt's upload (ResultService.Upload), read whole. Its result is claimed (the attempt is released, the
         device free) before this returns, so before its task ends; its output is written after, exactly once. A
         ticket that is unknown, void (the attempt taken back or ended) or already used is refused."""
+        expected = self.calls.pop(ticket, None)  # one upload a ticket
+        if expected is not None:
+            arrival = await arrivals.receive(parts, expected.staging, lambda: not expected.arrived.done())
+            if expected.arrived.done():  # the call was given up meanwhile
+                arrival.discard()
+                raise Void("the call was given up while its result arrived")
+            expected.arrived.set_result(arrival)
+            return
         holder = self._holder(ticket)
         if holder is None or holder[1].receiving:
             raise AuthError("invalid or void upload ticket (its attempt ended, or its result is in)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ray import exceptions as ray_errors
@@ -42,9 +42,22 @@ class Failure:
     data: bool = False  # a malformed input (farm.core.errors.DataError): its shard fails, the job's others go on
 
 
+class Uploaded(Exception):
+    """A failure its node sent with the call's upload (farm.head.arrivals), sorted there as the node saw it."""
+
+    def __init__(self, failure: Failure, log: str = "", trace: str = "") -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.log = log
+        self.trace = trace
+
+
 def sort_failure(exc: BaseException, collective: bool = False) -> Failure:
     """Whose fault an exception from a shard's call is, and the one line that says what happened. `collective`: the
     call was one of a group's, where a peer's death breaks the survivors' calls too."""
+    if isinstance(exc, Uploaded):
+        lost = collective and any(sign in exc.failure.message for sign in PEER_LOST)
+        return replace(exc.failure, node=exc.failure.node or lost)
     if isinstance(exc, NODE_FAILURES):
         return Failure(True, f"{type(exc).__name__}: {first_line(exc)}")
     if isinstance(exc, ray_errors.RayTaskError):

@@ -16,6 +16,7 @@ from farm.core.tasks import ShardFigures
 from farm.proto.v1 import common_pb2, fleet_pb2, result_pb2
 
 MAX_METRICS = 64  # a kind's own figures in one shard's result: a handful (evaluate sends one)
+MAX_METRIC_NAME = 64
 
 
 def hardware_to_pb(hw: Hardware) -> common_pb2.Hardware:
@@ -119,8 +120,9 @@ def figures_from_pb(msg: result_pb2.ShardFigures) -> ShardFigures:
     correct = msg.correct if msg.HasField("correct") else None
     if correct is not None and not 0 <= correct <= msg.items:
         raise BadFigures(f"its figures say {correct} correct of {msg.items} items")
-    if len(msg.metrics) > MAX_METRICS:
-        raise BadFigures(f"its figures hold {len(msg.metrics)} metrics: at most {MAX_METRICS}")
+    if len(msg.metrics) > MAX_METRICS or any(len(name) > MAX_METRIC_NAME for name in msg.metrics):
+        raise BadFigures(f"its figures hold more than {MAX_METRICS} metrics or a name over {MAX_METRIC_NAME} "
+                         "characters")
     energy = None
     if msg.HasField("energy"):
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import zipfile
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from farm.core.errors import SpecError
 from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, ModelJobSpec, SpecBase
+from farm.core.tasks import ResultRoute
 from farm.head import shard_check
 from farm.head.arrivals import Arrival
 from farm.head.outcomes import Outcomes, ShardRecord
@@ -67,6 +69,10 @@ class Driver(Protocol):
     def working_dir(self, job: Job) -> str: ...
 
     def place_shards(self, job: Job, spec: Any, handler: ShardedKind[Any]) -> None: ...
+
+    def expect(self, staging: Path | None = None) -> tuple[ResultRoute, asyncio.Future[Arrival]]: ...
+
+    def forget(self, route: ResultRoute) -> None: ...
 
 
 class KindHandler(Generic[S]):

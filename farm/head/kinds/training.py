@@ -11,6 +11,10 @@ by the speeds just measured.
 Whatever stops a stretch (a node lost, a worker crashed, the head restarted) sends it back to pending through the
 shared retry path; the next start resumes from the checkpoint at that stretch's first step, with the nodes that
 remain.
+
+Every call's result comes back by its upload ticket (farm.head.dispatch.Dispatcher.expect; the worker's `call`
+sends it), never as a Ray return value, which the head would have to unpickle; Ray only says, through ray.wait, which
+calls ended. A checkpoint is safetensors: the head reads tensors and numbers from it, never a pickle.
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import ray
 
 from farm.core.backends import BACKENDS
@@ -29,9 +37,11 @@ from farm.core.errors import FarmError, SpecError
 from farm.core.ids import new_id
 from farm.core.models import BackendName, Node, NodeState, ShardState
 from farm.core.spec import MAX_SHARDS, MAX_STEPS, JobKind, SyncMode, TrainingSpec
+from farm.core.tasks import ResultRoute
 from farm.head import environment, joblog, remote
+from farm.head.arrivals import Arrival
 from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
-from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
+from farm.head.outcomes import NodeLost, ShardRecord, Uploaded, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.output import atomic_write
 from farm.head.store import Job
@@ -47,7 +57,16 @@ MODEL = "model.pt"
 
 
 def checkpoint_path(output: Path, step: int) -> Path:
-    return output / "checkpoints" / f"step-{step:08d}.pt"
+    return output / "checkpoints" / f"step-{step:08d}.safetensors"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One worker's call: its Ray task (only ever waited on), its route back, the future its upload resolves."""
+
+    ref: Any
+    route: ResultRoute
+    arrived: asyncio.Future[Arrival]
 
 
 class Training(KindHandler[TrainingSpec]):
@@ -90,13 +109,15 @@ class Training(KindHandler[TrainingSpec]):
     def finish(self, job: Job, spec: TrainingSpec, metrics: dict[str, float]) -> dict[str, Any]:
         """model.pt: the last checkpoint's model weights (a state_dict)."""
         import torch  # the head has torch with the worker extra
+        from safetensors.torch import load_file
 
         output = Path(job.output)
         last = max(s.stop for s in job.shards)
         final = checkpoint_path(output, last)
-        state = torch.load(final, map_location="cpu", weights_only=True)  # made on a node: tensors only, no code
+        tensors = load_file(final)  # made on a node: safetensors, tensors only, no code
         buffer = io.BytesIO()
-        torch.save(state["model"], buffer)
+        torch.save({name.removeprefix("model."): value for name, value in tensors.items()
+                    if name.startswith("model.")}, buffer)
         atomic_write(output / MODEL, buffer.getvalue())
         return {"model": MODEL, "steps": last, "samples": job.items, "checkpoint": str(final.relative_to(output))}
 
@@ -111,6 +132,7 @@ class Run:
         self.driver = driver
         self.store = driver.store
         self.outcomes = driver.outcomes
+        self.calls: list[Call] = []  # the calls of the workers now running, whose tickets go when they stop
 
     async def drive(self) -> None:
         fruitless = 0  # starts in a row that trained no stretch: a stretch's attempts count only once it runs
@@ -163,10 +185,11 @@ class Run:
         names = [f"{nodes[a.node_id].name}/{a.device}" for a in chosen]
         workers = nodes[chosen[0].node_id].model_copy(update={"name": " + ".join(names)})  # stretches' "node"
         trained = False
+        self.calls = []
         try:
-            await self._watch(chosen, [a.join.remote() for a in actors])
-            speeds = await self._watch(chosen, [a.probe.remote(max(spec.batch_size // len(chosen), 1))
-                                                for a in actors])
+            await self._watch(chosen, self._calls(actors, "join"))
+            probed = await self._watch(chosen, self._calls(actors, "probe", max(spec.batch_size // len(chosen), 1)))
+            speeds = [max(a.figures.metrics.get("speed", 0.0), 0.0) for a in probed]  # type: ignore[union-attr]
             shares = batch_shares(spec.batch_size, speeds)
             self._log("workers: " + ", ".join(
                 f"{n} ({s:,.0f} samples/s measured, {share} of each batch of {spec.batch_size})"
@@ -178,16 +201,37 @@ class Run:
                 trained = True
         except Exception as exc:
             failure = sort_failure(exc, collective=True)
-            if not failure.node and not isinstance(exc, ray.exceptions.RayTaskError):
+            if not failure.node and not isinstance(exc, Uploaded):
                 raise  # the head's own failure: drive() fails the job
             index = next(s.index for s in self.store.job(job.id).shards if s.state is not ShardState.SUCCEEDED)
-            if not failure.node:  # the job's code failed: what the worker printed and its traceback
-                joblog.record_error(self.store, job.id, index, exc)
+            if isinstance(exc, Uploaded) and not failure.node:
+                joblog.record_failure(self.store, job.id, index, exc.log, exc.trace)
             self.outcomes.failed(job.id, index, failure)
         finally:
+            for call in self.calls:
+                self.driver.forget(call.route)
+                if call.arrived.done() and not call.arrived.cancelled():
+                    call.arrived.result().discard()
             for actor in actors:
                 ray.kill(actor, no_restart=True)
         return trained
+
+    def _calls(self, actors: list[Any], method: str, *args: Any, staging: bool = False) -> list[Call]:
+        """`method` called on every worker in `actors`, each with its own upload ticket; `staging`: it sends a table
+        or a file, kept in the job's checkpoints folder until taken."""
+        calls = []
+        for actor in actors:
+            route, arrived = self.driver.expect(self._staging() if staging else None)
+            calls.append(Call(actor.call.remote(route, method, *args), route, arrived))
+        self.calls.extend(calls)
+        return calls
+
+    def _staging(self) -> Path:
+        folder = Path(self.store.job(self.job_id).output) / "checkpoints"
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, path = tempfile.mkstemp(dir=folder, prefix=".incoming-")
+        os.close(fd)
+        return Path(path)
 
     async def _stretch(self, job: Job, index: int, chosen: list[Assignment], actors: list[Any],
                        names: list[str], shares: list[int], workers: Node) -> list[int]:
@@ -195,46 +239,67 @@ class Run:
         spec = self.spec
         stretch = self.store.job(job.id).shards[index]
         self.outcomes.started(job, index, workers, chosen[0].backend.value, chosen[0].device, f"split {shares}")
-        results = await self._watch(chosen, [a.train.remote(stretch.start, stretch.stop, shares) for a in actors])
-        state: bytes = await actors[0].state.remote()
-        await asyncio.to_thread(atomic_write, checkpoint_path(Path(job.output), stretch.stop), state)
+        trained = await self._watch(chosen, self._calls(actors, "train", stretch.start, stretch.stop, shares,
+                                                        staging=True))
+        losses = await asyncio.to_thread(_losses, trained[0])
+        if len(losses) != stretch.stop - stretch.start:
+            raise FarmError(f"a training worker sent {len(losses)} losses for {stretch.stop - stretch.start} steps")
+        for arrival in trained:
+            arrival.discard()
+        results = [_figures(a) for a in trained]
+        (state,) = await self._watch(chosen[:1], self._calls(actors[:1], "state", staging=True))
+        if state.table is None:
+            raise FarmError("a training worker sent no checkpoint")
+        await asyncio.to_thread(os.replace, state.table.path, checkpoint_path(Path(job.output), stretch.stop))
         eval_dataset = spec.training.eval_dataset
-        scores = await actors[0].evaluate.remote(eval_dataset) if eval_dataset else {}
+        scores: dict[str, float] = {}
+        if eval_dataset:
+            (scored,) = await self._watch(chosen[:1], self._calls(actors[:1], "evaluate", eval_dataset))
+            scores = dict(_figures(scored).metrics)
         for name, result in zip(names, results):  # what each worker printed, as a shard's output
-            joblog.record_worker_output(self.store, job.id, index, name, result.get("log"))
-        losses = results[0]["losses"]
+            joblog.record_worker_output(self.store, job.id, index, name, result.log)
         for step, loss in enumerate(losses, start=stretch.start + 1):
             self._log(f"step {step}: loss {loss:.4f}")
-        energy = energy_sum([r["energy"] for r in results])
-        speeds = [r["items"] / r["compute_s"] if r["compute_s"] > 0 else 0.0 for r in results]
+        energy = energy_sum([r.energy for r in results])
+        computed = [r.metrics.get("compute_s", 0.0) for r in results]
+        speeds = [r.items / c if c > 0 else 0.0 for r, c in zip(results, computed)]
         self._log(f"steps {stretch.start + 1}-{stretch.stop}: " + ", ".join(
-            f"{n} {r['items'] / r['seconds']:,.0f} samples/s" for n, r in zip(names, results))
+            f"{n} {r.items / r.seconds if r.seconds > 0 else 0.0:,.0f} samples/s" for n, r in zip(names, results))
             + (f"; {energy.joules:,.1f} J ({energy.source.value})" if energy else "")
             + "".join(f"; {k} {v:.4f}" for k, v in scores.items()))
         self.store.set_metrics(job.id, {"step": stretch.stop, "loss": losses[-1], **scores})
-        self.outcomes.succeeded(job.id, index, ShardRecord(sum(r["items"] for r in results),
-                                                           max(r["seconds"] for r in results), None, energy))
+        self.outcomes.succeeded(job.id, index, ShardRecord(sum(r.items for r in results),
+                                                           max(r.seconds for r in results), None, energy))
         _prune_checkpoints(Path(job.output), keep=stretch.stop)
         if spec.training.sync is SyncMode.SYNC and all(s > 0 for s in speeds):
             return batch_shares(spec.batch_size, speeds)  # the split follows what each worker just did
         return shares
 
-    async def _watch(self, chosen: list[Assignment], refs: list[Any]) -> list[Any]:
-        """Await every worker's call; a worker's node that leaves the farm stops the stretch at once (its peers
-        would otherwise wait in a collective for a partner that is gone)."""
-        pending = {asyncio.ensure_future(_awaitable(ref)) for ref in refs}
-        futures = list(pending)
+    async def _watch(self, chosen: list[Assignment], calls: list[Call]) -> list[Arrival]:
+        """Every call's result, as its upload arrives; a failure one sends stops the stretch (Uploaded), and so does a
+        worker's node that leaves the farm or a call whose task ended with no result (its worker died): its peers
+        would otherwise wait in a collective for a partner that is gone."""
+        pending: set[asyncio.Future[Arrival]] = {c.arrived for c in calls}
         while pending:
-            done, pending = await asyncio.wait(pending, timeout=WATCH_S, return_when=asyncio.FIRST_EXCEPTION)
+            done, pending = await asyncio.wait(pending, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED)
             for future in done:
-                if future.exception() is not None:
-                    raise future.exception()  # type: ignore[misc]
+                arrival = future.result()
+                if arrival.failure is not None:
+                    raise Uploaded(arrival.failure, arrival.log, arrival.traceback)
+            if not pending:
+                break
             states = {n.id: n.state for n in self.store.node_liveness()}  # the light read: offline nodes are absent
             # A draining node keeps its workers while its Ray worker runs: only a node that is neither has left.
             lost = [a for a in chosen if states.get(a.node_id) not in (NodeState.READY, NodeState.DRAINING)]
-            if lost and pending:
+            if lost:
                 raise NodeLost(f"node {lost[0].node_id} left the farm")
-        return [f.result() for f in futures]
+            waiting = [c for c in calls if not c.arrived.done()]
+            ended, _ = await asyncio.to_thread(ray.wait, [c.ref for c in waiting], num_returns=len(waiting),
+                                               timeout=0, fetch_local=False)
+            # An ended call whose result is in had it in before its task ended (the upload's reply comes first).
+            if any(not c.arrived.done() for c in waiting if c.ref in set(ended)):
+                raise NodeLost("a training worker's call ended with no result: its worker or node failed")
+        return [c.arrived.result() for c in calls]
 
     def _checkpoint(self, job: Job, step: int) -> Any:
         """The checkpoint to resume at `step` from (in Ray's object store), or None at step 0."""
@@ -253,14 +318,25 @@ class Run:
             self.store.set_explanation(self.job_id, text)
 
 
+def _figures(arrival: Arrival) -> Any:
+    assert arrival.figures is not None  # failures raise in _watch
+    return arrival.figures
+
+
+def _losses(arrival: Arrival) -> list[float]:
+    """A stretch's losses, step by step, from the table its rank 0 sent."""
+    column = arrival.table.column("loss") if arrival.table is not None else None
+    if column is None or not pa.types.is_floating(column.type):
+        raise FarmError("a training worker sent no losses")
+    return [float(x) for x in column.to_pylist()]
+
+
 def _prune_checkpoints(output: Path, keep: int) -> None:
     """Keep the checkpoint just written and the one before it."""
-    found = sorted((output / "checkpoints").glob("step-*.pt"))
+    found = sorted((output / "checkpoints").glob("step-*.safetensors"))
     for path in found[:-2]:
         if path != checkpoint_path(output, keep):
             path.unlink(missing_ok=True)
 
 
-async def _awaitable(ref: Any) -> Any:
-    return await ref
 

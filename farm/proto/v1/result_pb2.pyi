@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class UploadPart(_message.Message):
-    __slots__ = ("table", "figures", "failure")
+    __slots__ = ("table", "figures", "failure", "file")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     FIGURES_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
     table: bytes
     figures: ShardFigures
     failure: ShardFailure
-    def __init__(self, table: _Optional[bytes] = ..., figures: _Optional[_Union[ShardFigures, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ...) -> None: ...
+    file: bytes
+    def __init__(self, table: _Optional[bytes] = ..., figures: _Optional[_Union[ShardFigures, _Mapping]] = ..., failure: _Optional[_Union[ShardFailure, _Mapping]] = ..., file: _Optional[bytes] = ...) -> None: ...
 
 class Energy(_message.Message):
     __slots__ = ("joules", "seconds", "source", "scope")

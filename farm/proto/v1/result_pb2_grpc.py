@@ -46,7 +46,7 @@ class ResultServiceServicer:
 
     def Upload(self, request_iterator, context):
         """One attempt's result or failure, streamed by the shard's entry point on its node: the table's Arrow IPC stream
-        in chunks (zero or more), then exactly one `figures` or `failure`, last. Authorised by the attempt's upload
+        (or a file's bytes) in chunks (zero or more), then exactly one `figures` or `failure`, last. Authorised by the attempt's upload
         ticket (the bearer in the call's metadata): a random token the head issued for this job, shard and attempt on
         this node when it launched the shard, void once the attempt ends; one upload per ticket.
         """
