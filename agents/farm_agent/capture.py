@@ -90,7 +90,7 @@ def captured(stream: BoundedText) -> Iterator[None]:
     except BaseException as exc:
         try:
             setattr(exc, SHARD_LOG_ATTR, stream.getvalue())
-            setattr(exc, SHARD_TRACEBACK_ATTR, _bounded("".join(traceback.format_exception(exc))))
+            setattr(exc, SHARD_TRACEBACK_ATTR, bounded("".join(traceback.format_exception(exc))))
         except (AttributeError, TypeError):  # an exception type without a __dict__: it goes on as it is
             pass
         raise
@@ -170,7 +170,8 @@ class _Tee(io.TextIOBase):
         return False
 
 
-def _bounded(text: str, keep: int = KEEP_BYTES) -> str:
+def bounded(text: str, keep: int = KEEP_BYTES) -> str:
+    """Its first and last `keep` characters, with how many were dropped between."""
     if len(text) <= 2 * keep:
         return text
     return f"{text[:keep]}\n[... {len(text) - 2 * keep:,} characters dropped ...]\n{text[-keep:]}"

@@ -25,6 +25,7 @@ from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR, ResultRoute, S
 from farm.data.locations.head import channel
 from farm.proto.convert import figures_to_pb
 from farm.proto.v1 import result_pb2, result_pb2_grpc
+from farm_agent.capture import bounded
 
 CHUNK = 1024 * 1024  # bytes of the table in one part (the head refuses larger messages)
 DEPTH = 8  # parts waiting for the gRPC thread: the shard waits when the head takes them slower than it makes them
@@ -137,8 +138,8 @@ def failure_of(exc: BaseException) -> result_pb2.ShardFailure:
     message = exc.message if isinstance(exc, FarmError) else \
         f"{type(exc).__name__}: {text.splitlines()[0] if text else type(exc).__name__}"
     trace = getattr(exc, SHARD_TRACEBACK_ATTR, "") or "".join(traceback.format_exception(exc))
-    return result_pb2.ShardFailure(kind=kind, message=message, traceback=str(trace),
-                                   log=str(getattr(exc, SHARD_LOG_ATTR, "")))
+    return result_pb2.ShardFailure(kind=kind, message=bounded(message), traceback=bounded(str(trace)),
+                                   log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))))
 
 
 def send(route: ResultRoute, work: Callable[[Upload], ShardFigures]) -> None:

@@ -31,7 +31,6 @@ from farm.core.errors import AuthError, FarmError, SpecError
 from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ResultRoute
-from farm.proto.v1 import result_pb2
 from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat, remote
 from farm.head.arrivals import Arrival, BadUpload, Void
 from farm.head.kinds.base import KindHandler, ShardedKind
@@ -40,6 +39,7 @@ from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
+from farm.proto.v1 import result_pb2
 from farm.scheduler import Assignment, ShardRequest, calibration
 from farm.scheduler.calibration import Sample
 from farm.scheduler.rounds import schedule_round
@@ -358,8 +358,11 @@ class Dispatcher:
         return self._route(ticket), arrived
 
     def forget(self, route: ResultRoute) -> None:
-        """The call is over, its result in or not: its ticket is void."""
-        self.calls.pop(route.ticket, None)
+        """The call is over, its result in or not: its ticket is void (and, if its upload never began, the file made
+        for what it would have sent goes)."""
+        expected = self.calls.pop(route.ticket, None)
+        if expected is not None and expected.staging is not None:
+            expected.staging.unlink(missing_ok=True)
 
     async def receive(self, ticket: str, parts: AsyncIterator[result_pb2.UploadPart]) -> None:
         """An attempt's upload (ResultService.Upload), read whole. Its result is claimed (the attempt is released, the

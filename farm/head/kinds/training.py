@@ -136,6 +136,8 @@ class Run:
 
     async def drive(self) -> None:
         fruitless = 0  # starts in a row that trained no stretch: a stretch's attempts count only once it runs
+        for left in (Path(self.store.job(self.job_id).output) / "checkpoints").glob(".incoming-*"):
+            left.unlink(missing_ok=True)  # what workers were sending when a head before this one died
         try:
             while True:
                 job = self.store.job(self.job_id)
