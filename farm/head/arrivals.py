@@ -77,6 +77,12 @@ class Arrival:
             self.table.discard()
 
 
+def figures(arrival: Arrival) -> ShardFigures:
+    """A successful arrival's figures (a failure never reaches a kind's handler)."""
+    assert arrival.figures is not None
+    return arrival.figures
+
+
 def failure_from_pb(msg: result_pb2.ShardFailure) -> Arrival:
     """A node's failure as the head sorts every failure (farm.head.outcomes): the job's, its data's, or the node's."""
     line = (msg.message.strip().splitlines() or [""])[0][:MAX_MESSAGE] or "the shard failed (no message)"

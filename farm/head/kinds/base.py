@@ -6,9 +6,9 @@ import asyncio
 import hashlib
 import io
 import zipfile
-from pathlib import Path
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from farm.core.errors import SpecError

@@ -1,6 +1,6 @@
 """`kind: evaluate`: a model scored over a labelled dataset, shard by shard as inference runs it; each shard sends
-its accuracy count and mean loss (its figures, no table), and the job reports both per device and over all. It writes no outputs (the
-manifest alone, with the per-device table)."""
+its accuracy count and mean loss (its figures, no table), and the job reports both per device and over all. It writes
+no outputs (the manifest alone, with the per-device table)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from farm.core.models import Shard
 from farm.core.spec import EvaluateSpec, JobKind
 from farm.core.tasks import EvaluateTask
 from farm.head import remote
-from farm.head.arrivals import Arrival
+from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
-from farm.head.kinds.inference import figures, plan_rows, shard_task
+from farm.head.kinds.inference import plan_rows, shard_task
 from farm.head.shard_check import ShardResultError
 from farm.head.outcomes import ShardRecord
 from farm.head.store import Job

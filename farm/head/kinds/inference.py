@@ -14,11 +14,11 @@ from farm.core.errors import SpecError
 from farm.core.models import Shard
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
 from farm.core.dataset import ROW_ID, Unit
-from farm.core.tasks import DataTask, ShardFigures, ShardTask, Tuning
+from farm.core.tasks import DataTask, ShardTask, Tuning
 from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
 from farm.head import autoshard, datasets, remote, shard_check
-from farm.head.arrivals import Arrival
+from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
 from farm.head.store import Job
@@ -46,11 +46,6 @@ def shard_task(job: Job, spec: ModelJobSpec, shard: Shard, assignment: Assignmen
         backend=assignment.backend.value, device=assignment.device, threads=assignment.threads, data=data,
         tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=tune_budget_s),
     )
-
-
-def figures(result: Arrival) -> ShardFigures:
-    assert result.figures is not None  # a failure never reaches a kind's handler
-    return result.figures
 
 
 class Inference(ShardedKind[InferenceSpec]):

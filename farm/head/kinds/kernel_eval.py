@@ -20,9 +20,8 @@ from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, KernelEvalSpec
 from farm.data.results import Results
 from farm.head import remote, shard_check
-from farm.head.arrivals import Arrival
+from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
-from farm.head.kinds.inference import figures
 from farm.head.outcomes import ShardRecord
 from farm.head.output import atomic_write
 from farm.head.shard_check import ShardResultError

@@ -39,7 +39,7 @@ from farm.core.models import BackendName, Node, NodeState, ShardState
 from farm.core.spec import MAX_SHARDS, MAX_STEPS, JobKind, SyncMode, TrainingSpec
 from farm.core.tasks import ResultRoute
 from farm.head import environment, joblog, remote
-from farm.head.arrivals import Arrival
+from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_model_files, model_key
 from farm.head.outcomes import NodeLost, ShardRecord, Uploaded, sort_failure
 from farm.head.settings import HeadSettings
@@ -191,7 +191,7 @@ class Run:
         try:
             await self._watch(chosen, self._calls(actors, "join"))
             probed = await self._watch(chosen, self._calls(actors, "probe", max(spec.batch_size // len(chosen), 1)))
-            speeds = [max(a.figures.metrics.get("speed", 0.0), 0.0) for a in probed]  # type: ignore[union-attr]
+            speeds = [max(figures(a).metrics.get("speed", 0.0), 0.0) for a in probed]
             shares = batch_shares(spec.batch_size, speeds)
             self._log("workers: " + ", ".join(
                 f"{n} ({s:,.0f} samples/s measured, {share} of each batch of {spec.batch_size})"
@@ -248,7 +248,7 @@ class Run:
             raise FarmError(f"a training worker sent {len(losses)} losses for {stretch.stop - stretch.start} steps")
         for arrival in trained:
             arrival.discard()
-        results = [_figures(a) for a in trained]
+        results = [figures(a) for a in trained]
         (state,) = await self._watch(chosen[:1], self._calls(actors[:1], "state", staging=True))
         if state.table is None:
             raise FarmError("a training worker sent no checkpoint")
@@ -257,7 +257,7 @@ class Run:
         scores: dict[str, float] = {}
         if eval_dataset:
             (scored,) = await self._watch(chosen[:1], self._calls(actors[:1], "evaluate", eval_dataset))
-            scores = dict(_figures(scored).metrics)
+            scores = dict(figures(scored).metrics)
         for name, result in zip(names, results):  # what each worker printed, as a shard's output
             joblog.record_worker_output(self.store, job.id, index, name, result.log)
         for step, loss in enumerate(losses, start=stretch.start + 1):
@@ -318,11 +318,6 @@ class Run:
     def _explain(self, text: str) -> None:
         if text != self.store.job(self.job_id).explanation:
             self.store.set_explanation(self.job_id, text)
-
-
-def _figures(arrival: Arrival) -> Any:
-    assert arrival.figures is not None  # failures raise in _watch
-    return arrival.figures
 
 
 def _losses(arrival: Arrival) -> list[float]:
