@@ -1,0 +1,73 @@
+"""A shard's upload as the head reads it (farm.head.arrivals): the table's Arrow IPC stream written to Parquet as it
+comes, widened where a later batch's inferred types differ; anything else a node could send is refused, and nothing
+of it is left behind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from farm.core.tasks import ShardFigures
+from farm.head import arrivals
+from farm.head.arrivals import Arrival, BadUpload, Void
+from farm.proto.v1 import result_pb2
+from tests.uploads import parts, stream
+
+
+def receive(sent: list[result_pb2.UploadPart], staging: Path | None, wanted: bool = True) -> Arrival:
+    return asyncio.run(arrivals.receive(stream(sent), staging, lambda: wanted))
+
+
+def test_a_table_whose_types_widen_batch_by_batch_is_one_parquet_file(tmp_path: Path) -> None:
+    staging = tmp_path / ".shard-00000.parquet.x"
+    batches = [pa.table({"row_id": [0, 1], "score": [1, 2]}), pa.table({"row_id": [2], "score": [2.5]}),
+               pa.table({"row_id": [3], "score": [4.0], "note": ["late"]})]
+    arrived = receive(parts(batches, ShardFigures(items=4, seconds=0.1)), staging)
+    assert arrived.table is not None and arrived.table.rows == 4 and arrived.figures is not None
+    table = pq.read_table(arrived.table.path)
+    assert table.column("score").to_pylist() == [1.0, 2.0, 2.5, 4.0]
+    assert table.column("note").to_pylist() == [None, None, None, "late"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [arrived.table.path.name]
+
+
+@pytest.mark.parametrize("upload, why", [
+    ([result_pb2.UploadPart(table=b"not arrow at all, not at all"),
+      result_pb2.UploadPart(figures=result_pb2.ShardFigures(items=1))], "not an Arrow IPC stream"),
+    (parts([], ShardFigures(items=1, seconds=0.1)) * 2, "after its last one"),
+    ([], "ended without its figures"),
+    (parts([], ShardFigures(items=-1, seconds=0.1)), "out of range"),
+])
+def test_what_no_shard_sends_is_refused_and_leaves_nothing(tmp_path: Path, upload: list[result_pb2.UploadPart],
+                                                           why: str) -> None:
+    staging = tmp_path / ".shard-00000.parquet.x"
+    staging.touch()
+    with pytest.raises(Exception, match=why):
+        receive(upload, staging)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_kind_that_takes_no_table_refuses_one() -> None:
+    with pytest.raises(BadUpload, match="carries a table"):
+        receive(parts([pa.table({"row_id": [0]})], ShardFigures(items=1, seconds=0.1)), None)
+
+
+def test_an_attempt_taken_back_while_it_arrives_keeps_nothing(tmp_path: Path) -> None:
+    staging = tmp_path / ".shard-00000.parquet.x"
+    staging.touch()
+    with pytest.raises(Void):
+        receive(parts([pa.table({"row_id": [0]})], ShardFigures(items=1, seconds=0.1)), staging, wanted=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_is_sorted_as_its_node_sent_it(tmp_path: Path) -> None:
+    failure = result_pb2.ShardFailure(kind=result_pb2.ShardFailure.DATA, message="d.csv (row 3): bad\nmore",
+                                      traceback="Traceback ...", log="printed")
+    arrived = receive(parts([pa.table({"row_id": [0]})], failure=failure), tmp_path / "staged")
+    assert arrived.failure is not None and arrived.failure.data and not arrived.failure.node
+    assert (arrived.failure.message, arrived.log, arrived.traceback) == ("d.csv (row 3): bad", "printed",
+                                                                        "Traceback ...")
+    assert list(tmp_path.iterdir()) == []
