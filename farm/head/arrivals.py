@@ -36,6 +36,10 @@ class BadUpload(FarmError):
     """An upload no shard's entry point sends: out of order, a table that is not Arrow IPC, figures out of range."""
 
 
+class Cut(BadUpload):
+    """An upload that stopped before its last part: its sender went away (its worker died, most likely)."""
+
+
 class Void(FarmError):
     """The attempt was taken back (its node lost, its job ended) while its result arrived."""
 
@@ -123,7 +127,7 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             else:
                 last = part
         if last is None:
-            raise BadUpload("its upload ended without its figures or its failure")
+            raise Cut("its upload ended without its figures or its failure")
         staged = None
         if pipe is not None and writing is not None:
             await asyncio.to_thread(pipe.put, None)

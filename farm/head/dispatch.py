@@ -32,7 +32,7 @@ from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
 from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ResultRoute
 from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat, remote
-from farm.head.arrivals import Arrival, BadUpload, Void
+from farm.head.arrivals import Arrival, BadUpload, Cut, Void
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.liveness import derive_state
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
@@ -45,6 +45,10 @@ from farm.scheduler.calibration import Sample
 from farm.scheduler.rounds import schedule_round
 
 log = logging.getLogger("farm.head")
+
+# Why an attempt failed whose task ended with no result uploaded. Ray's own reason (WorkerCrashedError, ...) is in the
+# task's return object, which the head never reads.
+NO_RESULT = "its task ended with no result (its worker died, or could not reach the head)"
 
 
 @dataclass
@@ -385,6 +389,8 @@ class Dispatcher:
         try:
             arrival = await arrivals.receive(parts, self.handler(job).staging(job, key[1]),
                                              lambda: self.running.get(key) is running)
+        except Cut:  # its sender went away: its task's end says so (reap), the ticket used
+            raise
         except BadUpload as exc:  # as a broken node would send: the attempt counts as the node's failure
             if self._release(key) is running:
                 self._failed(key, running, Failure(True, f"its upload: {exc.message}"))
@@ -412,7 +418,7 @@ class Dispatcher:
                 continue
             self._release(key)
             if not self.store.job_state(key[0]).finished:  # a finished job's tasks were cancelled
-                self._failed(key, running, Failure(True, "its task ended with no result: its worker or node failed"))
+                self._failed(key, running, Failure(True, NO_RESULT))
         self.wake.set()
 
     async def _settle(self, key: tuple[str, int], running: Running, arrival: Arrival) -> None:
