@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from farm.client import Client, find_head
 from farm.local import free_port, processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
-from farm.proto.v1 import agent_pb2, fleet_pb2, job_pb2
+from farm.proto.v1 import agent_pb2, data_pb2, fleet_pb2, job_pb2, result_pb2
 from tests.conftest import farm
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ CHOSEN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.
           grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.FAILED_PRECONDITION,
           grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
           grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.DEADLINE_EXCEEDED}
-METHODS = [m for module in (agent_pb2, fleet_pb2, job_pb2) for service in module.DESCRIPTOR.services_by_name.values()
+METHODS = [m for module in (agent_pb2, fleet_pb2, job_pb2, data_pb2, result_pb2) for service in module.DESCRIPTOR.services_by_name.values()
            for m in service.methods]
 
 INTS = {
@@ -48,7 +48,7 @@ INTS = {
 def scalar(field: FieldDescriptor, known: dict[str, str]) -> st.SearchStrategy[Any]:
     if field.type in INTS:
         low, high = INTS[field.type]
-        return st.sampled_from([0, low, high, -1, 1]) | st.integers(low, high)
+        return st.sampled_from([v for v in (0, low, high, -1, 1) if low <= v <= high]) | st.integers(low, high)
     if field.type == FieldDescriptor.TYPE_DOUBLE:
         return st.floats()
     if field.type == FieldDescriptor.TYPE_FLOAT:
