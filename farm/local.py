@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import functools
 import json
 import os
 import pwd
@@ -157,22 +156,25 @@ def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None
                    group: NodeGroup | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
     """Start a process in its own session (it outlives the terminal), output appended to `log`. With
     `die_with_parent` (Linux), it gets SIGTERM when the calling thread dies, however it dies. With `user`, it runs
-    as that user (this process being root), with no supplementary groups. With `group`, it joins that node's cgroup
-    before it becomes `user`."""
+    as that user (this process being root), with no supplementary groups. With `group`, this process moves it into
+    that node's cgroup as soon as it is spawned (before it has started anything of its own).
+
+    The child runs no Python between fork and exec but the death signal's prctl: with other threads live (an
+    agent's gRPC), Python code there could crash the child (an agent restarting its Ray node in a thread saw
+    `ray start` die at once with SIGSEGV, writing nothing, and left the farm). Subprocess switches the user in C."""
     private_folder(log.parent)
-    as_user: dict[str, Any] = {}
-    if user is not None and group is None:  # else set by _before_exec, once the child has joined the group
-        as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    before_exec = None
-    if group is not None or (die_with_parent and _PRCTL is not None):
-        before_exec = functools.partial(_before_exec, group, user if group is not None else None, die_with_parent)
+    as_user: dict[str, Any] = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
+    before_exec = _death_signal if die_with_parent and _PRCTL is not None else None
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # a log is state: the owner's alone
     os.fchmod(fd, 0o600)
     with open(fd, "ab") as out:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(env) if env is not None else None, cwd=cwd, preexec_fn=before_exec, **as_user,
         )
+    if group is not None:
+        group.add(proc.pid)
+    return proc
 
 
 # prctl(2), looked up before any fork: the child between fork and exec calls it without a lookup.
@@ -180,18 +182,10 @@ _PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platfo
 _PR_SET_PDEATHSIG = 1
 
 
-def _before_exec(group: NodeGroup | None, user: pwd.struct_passwd | None, die_with_parent: bool) -> None:
-    """In the child between fork and exec: join the node's cgroup (as this process's user), become `user`, then ask
-    for SIGTERM at the parent's death (a change of user clears that request). Other threads' locks may be held in
-    the child: nothing here takes one (no imports, no logging)."""
-    if group is not None:
-        group.join()
-    if user is not None:
-        os.setgroups([])
-        os.setgid(user.pw_gid)
-        os.setuid(user.pw_uid)
-    if die_with_parent and _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _death_signal() -> None:
+    """In the child between fork and exec, after subprocess changed its user (a change of user clears the request):
+    SIGTERM at the parent thread's death. One C call: nothing here takes a lock."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def python_command(module: str, *args: str) -> list[str]:

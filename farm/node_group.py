@@ -53,17 +53,13 @@ class NodeGroup:
     def env(self) -> dict[str, str]:
         return {MARKER: self.name}
 
-    def join(self) -> None:
-        """Put the calling process in the node's cgroup: in the child between fork and exec, while it is still this
-        process's user (the node's user may not move itself). A failure leaves it to the marker."""
+    def add(self, pid: int) -> None:
+        """Move process `pid` (a node just spawned, by this process's user) into the node's cgroup: the node's user
+        may not move itself, and what it starts from then on is born inside. A failure leaves it to the marker."""
         if self.cgroup is None:
             return
         try:
-            fd = os.open(f"{self.cgroup}/cgroup.procs", os.O_WRONLY)
-            try:
-                os.write(fd, b"0")
-            finally:
-                os.close(fd)
+            (self.cgroup / "cgroup.procs").write_text(str(pid))
         except OSError:
             pass
 

@@ -79,7 +79,7 @@ def test_a_cgroup_ends_even_a_process_without_the_marker(tmp_path: Path) -> None
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="switching users needs root")
-def test_a_node_joins_its_cgroup_before_it_becomes_its_user(tmp_path: Path) -> None:
+def test_a_node_is_in_its_cgroup_as_its_user(tmp_path: Path) -> None:
     from farm import ray_user
 
     user = ray_user.ensure(ray_user.DEFAULT)
