@@ -46,7 +46,8 @@ class Cluster:
     s3: dict[str, str]  # the loopback bucket server's endpoint and credentials, in the head's and agents' environment
 
     def env(self) -> dict[str, str]:
-        return {"FARM_STATE_DIR": str(self.state_dir)}
+        # The bucket's too: an agent a test starts on this farm reads a bucket's dataset as the others do.
+        return {"FARM_STATE_DIR": str(self.state_dir), **self.s3}
 
     def farm(self, *args: str, timeout: float = 300, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         return farm(*args, env=self.env(), timeout=timeout, cwd=cwd)
