@@ -16,6 +16,10 @@ class JobEvents:
         for event in self._watchers.get(job_id, ()):
             event.set()
 
+    def watched(self, job_id: str) -> bool:
+        """Whether someone watches the job now (a client following it)."""
+        return bool(self._watchers.get(job_id))
+
     @contextmanager
     def subscribe(self, job_id: str) -> Iterator[asyncio.Event]:
         event = asyncio.Event()

@@ -99,7 +99,8 @@ def test_ctrl_c_on_submit_wait_leaves_the_job_running_and_says_how_to_come_back(
     with head.client() as client:
         wait_for(lambda: any(j.name == "toy" and j.created_at > time.time() - 60 for j in client.list_jobs()), 60)
         job_id = max(client.list_jobs(), key=lambda j: j.created_at).id
-        time.sleep(0.5)  # into the watch: the job exists, the progress bar is up
+        # Into the watch (the job is in the store before submit returns: a signal then would come mid-submit).
+        assert head.events is not None and wait_for(lambda: head.on_loop(lambda: head.events.watched(job_id)), 30)
         waiting.send_signal(signal.SIGINT)
         _, err = waiting.communicate(timeout=30)
         assert waiting.returncode == 130, err

@@ -32,8 +32,9 @@ HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_co
 
 class Head:
     def __init__(self, settings: HeadSettings, tokens: Tokens, dispatcher: Dispatcher | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, events: JobEvents | None = None) -> None:
         self.settings = settings
+        self.events = events
         self.tokens = tokens
         self.dispatcher = dispatcher  # the head's, never started (no Ray): tests plant its state through on_loop
         self.loop = loop
@@ -83,12 +84,12 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
     started = threading.Event()
     stopping: asyncio.Event | None = None
     dispatcher: Dispatcher | None = None
+    events = JobEvents()
 
     async def serve() -> None:
         nonlocal stopping, dispatcher
         stopping = asyncio.Event()
         store = Store(state / "state.db")
-        events = JobEvents()
         dispatcher = Dispatcher(store, settings, events.publish)
         server = build_server(settings, tokens, store, dispatcher, events)
         await server.start()
@@ -101,7 +102,7 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
     thread.start()
     assert started.wait(10)
     try:
-        yield Head(settings, tokens, dispatcher, loop)
+        yield Head(settings, tokens, dispatcher, loop, events)
     finally:
         loop.call_soon_threadsafe(stopping.set)  # type: ignore[union-attr]
         thread.join(10)
