@@ -30,8 +30,10 @@ def loopback(address: str) -> bool:
 
 
 def test_ray_and_the_head_listen_on_loopback_only(cluster: Cluster) -> None:
-    records = [cluster.state_dir / "ray-head.json", *sorted((cluster.state_dir / "agents").glob("*/ray-node.json"))]
-    assert len(records) == 3, records  # the head's Ray node and both agents'
+    # The head's Ray node and the shared farm's two agents' (other tests' agents, some killed outright, come and go).
+    records = [cluster.state_dir / "ray-head.json",
+               *(cluster.state_dir / "agents" / name / "ray-node.json" for name in ("agent-a", "agent-b"))]
+    assert all(record.is_file() for record in records), records
     pids = {int((read_json(cluster.state_dir / "head.json") or {})["pid"])}
     for record in records:
         pids |= ray_processes(record)
