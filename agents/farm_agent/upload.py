@@ -132,8 +132,12 @@ class TableParts:
 def failure_of(exc: BaseException) -> result_pb2.ShardFailure:
     """A failed shard's exception as the head sorts it: a malformed input fails its shard, the agent's own failure
     is the node's (the shard runs again), anything else is the job's."""
+    # SystemExit is most often Ray ending the worker (its raylet gone, the node stopping: `SystemExit: 1` failed the
+    # chaos test's job after a head kill); a job's own sys.exit fails its shard the same way each try, so it still
+    # fails the job, after the retries.
+    node = isinstance(exc, (AgentError, SystemExit))
     kind = (result_pb2.ShardFailure.DATA if isinstance(exc, DataError)
-            else result_pb2.ShardFailure.NODE if isinstance(exc, AgentError) else result_pb2.ShardFailure.JOB)
+            else result_pb2.ShardFailure.NODE if node else result_pb2.ShardFailure.JOB)
     text = str(exc).strip()
     message = exc.message if isinstance(exc, FarmError) else \
         f"{type(exc).__name__}: {text.splitlines()[0] if text else type(exc).__name__}"

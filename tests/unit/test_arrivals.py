@@ -71,3 +71,15 @@ def test_a_failure_is_sorted_as_its_node_sent_it(tmp_path: Path) -> None:
     assert (arrived.failure.message, arrived.log, arrived.traceback) == ("d.csv (row 3): bad", "printed",
                                                                         "Traceback ...")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_ended_by_ray_is_its_nodes_failure_not_the_jobs() -> None:
+    """Ray ends a worker whose raylet went (a node stopping, a head killed) with SystemExit(1) inside its task: sent
+    as the job's failure, it failed the chaos test's whole job after a head kill. The node's: the shard runs again."""
+    from farm.core.errors import DataError
+    from farm.proto.v1 import result_pb2
+    from farm_agent.upload import failure_of
+
+    assert failure_of(SystemExit(1)).kind == result_pb2.ShardFailure.NODE
+    assert failure_of(ValueError("bad")).kind == result_pb2.ShardFailure.JOB
+    assert failure_of(DataError("rows 3-4 do not read")).kind == result_pb2.ShardFailure.DATA
