@@ -1,10 +1,10 @@
 """Memory a shard freed, given back to the system when it ends.
 
 A Ray worker lives on between shards and jobs on a lender's machine, and glibc's malloc keeps what a shard freed in
-its arenas (the 16 MiB reads from the head, Arrow batches, result buffers, from the reader thread's arena too): on
-this box a worker that had run 64k-row shards of the digits CNN through the head held 540-610 MiB between shards,
-510-530 MiB with the trim below (/tmp experiment, noisy box). A fixed mmap threshold (MALLOC_MMAP_THRESHOLD_=1 MiB)
-kept the peak flat but made the model's own tensors page-fault on every batch: half the speed; not taken.
+its arenas (reads from the head, Arrow batches, result buffers, from the reader thread's arena too), so a worker held
+more between shards the larger the shards it had run (seen in a scratch experiment on the 2-core box, not a benchmark
+of the project). A fixed mmap threshold (MALLOC_MMAP_THRESHOLD_) kept the peak flat but made the model's own tensors
+page-fault on every batch, about half the speed there: not taken.
 """
 
 from __future__ import annotations

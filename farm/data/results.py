@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from farm.core.dataset import ROW_ID
-from farm.data.batches import column_to_numpy, from_ipc
+from farm.data.batches import column_to_numpy
 from farm.data.locations import filesystem, is_local, join
 
 MANIFEST = "manifest.json"
@@ -73,14 +73,6 @@ class Results:
             atomic_write(Path(path), data)
         else:
             self.fs.pipe_file(path, data)
-
-    def write_shard(self, index: int, table_ipc: bytes) -> int:
-        """Write a shard's results (an Arrow IPC stream from its node) as Parquet; its rows."""
-        table = from_ipc(table_ipc)
-        if ROW_ID not in table.column_names:
-            raise ValueError("a shard's results have no row_id column")
-        self._write(shard_file(index), parquet_bytes(table))
-        return table.num_rows
 
     def staging(self, index: int) -> Path:
         """Where a shard's table is written as it arrives, before `commit_shard`: a hidden file beside its final one
