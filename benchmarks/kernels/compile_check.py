@@ -21,7 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce  # noqa: E402
+from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce, stream  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
 CHAIN = (Step("add", "channel"), Step("mul", "scalar", value=0.5), Step("gelu"), Step("add", "full"),
@@ -104,6 +104,26 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
         found.append((f"pool max={is_max} {bh}x{bw}", module.kernel,
                       {"X": "*fp32", "Y": "*fp32", **epi_types(params), **ints("C", "D", "H", "W", "OD", "OH", "OW")},
                       {**geometry, "IS_MAX": is_max, "INCLUDE_PAD": False, "BH": bh, "BW": bw}, warps, 2))
+    stream_lines = triton_lines(CHAIN, " " * 8)[1]
+    for mode, ring, is_max, divisor in (("planes", stream.Ring(3, 2, 1, 1), True, None),
+                                        ("rows", stream.Ring(3, 1, 1, 2), True, None),
+                                        ("rows", stream.Ring(3, 2, 1, 1), False, None),
+                                        ("planes", stream.Ring(2, 2, 0, 1), False, 8)):
+        src = stream.pool_source(mode, ring, is_max, divisor, params, stream_lines)
+        module = codegen.load_source(src, f"check_pool_{mode}")
+        for br, bw, warps, chunk in stream.tile_shapes(mode, 56, 56)[:2]:
+            found.append((f"pool-stream {mode} max={is_max} ring={ring.kernel}/{ring.stride} {br}x{bw}", module.kernel,
+                          {"X": "*fp32", "Y": "*fp32", **epi_types(params),
+                           **ints("C", "PLANES", "D", "H", "W", "OD", "OH", "OW")},
+                          {k: geometry[k] for k in ("KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW")}
+                          | {"BR": br, "BW": bw, "CHUNK": chunk}, warps, 2))
+    for cg, kh, kw in ((1, 3, 3), (2, 3, 5)):
+        module = codegen.load_source(stream.conv_source(cg, kh, kw, params, stream_lines), "check_conv_stream")
+        found.append((f"conv-stream cg={cg} {kh}x{kw}", module.kernel,
+                      {"X": "*fp32", "Wt": "*fp32", "Y": "*fp32", **epi_types(params),
+                       **ints("C_IN", "H", "W", "CO", "OH", "OW", "COG", "PLANES")},
+                      {"CG": cg, "KH": kh, "KW": kw, "SW": 1, "PH": 1, "PW": 1, "DW": 1, "BR": 2, "BW": 128,
+                       "CHUNK": 8}, 2, 2))
     src = rowreduce._SOURCE.format(epi_params=epi, epilogue_row="\n".join(triton_lines(CHAIN, " " * 8)[1]),
                                    epilogue_full="\n".join(triton_lines(CHAIN, " " * 8)[1]),
                                    epilogue_loop="\n".join(triton_lines(CHAIN, " " * 12)[1]))

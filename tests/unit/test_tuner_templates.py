@@ -9,6 +9,7 @@ no Triton, so those tests skip there, and the GPU benchmark (benchmarks/gpu/kern
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import types
@@ -23,14 +24,15 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from farm_agent.tuner.candidates import build
 from farm_agent.tuner.problem import load_problem
-from farm_agent.tuner.templates import codegen, plane
+from farm_agent.tuner.templates import codegen, plane, stream
 from farm_agent.tuner.templates.conv import (ConvKernel, ConvSpec, gather_reference, packed_weight, phase_plan,
-                                             source_coords, torch_conv, uses_direct, uses_phases)
+                                             source_coords, torch_conv, uses_direct, uses_phases, uses_stream)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
 from farm_agent.tuner.templates.gemm import GemmKernel, k_major
 from farm_agent.tuner.templates.matcher import (ConvRegion, CrossEntropyRegion, DistanceRegion, GemmRegion, PoolRegion,
                                                 RowRegion, regions, rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
+from farm_agent.tuner.templates.pool import streamed as pool_streamed
 from farm_agent.tuner.templates.rowreduce import RowSpec, plan, torch_rows
 
 torch.manual_seed(0)
@@ -177,6 +179,56 @@ def test_plane_tiles_fit_the_output() -> None:
     assert [(bh, bw) for bh, bw, _ in plane.tile_shapes(56, 56)] == [(16, 64), (32, 64), (8, 64)]
     assert plane.tile_shapes(3, 5) == [(4, 8, 4), (4, 8, 8)]  # no tile much larger than the output
     assert plane.grid(6, 2, 56, 56)({"BH": 16, "BW": 64}) == (6 * 2 * 4 * 1,)
+
+
+@pytest.mark.parametrize(("kernel", "stride", "padding", "dilation"),
+                         [(3, 2, 1, 1), (3, 1, 1, 2), (3, 3, 1, 2), (2, 3, 0, 1), (5, 1, 2, 1), (1, 1, 0, 1),
+                          (4, 4, 2, 1)])
+def test_a_streamed_ring_combines_exactly_each_outputs_window(kernel: int, stride: int, padding: int,
+                                                              dilation: int) -> None:
+    ring = stream.Ring(kernel, stride, padding, dilation)
+    for first in (0, 3):
+        assert ring.reads(first, 6) == [[o * stride - padding + k * dilation for k in range(kernel)]
+                                        for o in range(first, first + 6)]
+    assert ring.new == min(stride, ring.span) and ring.span - ring.new >= 0
+
+
+def test_pools_and_small_group_convolutions_stream_where_a_ring_applies() -> None:
+    assert pool_streamed(PoolSpec("max", 3, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)))[0] == "planes"
+    assert pool_streamed(PoolSpec("max", 2, (3, 3), (1, 1), (1, 1), (2, 2)))[0] == "rows"
+    assert pool_streamed(PoolSpec("avg", 3, (1, 3, 3), (1, 2, 2), (0, 1, 1), (1, 1, 1)))[0] == "rows"
+    assert pool_streamed(PoolSpec("avg", 1, (3,), (1,), (1,), (1,))) is None  # one row a plane: the tile form
+    assert pool_streamed(PoolSpec("max", 2, (5, 3), (1, 1), (2, 1), (2, 1))) is None  # a span of 9 rows
+    depthwise = ConvSpec(2, (1, 1), (1, 1), (1, 1), groups=8)
+    assert uses_stream(depthwise, (2, 8, 9, 9), (8, 1, 3, 3))
+    assert uses_stream(ConvSpec(2, (1, 2), (1, 1), (1, 3), groups=4), (2, 8, 9, 9), (4, 2, 3, 3))
+    assert not uses_stream(ConvSpec(2, (2, 1), (1, 1), (1, 1), groups=8), (2, 8, 9, 9), (8, 1, 3, 3))  # row stride
+    assert not uses_stream(ConvSpec(2, (1, 1), (1, 1), (2, 1), groups=8), (2, 8, 9, 9), (8, 1, 3, 3))  # dilated rows
+    assert not uses_stream(ConvSpec(2, (1, 1), (1, 1), (1, 1), groups=8, transposed=True), (2, 8, 9, 9),
+                           (8, 1, 3, 3))
+    assert not uses_stream(ConvSpec(1, (1,), (1,), (1,), groups=8), (2, 8, 9), (8, 1, 3))  # no rows to walk
+    assert not uses_stream(ConvSpec(2, (1, 1), (3, 3), (1, 1), groups=2), (2, 8, 9, 9), (8, 4, 7, 7))  # 196 weights
+    assert not uses_stream(ConvSpec(2, (1, 1), (1, 1), (1, 1)), (2, 8, 9, 9), (8, 8, 3, 3))  # the implicit GEMM's
+
+
+def test_the_streamed_kernels_hold_the_ring_they_say() -> None:
+    params, lines = triton_lines((Step("add", "channel"), Step("relu")), indent=" " * 8)
+    source = stream.pool_source("planes", stream.Ring(3, 2, 1, 1), True, None, params, lines)
+    ast.parse(source)
+    assert "        r0 = r2\n" in source  # the plane the next output shares
+    assert source.count("slab(base, b0 +") == 1 and source.count("slab(base, b +") == 2  # one carried, two read
+    average = stream.pool_source("rows", stream.Ring(3, 1, 1, 1), False, None, params, lines)
+    ast.parse(average)
+    assert "acc = acc / (c0 + c1 + c2)" in average and "c0, c1 = c1, c2" in average
+    conv_source = stream.conv_source(2, 3, 3, params, lines)
+    ast.parse(conv_source)
+    assert conv_source.count("tl.load(x_plane") == 2 * 3  # each row: one load a channel and column tap
+    assert conv_source.count("tl.load(w_row") == 2 * 3 * 3 and "a0, a1 = a1, a2" in conv_source
+    for mode in ("planes", "rows"):
+        for br, bw, _warps, chunk in stream.tile_shapes(mode, 56, 56):
+            assert bw <= 64 and br * bw <= 512 and chunk >= 8
+    assert stream.grid("rows", 10, 30, 30, 56)({"BR": 2, "BW": 64, "CHUNK": 8}) == (5 * 4 * 1,)
+    assert stream.grid("planes", 10, 24, 56, 56)({"BR": 4, "BW": 64, "CHUNK": 32}) == (10 * 1 * 14 * 1,)
 
 
 def test_row_specs_view_inputs_as_rows() -> None:

@@ -13,8 +13,10 @@ meet only every s-th tap, at consecutive inputs, so each phase is a dense stride
 spent on taps that miss (the gather form would waste s^dims - 1 of every s^dims: 75% for a 2-D stride 2).
 
 Groups with few input channels per group (depthwise and the like, where a dot of 16-wide tiles would mostly multiply
-zeros) get the direct kernel instead: one program per block of an output plane (templates.plane), a loop over the
-taps with the tap's weight a scalar.
+zeros) get the direct kernel instead: for 2-D ones with stride and dilation 1 along rows (depthwise 3x3 and the
+like), the streamed form (templates.stream: each input row read once a program and added into the output rows it
+reaches); otherwise one program per block of an output plane (templates.plane), a loop over the taps with the
+tap's weight a scalar.
 
 precision: "ieee" (fp32 FMA: exact fp32), "tf32x3" (split-TF32 on tensor cores: three TF32 products that carry the
 low bits too, fp32-level error), "tf32" (one TF32 product: lowers precision).
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from farm_agent.tuner.templates import codegen, plane
+from farm_agent.tuner.templates import codegen, plane, stream
 from farm_agent.tuner.templates.epilogue import Step, tensor_operands, triton_lines
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
@@ -408,10 +410,21 @@ def uses_phases(spec: ConvSpec) -> bool:
     return spec.transposed and set(spec.dilation) == {1} and max(spec.stride) > 1
 
 
+STREAM_WEIGHTS = 32  # a streamed program holds its plane's weights in registers: CG x KH x KW of them at most
+
+
 def uses_direct(spec: ConvSpec, x_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
     """The direct kernel where a GEMM tile would be mostly padding: few input channels per group."""
     cg = x_shape[1] // spec.groups
     return cg < 8
+
+
+def uses_stream(spec: ConvSpec, x_shape: Sequence[int], w_shape: Sequence[int]) -> bool:
+    """The direct kernel's streamed form (templates.stream): a 2-D convolution, stride and dilation 1 along rows, a
+    window of several rows, and few enough weights a plane to hold in registers."""
+    return (uses_direct(spec, x_shape, w_shape) and not spec.transposed and spec.dims == 2
+            and spec.stride[0] == 1 and spec.dilation[0] == 1 and w_shape[2] > 1
+            and stream.conv_taps(x_shape[1] // spec.groups, w_shape[2], w_shape[3]) <= STREAM_WEIGHTS)
 
 
 def gemm_configs(precision: str, cg: int, cog: int, m: int) -> list[Any]:
@@ -457,8 +470,14 @@ class ConvKernel:
         """The weight in the layout this kernel reads (packed_weight)."""
         return packed_weight(weight, self.spec, k_major=self.b_k_major)
 
-    def _kernel(self, form: str, cg: int, cog: int, m: int, out_hw: tuple[int, int] = (1, 1)) -> Any:
-        """form: "direct", "gemm" or "phased"."""
+    def _kernel(self, form: str, cg: int, cog: int, m: int, out_hw: tuple[int, int] = (1, 1),
+                window: tuple[int, int] = (1, 1)) -> Any:
+        """form: "stream", "direct", "gemm" or "phased"."""
+        if form == "stream" and form not in self._kernels:
+            params, lines = triton_lines(self.chain, indent="        ")
+            module = codegen.load_source(stream.conv_source(cg, *window, params, lines), "conv_stream")
+            self._kernels[form] = codegen.autotuned(module.kernel, stream.configs("rows", *out_hw),
+                                                    ["PLANES", "OH", "OW"])
         if form not in self._kernels:
             params, lines = triton_lines(self.chain)
             template = {"direct": _DIRECT_SOURCE, "gemm": _GEMM_SOURCE, "phased": _PHASED_SOURCE}[form]
@@ -488,8 +507,12 @@ class ConvKernel:
         geometry = dict(SD=p3["stride"][0], SH=p3["stride"][1], SW=p3["stride"][2], PD=p3["padding"][0],
                         PH=p3["padding"][1], PW=p3["padding"][2], DD=p3["dilation"][0], DH=p3["dilation"][1],
                         DW=p3["dilation"][2], KD=kd, KH=kh, KW=kw, TRANSPOSED=spec.transposed)
-        direct = uses_direct(spec, x.shape, weight.shape)
-        if direct:
+        if uses_stream(spec, x.shape, weight.shape):
+            kernel = self._kernel("stream", cg, cog, 0, (oh, ow), (kh, kw))
+            kernel[stream.grid("rows", n * co, oh, oh, ow)](
+                x, weight.contiguous(), y, *operands, c_in, h, w, co, oh, ow, cog, n * co, CG=cg, KH=kh, KW=kw,
+                SW=p3["stride"][2], PH=p3["padding"][1], PW=p3["padding"][2], DW=p3["dilation"][2])
+        elif uses_direct(spec, x.shape, weight.shape):
             kernel = self._kernel("direct", cg, cog, 0, (oh, ow))
             kernel[plane.grid(n * co, od, oh, ow)](
                 x, weight.contiguous(), y, *operands, c_in, d, h, w, co, od, oh, ow, cg, cog, **geometry)

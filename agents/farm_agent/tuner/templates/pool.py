@@ -1,10 +1,13 @@
 """Max and average pooling, 1-D to 3-D (kernel, stride, padding, dilation for max, count_include_pad for average),
-one program per block of an output plane (templates.plane) with the window unrolled, and the epilogue chain before
-the store (`chan`: the channel). Like the convolutions, every pooling runs as a 3-D one.
+with the epilogue chain before the store (`chan`: the channel). Like the convolutions, every pooling runs as a 3-D
+one. 2-D and 3-D windows take the streamed form (templates.stream: each input row or plane read once a program);
+1-D ones and windows too long for its ring the tile form: one program per block of an output plane
+(templates.plane) with the window unrolled.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from farm_agent.tuner.templates import codegen, plane
+from farm_agent.tuner.templates import codegen, plane, stream
 from farm_agent.tuner.templates.epilogue import Step, triton_lines
 
 
@@ -159,10 +162,39 @@ def kernel(X, Y, {epi_params}C, D, H, W, OD, OH, OW,
 """
 
 
+def streamed(spec: PoolSpec) -> tuple[str, stream.Ring] | None:
+    """The streamed form's mode and ring for this pooling (templates.stream), or None for the tile form: a 3-D
+    window walks depths ("planes"); a 2-D one, or a 3-D one with no depth window, walks rows ("rows"); a 1-D one
+    (one row a plane) and windows longer than a ring keeps take the tile form."""
+    k3, s3, p3, d3 = (_three(spec.kernel, 1), _three(spec.stride, 1), _three(spec.padding, 0),
+                      _three(spec.dilation, 1))
+    if k3[0] > 1:
+        mode, ring = "planes", stream.Ring(k3[0], s3[0], p3[0], d3[0])
+    elif s3[0] == 1 and p3[0] == 0 and k3[1] > 1:
+        mode, ring = "rows", stream.Ring(k3[1], s3[1], p3[1], d3[1])
+    else:
+        return None
+    return (mode, ring) if ring.span <= stream.MAX_SPAN else None
+
+
 class PoolKernel:
     def __init__(self, spec: PoolSpec, chain: tuple[Step, ...]) -> None:
         self.spec, self.chain = spec, chain
+        self.streamed = streamed(spec)
         self._kernel: Any = None
+
+    def _build(self, oh: int, ow: int) -> Any:
+        spec = self.spec
+        params, lines = triton_lines(self.chain, indent="        " if self.streamed else "    ")
+        if self.streamed is None:
+            module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
+                                                        epilogue="\n".join(lines), plane_tile=plane.PLANE_TILE), "pool")
+            return codegen.autotuned(module.kernel, plane.configs(oh, ow), ["OD", "OH", "OW"])
+        mode, ring = self.streamed
+        divisor = math.prod(spec.kernel) if spec.count_include_pad else None
+        module = codegen.load_source(stream.pool_source(mode, ring, spec.kind == "max", divisor, params, lines),
+                                     f"pool_{mode}")
+        return codegen.autotuned(module.kernel, stream.configs(mode, oh, ow), ["PLANES", "OD", "OH", "OW"])
 
     def __call__(self, x: torch.Tensor, operands: Sequence[torch.Tensor]) -> torch.Tensor:
         spec = self.spec
@@ -170,18 +202,23 @@ class PoolKernel:
         d, h, w = _three(x.shape[-spec.dims:], 1)
         od, oh, ow = _three(out_shape[-spec.dims:], 1)
         if self._kernel is None:
-            params, lines = triton_lines(self.chain)
-            module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
-                                                        epilogue="\n".join(lines), plane_tile=plane.PLANE_TILE), "pool")
-            self._kernel = codegen.autotuned(module.kernel, plane.configs(oh, ow), ["OD", "OH", "OW"])
+            self._kernel = self._build(oh, ow)
         x = x.contiguous()
         y = torch.empty(out_shape, device=x.device, dtype=torch.float32)
         channels = x.shape[-spec.dims - 1] if x.dim() > spec.dims else 1
         planes = x.numel() // (d * h * w)
         k3, s3, p3, d3 = (_three(spec.kernel, 1), _three(spec.stride, 1), _three(spec.padding, 0),
                           _three(spec.dilation, 1))
-        self._kernel[plane.grid(planes, od, oh, ow)](
-            x, y, *operands, channels, d, h, w, od, oh, ow, KD=k3[0], KH=k3[1], KW=k3[2], SD=s3[0], SH=s3[1],
-            SW=s3[2], PD=p3[0], PH=p3[1], PW=p3[2], DD=d3[0], DH=d3[1], DW=d3[2], IS_MAX=spec.kind == "max",
-            INCLUDE_PAD=spec.count_include_pad)
+        if self.streamed is None:
+            self._kernel[plane.grid(planes, od, oh, ow)](
+                x, y, *operands, channels, d, h, w, od, oh, ow, KD=k3[0], KH=k3[1], KW=k3[2], SD=s3[0], SH=s3[1],
+                SW=s3[2], PD=p3[0], PH=p3[1], PW=p3[2], DD=d3[0], DH=d3[1], DW=d3[2], IS_MAX=spec.kind == "max",
+                INCLUDE_PAD=spec.count_include_pad)
+            return y
+        mode, _ = self.streamed
+        if mode == "rows":  # a depth without a window is more planes
+            planes, od = planes * d, 1
+        self._kernel[stream.grid(mode, planes, od if mode == "planes" else oh, oh, ow)](
+            x, y, *operands, channels, planes, d, h, w, od, oh, ow, KH=k3[1], KW=k3[2], SH=s3[1], SW=s3[2],
+            PH=p3[1], PW=p3[2], DH=d3[1], DW=d3[2])
         return y
