@@ -1,7 +1,7 @@
 """Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
 ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
-precision; GEMM and pairwise distances; pooling max and average; each row op one-pass and looped), each with an
-epilogue chain of every operand kind.
+precision; GEMM and pairwise distances; pooling max and average; each row op one-pass and looped; each scan packed
+and looped), each with an epilogue chain of every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 
@@ -21,7 +21,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce, stream  # noqa: E402
+from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce, scan, stream  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
 CHAIN = (Step("add", "channel"), Step("mul", "scalar", value=0.5), Step("gelu"), Step("add", "full"),
@@ -136,6 +136,14 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                           {"OP": rowreduce.OP_CODE[op], "LSE": op in rowreduce.LSE_OPS, "HAS_W": True, "HAS_B": True,
                            "ONE_PASS": one_pass, "ROW_OUT": op in rowreduce.ROW_OUTPUT, "ROWS": rows, "BLOCK": block},
                           warps, 2))
+    module = codegen.load_source(scan.ScanKernel(scan.ScanSpec("cumsum"), CHAIN).source(), "check_scan")
+    for op in scan.OPS:
+        for length in (64, 32768):
+            for rows, block, warps in scan.plan(length):
+                found.append((f"scan {op} {rows}x{block}", module.kernel,
+                              {"X": "*fp32", "Y": "*fp32", **epi_types(params), **ints("R", "L")},
+                              {"OP": scan.OP_CODE[op], "LOOP": length > scan.MAX_ONE_CHUNK, "ROWS": rows,
+                               "BLOCK": block}, warps, 2))
     return found
 
 

@@ -30,10 +30,11 @@ from farm_agent.tuner.templates.conv import (ConvKernel, ConvSpec, gather_refere
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
 from farm_agent.tuner.templates.gemm import GemmKernel, k_major
 from farm_agent.tuner.templates.matcher import (ConvRegion, CrossEntropyRegion, DistanceRegion, GemmRegion, PoolRegion,
-                                                RowRegion, regions, rewrite)
+                                                RowRegion, ScanRegion, regions, rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
 from farm_agent.tuner.templates.rowreduce import RowSpec, plan, torch_rows
+from farm_agent.tuner.templates.scan import plan as scan_plan
 
 torch.manual_seed(0)
 PROBLEMS = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels" / "problems"
@@ -338,19 +339,21 @@ class Net(nn.Module):
         z = torch.clamp(self.gn(z), -1.0, 1.0)
         h = z.mean(dim=(2, 3))
         h = 2.0 * self.fc(h).relu()
-        return torch.log_softmax(self.ln(h), dim=-1), torch.logsumexp(z, dim=-1), z.cumsum(-1)
+        return (torch.log_softmax(self.ln(h), dim=-1), torch.logsumexp(z, dim=-1), 0.5 * z.cumsum(-1),
+                torch.cummax(z, dim=-1).values)
 
 
 def test_the_matcher_rewrites_every_region_kind_and_keeps_the_function() -> None:
     model, x = Net().eval(), torch.randn(2, 8, 16, 16)
     rewritten, counts = rewrite(model, [x], "ieee")
-    assert counts == {"conv": 2, "pool": 1, "rows": 5, "gemm": 1}
+    assert counts == {"conv": 2, "pool": 1, "rows": 5, "gemm": 1, "scan": 1}
     found = {r.describe() for r in regions(rewritten)}
     assert "conv2d s(1, 1) p(1, 1) d(1, 1) g1 ieee add[channel]+mul[channel]+add[channel]+silu" in found  # BN folded
     assert "convT2d s(2, 2) p(1, 1) d(1, 1) g1 ieee add[channel]+mul[channel]+add[full]" in found
     assert "group_norm clamp" in found and "mean -" in found and "log_softmax -" in found
     assert "gemm ieee add[channel]+relu+mul[scalar]" in found
-    assert "cumsum" in rewritten.code  # not covered: left as it was
+    assert "cumsum -" not in found and "cumsum mul[scalar]" in found
+    assert "cummax" in rewritten.code  # not covered: left as it was
     assert isinstance(model.conv, nn.Conv2d)  # the original is left alone
     with torch.no_grad():
         for got, want in zip(rewritten(x), model(x), strict=True):
@@ -534,11 +537,41 @@ def test_cross_entropies_the_row_kernel_does_not_cover_are_left_alone() -> None:
     assert rewrite(Others(), inputs, "ieee")[1] == {}
 
 
+class Scans(nn.Module):
+    """Running sums and products, written the ways models write them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.cumsum(x, dim=2) * self.weight + y,  # a per-column parameter and a full-shaped operand
+                x.cumprod(-1).clamp(max=2.0), torch.cumsum(x, dim=-1, dtype=torch.float32),
+                x.cumsum(1), torch.cumsum(x, -1, dtype=torch.float64))  # not the last dim; not fp32: left alone
+
+
+def test_the_matcher_turns_cumsums_and_cumprods_along_the_row_into_scans() -> None:
+    model, x, y = Scans().eval(), torch.rand(2, 3, 6) + 0.5, torch.randn(2, 3, 6)
+    rewritten, counts = rewrite(model, [x, y], "ieee")
+    assert counts == {"scan": 3}
+    assert sorted(r.describe() for r in regions(rewritten)) == ["cumprod clamp", "cumsum -",
+                                                                "cumsum mul[channel]+add[full]"]
+    assert "cumsum(1)" in rewritten.code and "torch.float64" in rewritten.code
+    for got, want in zip(rewritten(x, y), model(x, y), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_scan_tiles_pack_short_rows_and_loop_over_long_ones() -> None:
+    assert scan_plan(37) == [(32, 64, 4), (64, 64, 8), (128, 64, 8)]
+    assert scan_plan(4096) == [(1, 4096, 8), (2, 4096, 8)]
+    assert scan_plan(32768) == [(1, 4096, 8), (1, 2048, 4), (2, 2048, 8)]
+
+
 @pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
                                              ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
                                              ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
                                              ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1}),
-                                             ("gemm_tall_skinny", {"gemm": 1})])
+                                             ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -569,7 +602,7 @@ def test_the_template_kernels_match_the_model_under_the_interpreter(interpreter:
     assert codegen.FAILURES == failures
     assert not any(r.failed for r in regions(rewritten))
     kinds = {type(r) for r in regions(rewritten)}
-    assert kinds == {ConvRegion, PoolRegion, RowRegion, GemmRegion}
+    assert kinds == {ConvRegion, PoolRegion, RowRegion, GemmRegion, ScanRegion}
 
 
 def test_every_conv_form_runs_under_the_interpreter(interpreter: None) -> None:
@@ -668,3 +701,16 @@ def test_tensor_core_gemms_with_a_row_major_b_run_under_the_interpreter(interpre
         for got, want in zip(rewritten(a, b, c), model(a, b, c), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_the_scans_run_under_the_interpreter(interpreter: None) -> None:
+    model = Scans().eval()
+    for shape in ((3, 5, 6), (2, 3, 5000)):  # short rows packed; long ones looped with a carry over chunks
+        x, y = 1.0 + 0.01 * torch.randn(shape), torch.randn(shape)
+        model.weight = nn.Parameter(torch.rand(shape[-1]) + 0.5)
+        rewritten, counts = rewrite(model, [x, y], "ieee")
+        assert counts == {"scan": 3}
+        with torch.no_grad():
+            for got, want in zip(rewritten(x, y), model(x, y), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES

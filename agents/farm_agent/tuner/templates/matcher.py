@@ -1,9 +1,10 @@
 """The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
 
 A region is an anchor (a convolution, a GEMM, pairwise distances, a pooling, a row reduction or normalisation, a
-cross-entropy) and the elementwise chain that follows it: each next node is the previous one's only user and
-applies one elementwise op to it, with at most one other operand that is a number, a per-channel vector (a bias, a
-BatchNorm in eval, a learned scale) or a tensor of the output's own shape (a residual). The anchor can be a module
+cross-entropy, a cumsum or cumprod along the last dim) and the elementwise chain that follows it: each next node is
+the previous one's only user and applies one elementwise op to it, with at most one other operand that is a number,
+a per-channel vector (a bias, a BatchNorm in eval, a learned scale) or a tensor of the output's own shape (a
+residual). The anchor can be a module
 (nn.Conv2d, nn.Linear, nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss ...), a function (F.linear, torch.matmul,
 torch.cdist, torch.softmax, torch.logsumexp, F.cross_entropy ...) or a method (x.softmax(-1), x.mean(...)), written
 anywhere in the forward: the graph is what is matched, not the module tree. Everything else stays as it was, for
@@ -38,6 +39,7 @@ from farm_agent.tuner.templates.epilogue import Step
 from farm_agent.tuner.templates.gemm import GemmKernel
 from farm_agent.tuner.templates.pool import PoolKernel, PoolSpec, torch_pool
 from farm_agent.tuner.templates.rowreduce import ROW_OUTPUT, RowKernel, RowSpec, torch_rows
+from farm_agent.tuner.templates.scan import ScanKernel, ScanSpec, torch_scan
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
@@ -246,6 +248,27 @@ class RowRegion(TemplateRegion):
         return f"{self.spec.op} {super().describe()}"
 
 
+class ScanRegion(TemplateRegion):
+    """A cumsum or cumprod along the last dim (templates.scan), its chain on the running values."""
+
+    kind = "scan"
+
+    def __init__(self, spec: ScanSpec, chain: Sequence[Step], sources: Sequence[tuple[str, Any]]) -> None:
+        super().__init__(chain, sources, 1, -1)
+        self.spec = spec
+        self.kernel = ScanKernel(spec, self.chain)
+
+    def produce(self, x: torch.Tensor) -> torch.Tensor:
+        return torch_scan(x, self.spec)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        x = inputs[0]
+        return self.kernel(x, kernel_operands(self.chain, operands, x.shape))
+
+    def describe(self) -> str:
+        return f"{self.spec.op} {super().describe()}"
+
+
 class CrossEntropyRegion(TemplateRegion):
     """F.cross_entropy(logits [N, C], class indices [N]) without class weights or label smoothing: each row's loss
     (its logsumexp minus its target's logit) in one read of the row, then PyTorch's reduction of the N losses."""
@@ -408,7 +431,31 @@ class Matcher:
                 return PoolRegion(spec, chain, sources)
 
             return Anchor("pool", [node.args[0]], -(spec.dims + 1), make_pool)  # type: ignore[list-item]
+        scan = self._scan(node)
+        if scan is not None:
+            return scan
         return self._rows(node, mod, out)
+
+    def _scan(self, node: fx.Node) -> Anchor | None:
+        """torch.cumsum / torch.cumprod (function or method) along the last dim, in fp32 (no other dtype)."""
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+        if not ((node.op == "call_method" and name in ("cumsum", "cumprod"))
+                or (node.op == "call_function" and node.target in (torch.cumsum, torch.cumprod))):
+            return None
+        args = dict(zip(("input", "dim"), node.args, strict=False)) | dict(node.kwargs)
+        x, dim = args.pop("input", None), args.pop("dim", None)
+        if not isinstance(x, fx.Node) or not isinstance(dim, int) or args.pop("dtype", None) not in (None, torch.float32) \
+                or args:
+            return None
+        shape = _shape(x)
+        if shape is None or not shape or _dtype(x) != torch.float32 or dim % len(shape) != len(shape) - 1:
+            return None
+        spec = ScanSpec(str(name))
+
+        def make_scan(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return ScanRegion(spec, chain, sources)
+
+        return Anchor("scan", [x], -1, make_scan)
 
     def _distance(self, node: fx.Node) -> Anchor | None:
         """torch.cdist(x, y, p=2) where PyTorch itself takes its matrix form (the same arithmetic as the template;
@@ -745,7 +792,7 @@ class _Recorder:
 def rewrite(model: nn.Module, example_inputs: Sequence[Any], precision: str = "ieee"
             ) -> tuple[nn.Module, Counter[str]]:
     """A copy of `model` whose covered regions call template kernels, and how many regions of each kind (conv,
-    gemm, distance, pool, rows) it has. `example_inputs`: on the model's device (one forward, for the shapes)."""
+    gemm, distance, pool, rows, scan) it has. `example_inputs`: on the model's device (one forward, for the shapes)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}")
     model = copy.deepcopy(model).eval()
