@@ -104,12 +104,11 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
         found.append((f"pool max={is_max} {bh}x{bw}", module.kernel,
                       {"X": "*fp32", "Y": "*fp32", **epi_types(params), **ints("C", "D", "H", "W", "OD", "OH", "OW")},
                       {**geometry, "IS_MAX": is_max, "INCLUDE_PAD": False, "BH": bh, "BW": bw}, warps, 2))
-    stream_lines = triton_lines(CHAIN, " " * 8)[1]
     for mode, ring, is_max, divisor in (("planes", stream.Ring(3, 2, 1, 1), True, None),
                                         ("rows", stream.Ring(3, 1, 1, 2), True, None),
                                         ("rows", stream.Ring(3, 2, 1, 1), False, None),
                                         ("planes", stream.Ring(2, 2, 0, 1), False, 8)):
-        src = stream.pool_source(mode, ring, is_max, divisor, params, stream_lines)
+        src = stream.pool_source(mode, ring, is_max, divisor, CHAIN)
         module = codegen.load_source(src, f"check_pool_{mode}")
         for br, bw, warps, chunk in stream.tile_shapes(mode, 56, 56)[:2]:
             found.append((f"pool-stream {mode} max={is_max} ring={ring.kernel}/{ring.stride} {br}x{bw}", module.kernel,
@@ -118,7 +117,7 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                           {k: geometry[k] for k in ("KH", "KW", "SH", "SW", "PH", "PW", "DH", "DW")}
                           | {"BR": br, "BW": bw, "CHUNK": chunk}, warps, 2))
     for cg, kh, kw in ((1, 3, 3), (2, 3, 5)):
-        module = codegen.load_source(stream.conv_source(cg, kh, kw, params, stream_lines), "check_conv_stream")
+        module = codegen.load_source(stream.conv_source(cg, kh, kw, CHAIN), "check_conv_stream")
         found.append((f"conv-stream cg={cg} {kh}x{kw}", module.kernel,
                       {"X": "*fp32", "Wt": "*fp32", "Y": "*fp32", **epi_types(params),
                        **ints("C_IN", "H", "W", "CO", "OH", "OW", "COG", "PLANES")},

@@ -213,15 +213,18 @@ def test_pools_and_small_group_convolutions_stream_where_a_ring_applies() -> Non
 
 
 def test_the_streamed_kernels_hold_the_ring_they_say() -> None:
-    params, lines = triton_lines((Step("add", "channel"), Step("relu")), indent=" " * 8)
-    source = stream.pool_source("planes", stream.Ring(3, 2, 1, 1), True, None, params, lines)
+    chain = (Step("add", "channel"), Step("relu"), Step("mul", "full"))
+    source = stream.pool_source("planes", stream.Ring(3, 2, 1, 1), True, None, chain)
     ast.parse(source)
     assert "        r0 = r2\n" in source  # the plane the next output shares
     assert source.count("slab(base, b0 +") == 1 and source.count("slab(base, b +") == 2  # one carried, two read
-    average = stream.pool_source("rows", stream.Ring(3, 1, 1, 1), False, None, params, lines)
+    # the channel operand loaded once before the walk, the full one at each stored row
+    assert source.index("E0_chan = tl.load(E0 + chan") < source.index("for o in range")
+    assert "acc = acc + E0_chan" in source and "tl.load(E1 + offs, mask=mask" in source
+    average = stream.pool_source("rows", stream.Ring(3, 1, 1, 1), False, None, chain)
     ast.parse(average)
     assert "acc = acc / (c0 + c1 + c2)" in average and "c0, c1 = c1, c2" in average
-    conv_source = stream.conv_source(2, 3, 3, params, lines)
+    conv_source = stream.conv_source(2, 3, 3, chain)
     ast.parse(conv_source)
     assert conv_source.count("tl.load(x_plane") == 2 * 3  # each row: one load a channel and column tap
     assert conv_source.count("tl.load(w_row") == 2 * 3 * 3 and "a0, a1 = a1, a2" in conv_source

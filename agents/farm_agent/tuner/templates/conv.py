@@ -474,8 +474,7 @@ class ConvKernel:
                 window: tuple[int, int] = (1, 1)) -> Any:
         """form: "stream", "direct", "gemm" or "phased"."""
         if form == "stream" and form not in self._kernels:
-            params, lines = triton_lines(self.chain, indent="        ")
-            module = codegen.load_source(stream.conv_source(cg, *window, params, lines), "conv_stream")
+            module = codegen.load_source(stream.conv_source(cg, *window, self.chain), "conv_stream")
             self._kernels[form] = codegen.autotuned(module.kernel, stream.configs("rows", *out_hw),
                                                     ["PLANES", "OH", "OW"])
         if form not in self._kernels:

@@ -163,9 +163,10 @@ def _activation_source(step: Step) -> str:
     return sources[op]
 
 
-def triton_lines(chain: Sequence[Step], indent: str = "    ") -> tuple[list[str], list[str]]:
+def triton_lines(chain: Sequence[Step], indent: str = "    ", hoisted: bool = False) -> tuple[list[str], list[str]]:
     """(kernel parameters, source lines) applying `chain` to `acc`: one pointer parameter E0, E1, ... per tensor
-    operand, read at `chan` (channel) or `offs` (full) under `mask`."""
+    operand, read at `chan` (channel) or `offs` (full) under `mask`. hoisted: channel operands are the values
+    `channel_lines` loaded before the kernel's loop (E0_chan, ...), not a load per stored element."""
     params: list[str] = []
     lines: list[str] = []
     for step in chain:
@@ -177,6 +178,8 @@ def triton_lines(chain: Sequence[Step], indent: str = "    ") -> tuple[list[str]
                 params.append(name)
                 index = "chan" if step.operand == "channel" else "offs"
                 other = f"tl.load({name} + {index}, mask=mask, other=1.0).to(tl.float32)"
+                if hoisted and step.operand == "channel":
+                    other = f"{name}_chan"
             expression = {"add": "acc + {o}", "sub": "acc - {o}", "rsub": "{o} - acc", "mul": "acc * {o}",
                           "div": "acc / {o}", "rdiv": "{o} / acc"}[step.op].format(o=other)
         elif step.op == "clamp":
@@ -189,6 +192,15 @@ def triton_lines(chain: Sequence[Step], indent: str = "    ") -> tuple[list[str]
             expression = _activation_source(step)
         lines.append(f"{indent}acc = {expression}")
     return params, lines
+
+
+def channel_lines(chain: Sequence[Step], mask: str, indent: str = "    ") -> list[str]:
+    """The loads of a chain's channel operands into E0_chan, ..., once (a kernel that stores a tile many times, in
+    a loop over one axis, keeps its channels fixed: one load a channel, not one a stored element)."""
+    names = [f"E{i}" for i, step in enumerate(s for s in chain if s.takes_tensor)]
+    kinds = [step.operand for step in chain if step.takes_tensor]
+    return [f"{indent}{name}_chan = tl.load({name} + chan, mask={mask}, other=1.0).to(tl.float32)"
+            for name, kind in zip(names, kinds, strict=True) if kind == "channel"]
 
 
 def describe(chain: Sequence[Step]) -> str:

@@ -185,14 +185,14 @@ class PoolKernel:
 
     def _build(self, oh: int, ow: int) -> Any:
         spec = self.spec
-        params, lines = triton_lines(self.chain, indent="        " if self.streamed else "    ")
         if self.streamed is None:
+            params, lines = triton_lines(self.chain)
             module = codegen.load_source(_SOURCE.format(epi_params="".join(f"{p}, " for p in params),
                                                         epilogue="\n".join(lines), plane_tile=plane.PLANE_TILE), "pool")
             return codegen.autotuned(module.kernel, plane.configs(oh, ow), ["OD", "OH", "OW"])
         mode, ring = self.streamed
         divisor = math.prod(spec.kernel) if spec.count_include_pad else None
-        module = codegen.load_source(stream.pool_source(mode, ring, spec.kind == "max", divisor, params, lines),
+        module = codegen.load_source(stream.pool_source(mode, ring, spec.kind == "max", divisor, self.chain),
                                      f"pool_{mode}")
         return codegen.autotuned(module.kernel, stream.configs(mode, oh, ow), ["PLANES", "OD", "OH", "OW"])
 

@@ -19,8 +19,11 @@ three tiles (rows x columns, warps) like the plane tile's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from farm_agent.tuner.templates.epilogue import Step, channel_lines, triton_lines
 
 MAX_SPAN = 8  # slabs a ring keeps in registers; a longer window takes the tile form
 
@@ -155,6 +158,7 @@ def kernel(X, Y, {epi_params}C, PLANES, D, H, W, OD, OH, OW, KH: tl.constexpr, K
     pid = tl.program_id(0)
     tiles_w = tl.cdiv(OW, BW)
 {head}
+{channels}
     o0 = chunk * CHUNK
     b0 = o0 * {stride} - {padding}
 {preload}
@@ -195,10 +199,10 @@ _HEAD_ROWS = """    chunks = tl.cdiv(OH, CHUNK)
     out_base = pl.to(tl.int64) * (OH * OW) + ow"""
 
 
-def pool_source(mode: str, ring: Ring, is_max: bool, divisor: int | None, epi_params: list[str],
-                epilogue: list[str]) -> str:
+def pool_source(mode: str, ring: Ring, is_max: bool, divisor: int | None, chain: Sequence[Step]) -> str:
     """The streamed pooling kernel. divisor: average pooling's fixed count (count_include_pad), or None to divide
-    by the taps inside (ignored for max)."""
+    by the taps inside (ignored for max). The chain's channel operands are loaded once, before the walk."""
+    epi_params, epilogue = triton_lines(chain, indent="        ", hoisted=True)
     fill = 'float("-inf")' if is_max else "0.0"
     combine = "tl.maximum(acc, v)" if is_max else "acc + v"
     slab = (_POOL_SLAB_PLANES if mode == "planes" else _POOL_SLAB_ROWS).format(fill=fill, combine=combine)
@@ -229,7 +233,7 @@ def pool_source(mode: str, ring: Ring, is_max: bool, divisor: int | None, epi_pa
         head=_HEAD_PLANES if mode == "planes" else _HEAD_ROWS, stride=ring.stride, padding=ring.padding,
         preload="\n".join(preload), load="\n".join(load), combine="\n".join(combined),
         streamed="OD" if mode == "planes" else "OH", out_step="(OH * OW)" if mode == "planes" else "OW",
-        epilogue="\n".join(epilogue), shift="\n".join(shift))
+        epilogue="\n".join(epilogue), shift="\n".join(shift), channels="\n".join(channel_lines(chain, "mask")))
 
 
 # --- convolution -------------------------------------------------------------------------------------------------
@@ -261,6 +265,7 @@ def kernel(X, Wt, Y, {epi_params}C_IN, H, W, CO, OH, OW, COG, PLANES, CG: tl.con
     w_row = Wt + co * (CG * KH * KW)
 {weights}
 {columns}
+{channels}
     o0 = chunk * CHUNK
 {zeros}
     for i in range(o0 - PH, tl.minimum(o0 + CHUNK, OH) - PH + KH - 1):
@@ -281,9 +286,10 @@ def conv_taps(cg: int, kh: int, kw: int) -> int:
     return cg * kh * kw
 
 
-def conv_source(cg: int, kh: int, kw: int, epi_params: list[str], epilogue: list[str]) -> str:
+def conv_source(cg: int, kh: int, kw: int, chain: Sequence[Step]) -> str:
     """The streamed convolution (stride 1 and dilation 1 along rows) for CG input channels a group and a KH x KW
-    window, its weights held in registers."""
+    window, its weights and the chain's channel operands held in registers."""
+    epi_params, epilogue = triton_lines(chain, indent="        ", hoisted=True)
     weights = [f"    w{c}_{h}_{w} = tl.load(w_row + {(c * kh + h) * kw + w}, mask=p_ok, other=0.0)"
                for c in range(cg) for h in range(kh) for w in range(kw)]
     columns = []
@@ -301,4 +307,5 @@ def conv_source(cg: int, kh: int, kw: int, epi_params: list[str], epilogue: list
              + ", ".join(f"a{j + 1}" for j in range(kh - 1))) if kh > 1 else ""
     return _CONV_KERNEL.format(
         epi_params="".join(f"{p}, " for p in epi_params), weights="\n".join(weights), columns="\n".join(columns),
-        zeros="\n".join(zeros), last=kh - 1, taps="\n".join(taps), epilogue="\n".join(epilogue), shift=shift)
+        zeros="\n".join(zeros), last=kh - 1, taps="\n".join(taps), epilogue="\n".join(epilogue), shift=shift,
+        channels="\n".join(channel_lines(chain, "tile_mask")))
