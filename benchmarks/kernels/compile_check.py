@@ -1,7 +1,7 @@
 """Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
 ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
-precision; GEMM and pairwise distances; pooling max and average; each row op one-pass and looped; each scan packed
-and looped), each with an epilogue chain of every operand kind.
+precision; GEMM and pairwise distances; pooling max and average; each row op one-pass and looped, with and without
+a prologue; each scan packed and looped), each with an epilogue chain of every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 
@@ -22,10 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
 from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce, scan, stream  # noqa: E402
+from farm_agent.tuner.templates import prologue as prologue_module  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
 CHAIN = (Step("add", "channel"), Step("mul", "scalar", value=0.5), Step("gelu"), Step("add", "full"),
          Step("clamp", lo=-3.0, hi=3.0), Step("hardswish"))
+PROLOGUE = (Step("mul", "scalar", value=0.125), Step("add", "full"),
+            prologue_module.CausalFill("triu", 1, float("-inf")), Step("relu"))
 
 
 def compile_kernel(fn: Any, runtime: dict[str, str], constants: dict[str, Any], arch: int, warps: int,
@@ -123,18 +126,25 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                        **ints("C_IN", "H", "W", "CO", "OH", "OW", "COG", "PLANES")},
                       {"CG": cg, "KH": kh, "KW": kw, "SW": 1, "PH": 1, "PW": 1, "DW": 1, "BR": 2, "BW": 128,
                        "CHUNK": 8}, 2, 2))
-    src = rowreduce._SOURCE.format(epi_params=epi, epilogue_row="\n".join(triton_lines(CHAIN, " " * 8)[1]),
-                                   epilogue_full="\n".join(triton_lines(CHAIN, " " * 8)[1]),
-                                   epilogue_loop="\n".join(triton_lines(CHAIN, " " * 12)[1]))
-    module = codegen.load_source(src, "check_rows")
-    for op in rowreduce.OPS:
-        for one_pass, rows, block, warps in ((True, 4, 1024, 8), (False, 1, 4096, 8)):
-            found.append((f"rows {op} one_pass={one_pass}", module.kernel,
-                          {"X": "*fp32", "Y": "*fp32", "Wt": "*fp32", "Bs": "*fp32", "T": "*i64", **epi_types(params),
-                           **ints("R", "L", "CHANNELS", "G", "S", "IGNORE"), "eps": "fp32"},
-                          {"OP": rowreduce.OP_CODE[op], "LSE": op in rowreduce.LSE_OPS, "HAS_W": True, "HAS_B": True,
-                           "ONE_PASS": one_pass, "ROW_OUT": op in rowreduce.ROW_OUTPUT, "ROWS": rows, "BLOCK": block},
-                          warps, 2))
+    # the row ops as they are, and after a prologue (a scale, a tensor of the input's shape, a causal fill)
+    for prologue, masks in (((), (0,)), (PROLOGUE, (1, 2))):
+        kernel = rowreduce.RowKernel(rowreduce.RowSpec("softmax"), CHAIN, prologue)
+        module = codegen.load_source(kernel.source(), "check_rows")
+        pro_types = {f"P{i}": "*fp32" for i in range(len(prologue_module.tensor_steps(prologue)))}
+        for op in rowreduce.OPS:
+            if prologue and op in ("cross_entropy", "group_norm"):
+                continue
+            for one_pass, rows, block, warps in ((True, 4, 1024, 8), (False, 1, 4096, 8)):
+                for mask in masks[:1] if op not in ("softmax", "layer_norm") else masks:
+                    found.append((f"rows {op} one_pass={one_pass}" + (f" prologue mask={mask}" if prologue else ""),
+                                  module.kernel,
+                                  {"X": "*fp32", "Y": "*fp32", "Wt": "*fp32", "Bs": "*fp32", "T": "*i64",
+                                   **epi_types(params), **pro_types,
+                                   **ints("R", "L", "CHANNELS", "G", "S", "IGNORE", "Q", "DIAG"), "eps": "fp32"},
+                                  {"OP": rowreduce.OP_CODE[op], "LSE": op in rowreduce.LSE_OPS, "HAS_W": True,
+                                   "HAS_B": True, "ONE_PASS": one_pass, "ROW_OUT": op in rowreduce.ROW_OUTPUT,
+                                   "HAS_PRO": bool(prologue), "MASK": mask, "ROWS": rows, "BLOCK": block},
+                                  warps, 2))
     module = codegen.load_source(scan.ScanKernel(scan.ScanSpec("cumsum"), CHAIN).source(), "check_scan")
     for op in scan.OPS:
         for length in (64, 32768):

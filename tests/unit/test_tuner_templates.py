@@ -570,15 +570,74 @@ def test_scan_tiles_pack_short_rows_and_loop_over_long_ones() -> None:
     assert scan_plan(32768) == [(1, 4096, 8), (1, 2048, 4), (2, 2048, 8)]
 
 
+class Masked(nn.Module):
+    """Row ops after elementwise ops (a prologue): scales, causal masks built the ways models build them, a bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(20)
+
+    def forward(self, s: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k = s.shape[-2:]
+        future = torch.ones(q, k, dtype=torch.bool, device=s.device).triu(diagonal=1)
+        keep = torch.tril(torch.ones(q, k, device=s.device)).bool()
+        present = torch.ones(q, k, dtype=torch.bool, device=s.device).triu()  # row 0 wholly masked: NaN, -inf
+        return (torch.softmax((s * 0.125).masked_fill(future, float("-inf")), dim=-1),
+                torch.log_softmax(s.masked_fill(~keep, -1e4) / 2.0, dim=-1),
+                torch.logsumexp((s + bias).masked_fill(present, float("-inf")), dim=-1),
+                torch.softmax(s.masked_fill(present, float("-inf")), dim=-1),
+                (s - 1.0).masked_fill(present, float("-inf")).amax(-1), (s * s).masked_fill(future, -2.0).sum(-1),
+                self.ln(torch.relu(2.0 * s).masked_fill(future, 0.5)), torch.softmax(s.sigmoid(), dim=-1) + future,
+                torch.softmax(s.masked_fill(torch.ones(q, k, device=s.device).tril(-1).bool(), -torch.inf), dim=-1))
+
+
+def test_the_matcher_fuses_scales_and_causal_masks_before_row_ops() -> None:
+    model, s, bias = Masked().eval(), torch.randn(2, 3, 5, 20) * 4.0, torch.randn(2, 3, 5, 20)
+    rewritten, counts = rewrite(model, [s, bias], "ieee")
+    assert counts == {"rows": 9}
+    assert sorted(r.describe() for r in regions(rewritten)) == [
+        "add[full]+fill[triu 0] logsumexp -", "fill[tril -1] softmax -", "fill[triu 0] softmax -",
+        "fill[triu 1]+div[scalar] log_softmax -",  # ~tril(0) is triu(1)
+        "mul[scalar]+fill[triu 1] softmax -", "mul[scalar]+relu+fill[triu 1] layer_norm -", "sigmoid softmax -",
+        "square+fill[triu 1] sum -", "sub[scalar]+fill[triu 0] amax -"]
+    assert "triu" in rewritten.code and "tril" not in rewritten.code  # still read by the last output
+    for got, want in zip(rewritten(s, bias), model(s, bias), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert model(s, bias)[3][..., 0, :].isnan().all()  # a wholly masked row: NaN, as PyTorch gives it
+
+
+def test_masks_not_built_causal_and_shared_scales_stay_outside_the_row_kernel() -> None:
+    class Others(nn.Module):
+        def forward(self, s: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            scaled = s * 0.5
+            ones = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool)
+            return (torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1),  # a mask from outside
+                    torch.softmax(s.masked_fill(ones, 0.0), dim=-1),  # not a triangle
+                    torch.softmax(scaled, dim=-1) + scaled,  # the scale has two users: it stays
+                    torch.softmax(s.masked_fill(ones.triu(1), 0.0), dim=-2))  # not along the row
+
+    s, mask = torch.randn(2, 6, 6), torch.rand(6, 6) > 0.5
+    rewritten, counts = rewrite(Others(), [s, mask], "ieee")
+    assert counts == {"rows": 3}
+    assert sorted(r.describe() for r in regions(rewritten)) == ["softmax -", "softmax -", "softmax add[full]"]
+    assert rewritten.code.count(".masked_fill(") == 3 and "s * 0.5" in rewritten.code
+    for got, want in zip(rewritten(s, mask), Others()(s, mask), strict=True):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
 @pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
                                              ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
                                              ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
                                              ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1}),
-                                             ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1})])
+                                             ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1}),
+                                             ("causal_masked_softmax", {"rows": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
     assert counts == kinds
+    if name == "causal_masked_softmax":  # the scale and the mask built from torch.ones(...).triu(1) fused
+        assert [r.describe() for r in regions(rewritten)] == ["mul[scalar]+fill[triu 1] softmax -"]
+        assert "torch.ones" not in rewritten.code and "triu" not in rewritten.code
     if name in ("depthwise_bn_hardswish", "conv_transpose3d_bn_relu"):  # BatchNorm and the activation fused
         assert [r.describe().split()[-1] for r in regions(rewritten)] in (
             ["add[channel]+mul[channel]+add[channel]+relu"], ["mul[channel]+add[channel]+hardswish"])
@@ -716,4 +775,17 @@ def test_the_scans_run_under_the_interpreter(interpreter: None) -> None:
         with torch.no_grad():
             for got, want in zip(rewritten(x, y), model(x, y), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_row_ops_with_a_prologue_run_under_the_interpreter(interpreter: None) -> None:
+    model = Masked().eval()
+    for shape in ((2, 3, 5, 20), (1, 1, 3, 17000)):  # one pass, and rows longer than MAX_ONE_PASS (two reads)
+        model.ln = nn.LayerNorm(shape[-1])
+        s, bias = torch.randn(shape) * 4.0, torch.randn(shape)
+        rewritten, counts = rewrite(model, [s, bias], "ieee")
+        assert counts == {"rows": 9}
+        with torch.no_grad():
+            for got, want in zip(rewritten(s, bias), model(s, bias), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
         assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES

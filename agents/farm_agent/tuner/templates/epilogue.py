@@ -15,6 +15,7 @@ its flat output offsets `offs` and its store mask `mask`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -163,6 +164,35 @@ def _activation_source(step: Step) -> str:
     return sources[op]
 
 
+def literal(value: float) -> str:
+    """A float as Triton source (inf and nan are not Python literals)."""
+    value = float(value)
+    return repr(value) if math.isfinite(value) else f'float("{value}")'
+
+
+def step_expression(step: Step, operand: str | None = None, hoisted: bool = False) -> str:
+    """The new value of `acc` after `step`; `operand`: the pointer parameter of its tensor, read at `chan`
+    (channel) or `offs` (full) under `mask` (hoisted: a channel operand is the value `channel_lines` loaded)."""
+    if step.op in BINARY:
+        if step.operand == "scalar":
+            other = literal(step.value)  # type: ignore[arg-type]
+        elif hoisted and step.operand == "channel":
+            other = f"{operand}_chan"
+        else:
+            index = "chan" if step.operand == "channel" else "offs"
+            other = f"tl.load({operand} + {index}, mask=mask, other=1.0).to(tl.float32)"
+        return {"add": "acc + {o}", "sub": "acc - {o}", "rsub": "{o} - acc", "mul": "acc * {o}",
+                "div": "acc / {o}", "rdiv": "{o} / acc"}[step.op].format(o=other)
+    if step.op == "clamp":
+        expression = "acc"
+        if step.lo is not None:
+            expression = f"tl.maximum({expression}, {literal(step.lo)})"
+        if step.hi is not None:
+            expression = f"tl.minimum({expression}, {literal(step.hi)})"
+        return expression
+    return _activation_source(step)
+
+
 def triton_lines(chain: Sequence[Step], indent: str = "    ", hoisted: bool = False) -> tuple[list[str], list[str]]:
     """(kernel parameters, source lines) applying `chain` to `acc`: one pointer parameter E0, E1, ... per tensor
     operand, read at `chan` (channel) or `offs` (full) under `mask`. hoisted: channel operands are the values
@@ -170,27 +200,11 @@ def triton_lines(chain: Sequence[Step], indent: str = "    ", hoisted: bool = Fa
     params: list[str] = []
     lines: list[str] = []
     for step in chain:
-        if step.op in BINARY:
-            if step.operand == "scalar":
-                other = repr(float(step.value))  # type: ignore[arg-type]
-            else:
-                name = f"E{len(params)}"
-                params.append(name)
-                index = "chan" if step.operand == "channel" else "offs"
-                other = f"tl.load({name} + {index}, mask=mask, other=1.0).to(tl.float32)"
-                if hoisted and step.operand == "channel":
-                    other = f"{name}_chan"
-            expression = {"add": "acc + {o}", "sub": "acc - {o}", "rsub": "{o} - acc", "mul": "acc * {o}",
-                          "div": "acc / {o}", "rdiv": "{o} / acc"}[step.op].format(o=other)
-        elif step.op == "clamp":
-            expression = "acc"
-            if step.lo is not None:
-                expression = f"tl.maximum({expression}, {float(step.lo)!r})"
-            if step.hi is not None:
-                expression = f"tl.minimum({expression}, {float(step.hi)!r})"
-        else:
-            expression = _activation_source(step)
-        lines.append(f"{indent}acc = {expression}")
+        name = None
+        if step.takes_tensor:
+            name = f"E{len(params)}"
+            params.append(name)
+        lines.append(f"{indent}acc = {step_expression(step, name, hoisted)}")
     return params, lines
 
 

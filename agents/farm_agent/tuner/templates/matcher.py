@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.fx.experimental.meta_tracer import gen_constructor_wrapper
 from torch.fx.passes.shape_prop import ShapeProp
 
 from farm_agent.tuner.templates import codegen, epilogue
@@ -38,6 +39,9 @@ from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec, kernel_operand
 from farm_agent.tuner.templates.epilogue import Step
 from farm_agent.tuner.templates.gemm import GemmKernel
 from farm_agent.tuner.templates.pool import PoolKernel, PoolSpec, torch_pool
+from farm_agent.tuner.templates.prologue import CausalFill, Item, Prologue, tensor_steps
+from farm_agent.tuner.templates.prologue import describe as describe_prologue
+from farm_agent.tuner.templates.prologue import reference as prologue_reference
 from farm_agent.tuner.templates.rowreduce import ROW_OUTPUT, RowKernel, RowSpec, torch_rows
 from farm_agent.tuner.templates.scan import ScanKernel, ScanSpec, torch_scan
 
@@ -217,23 +221,27 @@ class PoolRegion(TemplateRegion):
 
 
 class RowRegion(TemplateRegion):
+    """A row op with the elementwise prologue before it and the chain after it: forward(x, *the prologue's
+    tensors, *the chain's operands)."""
+
     kind = "rows"
 
     def __init__(self, spec: RowSpec, norm: nn.Module | None, chain: Sequence[Step],
-                 sources: Sequence[tuple[str, Any]], channel_dim: int) -> None:
-        super().__init__(chain, sources, 1, channel_dim)
+                 sources: Sequence[tuple[str, Any]], channel_dim: int, prologue: Prologue = ()) -> None:
+        super().__init__(chain, sources, 1 + len(tensor_steps(prologue)), channel_dim)
         self.spec = spec
         self.norm = norm
-        self.kernel = RowKernel(spec, self.chain)
+        self.prologue = tuple(prologue)
+        self.kernel = RowKernel(spec, self.chain, self.prologue)
 
     def _affine(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if self.norm is None:
             return None, None
         return getattr(self.norm, "weight", None), getattr(self.norm, "bias", None)
 
-    def produce(self, x: torch.Tensor) -> torch.Tensor:
+    def produce(self, x: torch.Tensor, *pro_operands: torch.Tensor) -> torch.Tensor:
         weight, bias = self._affine()
-        return torch_rows(x, self.spec, weight, bias)
+        return torch_rows(prologue_reference(x, self.prologue, pro_operands), self.spec, weight, bias)
 
     def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
         x = inputs[0]
@@ -242,10 +250,12 @@ class RowRegion(TemplateRegion):
         channels = out_shape[self.channel_dim % len(out_shape)] if self.spec.op in ROW_OUTPUT and out_shape else 1
         return self.kernel(x, weight.detach() if weight is not None else None,
                            bias.detach() if bias is not None else None,
-                           kernel_operands(self.chain, operands, out_shape), channels=channels)
+                           kernel_operands(self.chain, operands, out_shape), channels=channels,
+                           pro_operands=inputs[1:])
 
     def describe(self) -> str:
-        return f"{self.spec.op} {super().describe()}"
+        before = f"{describe_prologue(self.prologue)} " if self.prologue else ""
+        return f"{before}{self.spec.op} {super().describe()}"
 
 
 class ScanRegion(TemplateRegion):
@@ -319,6 +329,8 @@ class Anchor:
     bns: list[nn.Module] = field(default_factory=list)
     allows_channel: bool = True
     chainable: bool = True  # False: its output is reduced after the kernel, so no chain is fused into it
+    absorbed: list[fx.Node] = field(default_factory=list)  # the prologue's nodes, nearest the anchor first
+    builders: list[fx.Node] = field(default_factory=list)  # what built a causal mask: erased once unused
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:
@@ -562,14 +574,96 @@ class Matcher:
             channel_dim = out_nd - 1 if not spec.keepdim else ndim - spec.reduced - 1
             if channel_dim < 0:
                 return None
+        start, prologue, absorbed, pro_operands, builders = self._prologue(x, spec)
         row_spec, row_norm, cd = spec, norm, channel_dim
 
         def make_rows(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
-            return RowRegion(row_spec, row_norm, chain, sources, cd)
+            return RowRegion(row_spec, row_norm, chain, sources, cd, prologue)
 
         # a multi-dim LayerNorm's feature index spans several dims: a per-channel operand would not be one vector
         allows = not (spec.op in ("layer_norm", "rms_norm") and spec.reduced > 1)
-        return Anchor("rows", [x], channel_dim, make_rows, allows_channel=allows)
+        return Anchor("rows", [start, *pro_operands], channel_dim, make_rows, allows_channel=allows,
+                      absorbed=absorbed, builders=builders)
+
+    def _prologue(self, x: fx.Node, spec: RowSpec
+                  ) -> tuple[fx.Node, Prologue, list[fx.Node], list[fx.Node], list[fx.Node]]:
+        """The elementwise ops before a row op that only it reads, walking back from its input while each node is
+        its successor's only input of the input's shape: numbers, activations, clamps, tensors of the input's shape
+        and one causal masked_fill (rows along the last dim only). Returns (the region's input, the prologue, its
+        nodes nearest the anchor first, its tensors, the nodes that built its mask)."""
+        shape = _shape(x)
+        items: list[Item] = []
+        absorbed: list[fx.Node] = []
+        operands: list[fx.Node] = []
+        builders: list[fx.Node] = []
+        stub = Anchor("rows", [], -1, lambda chain, sources: None,  # type: ignore[arg-type,return-value]
+                      allows_channel=False)  # what self.step needs to know: no per-channel operands
+        causal_ok = spec.reduced == 1 and spec.op != "group_norm" and shape is not None and len(shape) >= 2
+        node = x
+        while len(node.users) == 1 and node.op in ("call_function", "call_method", "call_module") \
+                and _shape(node) == shape and _dtype(node) == torch.float32:
+            fill = self._causal_fill(node, shape) if causal_ok and not builders else None  # type: ignore[arg-type]
+            if fill is not None:
+                item, source, made = fill
+                builders.extend(made)
+            else:
+                source = next((a for a in node.args if isinstance(a, fx.Node) and _shape(a) == shape
+                               and _dtype(a) == torch.float32), None)
+                if source is None:
+                    break
+                item, operand = self.step(node, source, stub)
+                if item is None or isinstance(operand, nn.Module):
+                    break
+                if operand is not None:
+                    operands.append(operand)
+            items.append(item)
+            absorbed.append(node)
+            node = source
+        return node, tuple(reversed(items)), absorbed, operands[::-1], builders
+
+    def _causal_fill(self, node: fx.Node, shape: tuple[int, ...]
+                     ) -> tuple[CausalFill, fx.Node, list[fx.Node]] | None:
+        """x.masked_fill(mask, number) where mask is torch.ones(Q, K).triu(k) or .tril(k) (a function or a method,
+        any dtype made bool, or its complement ~mask) over x's last two dims: (the fill, x, the mask's nodes)."""
+        if not ((node.op == "call_method" and node.target == "masked_fill")
+                or (node.op == "call_function" and node.target in (torch.masked_fill, torch.Tensor.masked_fill))):
+            return None
+        args = dict(zip(("input", "mask", "value"), node.args, strict=False)) | dict(node.kwargs)
+        source, mask, value = args.get("input"), args.get("mask"), args.get("value")
+        if not isinstance(source, fx.Node) or not isinstance(mask, fx.Node) or isinstance(value, bool) \
+                or not isinstance(value, (int, float)) or len(args) != 3:
+            return None
+        mask_shape = _shape(mask)
+        if mask_shape is None or _dtype(mask) != torch.bool or mask_shape[-2:] != shape[-2:] \
+                or any(s != 1 for s in mask_shape[:-2]) or len(mask_shape) > len(shape):
+            return None
+        made: list[fx.Node] = []
+        flipped = False
+        m = mask
+        while True:  # a complement, or a conversion to bool, on the way back to the triangle
+            made.append(m)
+            if (m.op == "call_function" and m.target in (operator.invert, torch.logical_not)) \
+                    or (m.op == "call_method" and m.target in ("logical_not", "bitwise_not")):
+                flipped = not flipped
+            elif not ((m.op == "call_method" and m.target == "bool" and len(m.args) == 1 and not m.kwargs)
+                      or (m.op == "call_method" and m.target == "to" and m.args[1:] == (torch.bool,)
+                          and not m.kwargs)):
+                break
+            if not isinstance(m.args[0], fx.Node):
+                return None
+            m = m.args[0]
+        part = m.target if m.op == "call_method" else getattr(m.target, "__name__", None)
+        if part not in ("triu", "tril") or (m.op == "call_function" and m.target not in (torch.triu, torch.tril)):
+            return None
+        triangle = dict(zip(("input", "diagonal"), m.args, strict=False)) | dict(m.kwargs)
+        ones, diagonal = triangle.pop("input", None), triangle.pop("diagonal", 0)
+        if triangle or not isinstance(diagonal, int) or not isinstance(ones, fx.Node) \
+                or not (ones.op == "call_function" and ones.target is torch.ones):
+            return None
+        made.append(ones)
+        if flipped:  # ~triu(k) is tril(k - 1), ~tril(k) is triu(k + 1)
+            part, diagonal = ("tril", diagonal - 1) if part == "triu" else ("triu", diagonal + 1)
+        return CausalFill(str(part), diagonal, float(value)), source, made
 
     def _row_call(self, node: fx.Node, ndim: int) -> tuple[RowSpec | None, int]:
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
@@ -750,12 +844,34 @@ class Matcher:
                 call = graph.call_module(name, (*anchor.inputs, *anchor.operand_nodes))
             call.meta = dict(tail.meta)  # its shape, for the regions matched after it
             tail.replace_all_uses_with(call)
-            for old in reversed(chain_nodes):
+            for old in [*reversed(chain_nodes), *anchor.absorbed]:
                 graph.erase_node(old)
                 erased.add(old)
+            _erase_unused(graph, anchor.builders, erased)
         graph.lint()
         self.gm.recompile()
         return count
+
+
+# What builds a causal mask (a size read from a shape, ones, a triangle, a complement, a bool): free of side effects
+_BUILDER_FUNCTIONS = (torch.ones, torch.triu, torch.tril, operator.getitem, getattr, operator.invert,
+                      torch.logical_not)
+_BUILDER_METHODS = ("triu", "tril", "bool", "to", "size", "logical_not", "bitwise_not")
+
+
+def _erase_unused(graph: fx.Graph, nodes: Sequence[fx.Node], erased: set[fx.Node]) -> None:
+    """Erase the mask builders that nothing reads any more, and their inputs that are builders read by nothing."""
+    pending = list(nodes)
+    while pending:
+        node = pending.pop(0)
+        builder = (node.op == "call_function" and node.target in _BUILDER_FUNCTIONS) or \
+            (node.op == "call_method" and node.target in _BUILDER_METHODS)
+        if node in erased or node.users or not builder:
+            continue
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        erased.add(node)
+        pending.extend(inputs)
 
 
 def _has_epilogue_work(chain: Sequence[Step]) -> bool:
@@ -763,9 +879,29 @@ def _has_epilogue_work(chain: Sequence[Step]) -> bool:
     return any(not (s.op == "add" and s.operand == "channel") for s in chain) or len(chain) > 1
 
 
+# Tensor factories whose sizes or device a model reads from a traced tensor (torch.ones(s.shape[-1], ...,
+# device=s.device): fx refuses proxies there, so while tracing they are wrapped to record a node instead.
+_FACTORIES = ("ones", "zeros", "full", "empty", "arange", "eye")
+
+
+def _trace(model: nn.Module) -> fx.GraphModule:
+    """fx.symbolic_trace, with _FACTORIES taking sizes read from the traced tensors (fx's own MetaTracer wraps
+    them the same way)."""
+    originals = {name: getattr(torch, name) for name in _FACTORIES}
+    try:
+        for name, factory in originals.items():
+            setattr(torch, name, gen_constructor_wrapper(factory)[0])
+        tracer = fx.Tracer()
+        graph = tracer.trace(model)
+    finally:
+        for name, factory in originals.items():
+            setattr(torch, name, factory)
+    return fx.GraphModule(tracer.root, graph, type(model).__name__)
+
+
 def _rewrite_traced(model: nn.Module, example_inputs: Sequence[Any], precision: str
                     ) -> tuple[fx.GraphModule, Counter[str]]:
-    gm = fx.symbolic_trace(model)
+    gm = _trace(model)
     with torch.no_grad():
         ShapeProp(gm).propagate(*example_inputs)
     return gm, Matcher(gm, precision).run()

@@ -2,11 +2,12 @@
 per-row loss of a cross-entropy (logsumexp minus the target's logit: one read of the row).
 
 The input is viewed as rows of length L (the reduced dims, contiguous): a LayerNorm's or softmax's last dim, a
-GroupNorm's (channels of a group x spatial), a global average pool's spatial dims. Rows that fit a block are read
-once and written once, ROWS of them per program; longer rows take two reads (statistics, then the result): the
-online softmax (running max, rescaled sum) and a shifted sum of squares for the norms. The affine of a norm and the
-epilogue chain run before the store; `chan` is the feature (layer/RMS norm, softmax), the channel (group norm) or
-the row's channel (row outputs: logsumexp, sum, mean, amax).
+GroupNorm's (channels of a group x spatial), a global average pool's spatial dims. A prologue (templates.prologue: a
+scale, a causal mask ...) is applied to each element as it is loaded, a causal mask computed from the indices. Rows
+that fit a block are read once and written once, ROWS of them per program; longer rows take two reads (statistics,
+then the result): the online softmax (running max, rescaled sum) and a shifted sum of squares for the norms. The
+affine of a norm and the epilogue chain run before the store; `chan` is the feature (layer/RMS norm, softmax), the
+channel (group norm) or the row's channel (row outputs: logsumexp, sum, mean, amax).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch.nn.functional as F
 
 from farm_agent.tuner.templates import codegen
 from farm_agent.tuner.templates.epilogue import Step, triton_lines
+from farm_agent.tuner.templates.prologue import Prologue, check, fill_of
+from farm_agent.tuner.templates.prologue import triton_lines as prologue_lines
 
 OPS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "group_norm", "sum", "mean", "amax",
        "cross_entropy")
@@ -104,20 +107,44 @@ import triton.language as tl
 
 
 @triton.jit
-def kernel(X, Y, Wt, Bs, T, {epi_params}R, L, CHANNELS, G, S, eps, IGNORE,
+def load_tile(X, rows, r_ok, c, L, Q, DIAG, {pro_params}other, HAS_PRO: tl.constexpr, MASK: tl.constexpr):
+    # the rows' elements at columns c as fp32, after the prologue; `other` past the row's end. MASK (a causal
+    # fill): 1 keeps the columns before q + DIAG, 2 those after it, q the row's index in its [Q, L] matrix. The
+    # filled elements are read all the same: the evaluator takes a time under (every input and output byte) /
+    # bandwidth for skipped work, and a causal softmax that skips them would be faster than that
+    inside = r_ok[:, None] & (c[None, :] < L)
+    offs = rows.to(tl.int64)[:, None] * L + c[None, :]
+    if HAS_PRO:
+        mask = inside
+        if MASK == 1:
+            keep = c[None, :] < (rows % Q + DIAG)[:, None]
+        elif MASK == 2:
+            keep = c[None, :] > (rows % Q + DIAG)[:, None]
+        else:
+            keep = inside
+        acc = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+{prologue}
+        acc = tl.where(inside, acc, other)
+    else:
+        acc = tl.load(X + offs, mask=inside, other=other).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, IGNORE, Q, DIAG,
            OP: tl.constexpr, LSE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_PASS: tl.constexpr,
-           ROW_OUT: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+           ROW_OUT: tl.constexpr, HAS_PRO: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
+           BLOCK: tl.constexpr):
     # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax,
     # 9 cross_entropy (per row: logsumexp minus the logit at the row's target T, 0 where the target is IGNORE);
     # LSE: the row's max and sum of exponentials are its statistics (0, 1, 2 and 9)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = rows < R
     cols = tl.arange(0, BLOCK)
-    x_rows = X + rows.to(tl.int64)[:, None] * L
     y_rows = Y + rows.to(tl.int64)[:, None] * L
     if ONE_PASS:
         m2 = r_ok[:, None] & (cols[None, :] < L)
-        x = tl.load(x_rows + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        x = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
         if LSE:
             xm = tl.where(m2, x, float("-inf"))
             mx = tl.max(xm, axis=1)
@@ -150,23 +177,27 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}R, L, CHANNELS, G, S, eps, IGNORE,
         if LSE:
             run_max = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
             run_sum = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+        elif OP == 4 or OP >= 6:
+            shift = tl.zeros((ROWS,), dtype=tl.float32)
+        elif HAS_PRO:  # the mean of the row's first block after the prologue (near the row's mean, usually)
+            first = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
+            shift = tl.sum(first, axis=1) / tl.minimum(L, BLOCK)
         else:
             shift = tl.load(X + rows.to(tl.int64) * L, mask=r_ok, other=0.0).to(tl.float32)
-            if OP == 4 or OP >= 6:
-                shift = shift * 0.0
+        if not LSE:
             acc1 = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
             acc2 = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
             accm = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
         for start in range(0, L, BLOCK):
             m2 = r_ok[:, None] & ((start + cols)[None, :] < L)
             if LSE:
-                x = tl.load(x_rows + start + cols[None, :], mask=m2, other=float("-inf")).to(tl.float32)
+                x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}float("-inf"), HAS_PRO, MASK)
                 new_max = tl.maximum(run_max, x)
                 scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(run_max - new_max))
                 run_sum = run_sum * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
                 run_max = new_max
             else:
-                x = tl.load(x_rows + start + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+                x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
                 d = tl.where(m2, x - shift[:, None], 0.0)
                 acc1 += d
                 acc2 += d * d
@@ -219,7 +250,7 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}R, L, CHANNELS, G, S, eps, IGNORE,
     else:
         for start in range(0, L, BLOCK):
             mask = r_ok[:, None] & ((start + cols)[None, :] < L)
-            x = tl.load(x_rows + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
             if OP == 0:
                 acc = tl.exp(x - row[:, None])
             elif OP == 1:
@@ -263,28 +294,38 @@ def plan(length: int) -> list[tuple[int, int, int]]:
 
 
 class RowKernel:
-    def __init__(self, spec: RowSpec, chain: tuple[Step, ...]) -> None:
-        self.spec, self.chain = spec, chain
+    def __init__(self, spec: RowSpec, chain: tuple[Step, ...], prologue: Prologue = ()) -> None:
+        check(prologue)
+        if prologue and spec.op == "cross_entropy":
+            raise ValueError("cross_entropy's logits take no prologue")
+        if fill_of(prologue) is not None and (spec.reduced != 1 or spec.op == "group_norm"):
+            raise ValueError("a causal fill needs rows along the last dim")
+        self.spec, self.chain, self.prologue = spec, chain, prologue
         self._kernels: dict[bool, Any] = {}
+
+    def source(self) -> str:
+        params, _ = triton_lines(self.chain)
+        pro_params, pro_lines = prologue_lines(self.prologue, " " * 8)
+        return _SOURCE.format(
+            epi_params="".join(f"{p}, " for p in params), pro_params="".join(f"{p}, " for p in pro_params),
+            pro_args="".join(f"{p}, " for p in pro_params), prologue="\n".join(pro_lines),
+            epilogue_row="\n".join(triton_lines(self.chain, " " * 8)[1]),
+            epilogue_full="\n".join(triton_lines(self.chain, " " * 8)[1]),
+            epilogue_loop="\n".join(triton_lines(self.chain, " " * 12)[1]))
 
     def _kernel(self, one_pass: bool, length: int) -> Any:
         import triton
 
         if one_pass not in self._kernels:
-            params, _ = triton_lines(self.chain)
-            source = _SOURCE.format(
-                epi_params="".join(f"{p}, " for p in params),
-                epilogue_row="\n".join(triton_lines(self.chain, " " * 8)[1]),
-                epilogue_full="\n".join(triton_lines(self.chain, " " * 8)[1]),
-                epilogue_loop="\n".join(triton_lines(self.chain, " " * 12)[1]))
-            module = codegen.load_source(source, "rows")
+            module = codegen.load_source(self.source(), "rows")
             configs = [triton.Config({"ROWS": r, "BLOCK": b}, num_warps=w) for r, b, w in plan(length)]
             self._kernels[one_pass] = codegen.autotuned(module.kernel, configs, ["R", "L"])
         return self._kernels[one_pass]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                 operands: Sequence[torch.Tensor], channels: int = 1, targets: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+                 operands: Sequence[torch.Tensor], channels: int = 1, targets: torch.Tensor | None = None,
+                 pro_operands: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """pro_operands: the prologue's tensors, of x's shape."""
         import triton
 
         spec = self.spec
@@ -297,9 +338,15 @@ class RowKernel:
             for s in x.shape[2:]:
                 spatial *= s
         kernel = self._kernel(one_pass, length)
+        fill = fill_of(self.prologue)
+        if fill is not None and x.dim() < 2:
+            raise ValueError("a causal fill needs a [..., Q, K] input")
         kernel[lambda meta: (triton.cdiv(r, meta["ROWS"]),)](
             x, y, weight if weight is not None else x, bias if bias is not None else x,
-            targets.contiguous() if targets is not None else x, *operands, r, length, channels, spec.groups, spatial,
-            spec.eps, spec.ignore_index, OP=OP_CODE[spec.op], LSE=spec.op in LSE_OPS, HAS_W=weight is not None,
-            HAS_B=bias is not None, ONE_PASS=one_pass, ROW_OUT=spec.op in ROW_OUTPUT)
+            targets.contiguous() if targets is not None else x, *operands,
+            *(t.float().expand(x.shape).contiguous() for t in pro_operands), r, length, channels, spec.groups,
+            spatial, spec.eps, spec.ignore_index, x.shape[-2] if fill is not None else 1,
+            fill.diagonal if fill is not None else 0, OP=OP_CODE[spec.op], LSE=spec.op in LSE_OPS,
+            HAS_W=weight is not None, HAS_B=bias is not None, ONE_PASS=one_pass, ROW_OUT=spec.op in ROW_OUTPUT,
+            HAS_PRO=bool(self.prologue), MASK=fill.code if fill is not None else 0)
         return y
