@@ -606,6 +606,26 @@ def test_the_matcher_fuses_scales_and_causal_masks_before_row_ops() -> None:
     assert model(s, bias)[3][..., 0, :].isnan().all()  # a wholly masked row: NaN, as PyTorch gives it
 
 
+class Normed(nn.Module):
+    """Norms and a pool after elementwise ops: a residual, a scale and shift, a gate by the input itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gn, self.rms, self.pool = nn.GroupNorm(2, 4), nn.RMSNorm(7), nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.gn(torch.relu(x + r) * 3.0), self.rms(y * 0.5 - 1.0), self.pool(x.sigmoid() * x)
+
+
+def test_the_matcher_fuses_elementwise_ops_before_norms_and_pools() -> None:
+    model, x, r, y = Normed().eval(), torch.randn(2, 4, 5, 6), torch.randn(2, 4, 5, 6), torch.randn(3, 5, 7)
+    rewritten, counts = rewrite(model, [x, r, y], "ieee")
+    assert sorted(q.describe() for q in regions(rewritten)) == [
+        "add[full]+relu+mul[scalar] group_norm -", "mul[scalar]+sub[scalar] rms_norm -", "sigmoid+mul[full] mean -"]
+    for got, want in zip(rewritten(x, r, y), model(x, r, y), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_masks_not_built_causal_and_shared_scales_stay_outside_the_row_kernel() -> None:
     class Others(nn.Module):
         def forward(self, s: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -789,3 +809,10 @@ def test_row_ops_with_a_prologue_run_under_the_interpreter(interpreter: None) ->
             for got, want in zip(rewritten(s, bias), model(s, bias), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
         assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+    model, x, r, y = Normed().eval(), torch.randn(2, 4, 5, 6), torch.randn(2, 4, 5, 6), torch.randn(3, 5, 7)
+    rewritten, counts = rewrite(model, [x, r, y], "ieee")
+    assert counts == {"rows": 3}
+    with torch.no_grad():
+        for got, want in zip(rewritten(x, r, y), model(x, r, y), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert not any(q.failed for q in regions(rewritten)), codegen.FAILURES
