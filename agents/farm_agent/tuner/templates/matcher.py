@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import operator
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -456,8 +457,8 @@ class Matcher:
             return None
         args = dict(zip(("input", "dim"), node.args, strict=False)) | dict(node.kwargs)
         x, dim = args.pop("input", None), args.pop("dim", None)
-        if not isinstance(x, fx.Node) or not isinstance(dim, int) or args.pop("dtype", None) not in (None, torch.float32) \
-                or args:
+        dtype = args.pop("dtype", None)
+        if not isinstance(x, fx.Node) or not isinstance(dim, int) or dtype not in (None, torch.float32) or args:
             return None
         shape = _shape(x)
         if shape is None or not shape or _dtype(x) != torch.float32 or dim % len(shape) != len(shape) - 1:
@@ -884,18 +885,22 @@ def _has_epilogue_work(chain: Sequence[Step]) -> bool:
 _FACTORIES = ("ones", "zeros", "full", "empty", "arange", "eye")
 
 
+_TRACING = threading.Lock()  # the wrapped factories are process-wide: one trace at a time patches them
+
+
 def _trace(model: nn.Module) -> fx.GraphModule:
     """fx.symbolic_trace, with _FACTORIES taking sizes read from the traced tensors (fx's own MetaTracer wraps
-    them the same way)."""
-    originals = {name: getattr(torch, name) for name in _FACTORIES}
-    try:
-        for name, factory in originals.items():
-            setattr(torch, name, gen_constructor_wrapper(factory)[0])
-        tracer = fx.Tracer()
-        graph = tracer.trace(model)
-    finally:
-        for name, factory in originals.items():
-            setattr(torch, name, factory)
+    them the same way; outside a trace, or without a traced value among its arguments, a wrapper calls the factory)."""
+    with _TRACING:
+        originals = {name: getattr(torch, name) for name in _FACTORIES}
+        try:
+            for name, factory in originals.items():
+                setattr(torch, name, gen_constructor_wrapper(factory)[0])
+            tracer = fx.Tracer()
+            graph = tracer.trace(model)
+        finally:
+            for name, factory in originals.items():
+                setattr(torch, name, factory)
     return fx.GraphModule(tracer.root, graph, type(model).__name__)
 
 
