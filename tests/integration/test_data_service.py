@@ -3,6 +3,7 @@ machine through it with the job's read credential only, and only that dataset's 
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import grpc
@@ -15,7 +16,7 @@ from farm import data
 from farm.core.dataset import DatasetSpec
 from farm.core.models import JobState
 from farm.core.tasks import HeadAccess
-from farm.data.locations.head import HeadFileSystem
+from farm.data.locations.head import BLOCK, HeadFileSystem
 from farm.head import datasets
 from farm.head.store import Store
 from farm.local import write_private
@@ -52,6 +53,26 @@ def test_a_node_reads_a_head_dataset_by_ranges_with_the_job_s_credential(head: H
     assert sum(b.num_rows for b in batches) == 400
     assert [v for b in batches for v in b.column("x").to_pylist()] == list(range(300, 700))
     assert "token" not in repr(access) and access.token not in repr(access)
+
+
+def test_a_node_reading_parquet_through_the_head_holds_a_row_group_not_a_read_ahead_block(head: Head,
+                                                                                          tmp_path: Path) -> None:
+    """pyarrow reads each column chunk it needs whole: the head's 16 MiB read-ahead block held a copy of it and the
+    bytes past it (three such blocks at once while the next arrived), so a worker's peak grew with the files' size."""
+    group = 8192  # rows of 32 random float32: 1 MiB a row group, uncompressed; 24 of them, more than a block
+    values = np.random.default_rng(0).random((24 * group, 32), dtype=np.float32)
+    pq.write_table(pa.table({"v": pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), 32)}),
+                   tmp_path / "d.parquet", row_group_size=group, compression="none")
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(tmp_path / "d.parquet"), format="parquet",
+                                                     inputs=["v"]))
+    tracemalloc.start()
+    try:
+        rows = sum(batch.num_rows for batch in data.read(plan, 0, plan.size, ["v"], 1024, access))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rows == 24 * group
+    assert peak < BLOCK // 2, peak
 
 
 def test_the_credential_reaches_its_own_job_s_files_only(head: Head, tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ in order, batches never over their size; and malformed inputs fail with one line
 from __future__ import annotations
 
 import json
+import tracemalloc
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -108,7 +110,31 @@ def test_parquet_reads_only_the_row_groups_of_its_range(tmp_path: Path, monkeypa
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
     table = read_all(plan, [85, 130], ["v"])
     assert table.column(ROW_ID).to_pylist() == list(range(85, 130))
-    assert asked == [[2, 3]]  # rows 80-119 and 120-159 of 40-row groups
+    assert asked == [[2], [3]]  # rows 80-119 and 120-159 of 40-row groups, one group at a time
+
+
+def peak_bytes(read: Callable[[], Iterable[pa.RecordBatch]]) -> int:
+    """The most Python memory (the bytes a file object returns included) held while the batches are read."""
+    tracemalloc.start()
+    try:
+        for _ in read():
+            pass
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_parquet_range_s_memory_does_not_grow_with_its_rows(tmp_path: Path) -> None:
+    """A shard's reader holds about one row group, however many groups its range covers (pyarrow's reader over
+    several groups kept each one's column chunks until it ended: 16 groups, 16 MiB held)."""
+    group = 8192  # rows of 32 random float32: 1 MiB a row group, uncompressed
+    values = np.random.default_rng(0).random((16 * group, 32), dtype=np.float32)
+    pq.write_table(pa.table({"v": pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), 32)}),
+                   tmp_path / "d.parquet", row_group_size=group, compression="none")
+    plan = data.plan(DatasetSpec(location=str(tmp_path / "d.parquet"), format="parquet", inputs=["v"]))
+    two_groups = peak_bytes(lambda: data.read(plan, 0, 2 * group, ["v"], 1024))
+    sixteen_groups = peak_bytes(lambda: data.read(plan, 0, 16 * group, ["v"], 1024))
+    assert sixteen_groups < 1.5 * two_groups, (two_groups, sixteen_groups)
 
 
 def test_a_batch_as_model_inputs(tmp_path: Path) -> None:

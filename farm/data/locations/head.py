@@ -96,10 +96,11 @@ class HeadFileSystem(AbstractFileSystem):
                 return b"".join(parts)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
-              cache_options: dict[str, Any] | None = None, **kwargs: Any) -> AbstractBufferedFile:
+              cache_type: str = "readahead", cache_options: dict[str, Any] | None = None, **kwargs: Any,
+              ) -> AbstractBufferedFile:
         if mode != "rb":
             raise DataError("the head's data is read-only")
-        return HeadFile(self, path, mode, block_size=block_size or BLOCK, cache_type="readahead",
+        return HeadFile(self, path, mode, block_size=block_size or BLOCK, cache_type=cache_type,
                         cache_options=cache_options)
 
 
