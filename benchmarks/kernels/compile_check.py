@@ -1,7 +1,8 @@
 """Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
 ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
-precision; GEMM and pairwise distances; pooling max and average; each row op one-pass and looped, with and without
-a prologue; each scan packed and looped), each with an epilogue chain of every operand kind.
+precision; GEMM and pairwise distances; attention, each precision, causal or not; pooling max and average; each row
+op one-pass and looped, with and without a prologue; each scan packed and looped), each with an epilogue chain of
+every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 
@@ -21,7 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from farm_agent.tuner.templates import codegen, conv, gemm, plane, pool, rowreduce, scan, stream  # noqa: E402
+from farm_agent.tuner.templates import (attention, codegen, conv, gemm, plane, pool, rowreduce, scan,  # noqa: E402
+                                        stream)
 from farm_agent.tuner.templates import prologue as prologue_module  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
@@ -153,6 +155,17 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                               {"X": "*fp32", "Y": "*fp32", **epi_types(params), **ints("R", "L")},
                               {"OP": scan.OP_CODE[op], "LOOP": length > scan.MAX_ONE_CHUNK, "ROWS": rows,
                                "BLOCK": block}, warps, 2))
+    module = codegen.load_source(attention.AttentionKernel(CHAIN, "ieee", False, None).source(), "check_attention")
+    for precision, causal, d, dv in (("ieee", False, 64, 64), ("tf32x3", False, 64, 64), ("tf32x3", True, 64, 64),
+                                     ("tf32x3", False, 128, 128), ("tf32x3", True, 16, 32), ("tf32", False, 64, 64)):
+        for config in attention.configs(precision, d, dv, 2048):
+            bm, bn = config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]
+            found.append((f"attention {precision} causal={causal} d={d}/{dv} {bm}x{bn}", module.kernel,
+                          {"Q": "*fp32", "K": "*fp32", "V": "*fp32", "Y": "*fp32", **epi_types(params),
+                           **ints("LQ", "LK"), "qk_scale": "fp32"},
+                          {"PRECISION": precision, "CAUSAL": causal, "V_K_MAJOR": precision != "ieee", "D": d,
+                           "DV": dv, "BLOCK_M": bm, "BLOCK_N": bn},
+                          config.num_warps, config.num_stages))
     return found
 
 

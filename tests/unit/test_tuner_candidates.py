@@ -87,6 +87,17 @@ def test_pairwise_distances_get_the_split_tf32_templates_too() -> None:
     assert "triton-templates-tf32" in names(Distances(), [torch.randn(40, 8), torch.randn(30, 8)], 1e-2, "cuda")
 
 
+def test_attention_gets_only_the_tensor_core_templates() -> None:
+    class Attention(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    inputs = [torch.randn(2, 2, 20, 16) for _ in range(3)]
+    offered = names(Attention(), inputs, 1e-4, "cuda")
+    assert "triton-templates-3xtf32" in offered  # split-TF32 on the tensor cores
+    assert "triton-templates" not in offered  # fp32 FMA attention: PyTorch's own kernels' ground
+
+
 def test_the_matcher_fuses_linear_with_its_activation_and_swaps_norms_and_softmax() -> None:
     model = Block().eval()
     rewritten, counts = rewrite(model, "ieee")

@@ -25,12 +25,14 @@ from torch.utils.flop_counter import FlopCounterMode
 from farm_agent.tuner.candidates import build
 from farm_agent.tuner.problem import load_problem
 from farm_agent.tuner.templates import codegen, plane, stream
+from farm_agent.tuner.templates.attention import shared_bytes
+from farm_agent.tuner.templates.attention import tiles as attention_tiles
 from farm_agent.tuner.templates.conv import (ConvKernel, ConvSpec, gather_reference, packed_weight, phase_plan,
                                              source_coords, torch_conv, uses_direct, uses_phases, uses_stream)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
 from farm_agent.tuner.templates.gemm import GemmKernel, k_major
-from farm_agent.tuner.templates.matcher import (ConvRegion, CrossEntropyRegion, DistanceRegion, GemmRegion, PoolRegion,
-                                                RowRegion, ScanRegion, regions, rewrite)
+from farm_agent.tuner.templates.matcher import (AttentionRegion, ConvRegion, CrossEntropyRegion, DistanceRegion,
+                                                GemmRegion, PoolRegion, RowRegion, ScanRegion, regions, rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
 from farm_agent.tuner.templates.rowreduce import RowSpec, plan, torch_rows
@@ -645,12 +647,65 @@ def test_masks_not_built_causal_and_shared_scales_stay_outside_the_row_kernel() 
         torch.testing.assert_close(got, want, equal_nan=True)
 
 
+class Attentions(nn.Module):
+    """Scaled dot-product attention as models call it: with a chain (a per-channel gain and a residual), causal with
+    its own scale, and the forms the template leaves alone (a mask, dropout)."""
+
+    def __init__(self, dv: int) -> None:
+        super().__init__()
+        self.gain = nn.Parameter(torch.rand(dv) + 0.5)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, r: torch.Tensor, mask: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        return (F.scaled_dot_product_attention(q, k, v) * self.gain + r,
+                torch.tanh(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3)),
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+
+def attention_inputs(lq: int, lk: int, d: int, dv: int) -> list[torch.Tensor]:
+    return [torch.randn(2, 3, lq, d), torch.randn(2, 3, lk, d), torch.randn(2, 3, lk, dv), torch.randn(2, 3, lq, dv),
+            torch.ones(lq, lk, dtype=torch.bool).tril()]
+
+
+def test_the_matcher_turns_attention_into_the_flash_template_with_tensor_core_products() -> None:
+    model, inputs = Attentions(32).eval(), attention_inputs(10, 13, 16, 32)
+    assert rewrite(model, inputs, "ieee")[1] == {}  # fp32 FMA attention: PyTorch's own kernels' ground
+    for precision in ("tf32x3", "tf32"):
+        rewritten, counts = rewrite(model, inputs, precision)
+        assert counts == {"attention": 2}
+        assert sorted(r.describe() for r in regions(rewritten)) == [f"attention causal {precision} tanh",
+                                                                    f"attention {precision} mul[channel]+add[full]"]
+        assert "attn_mask" in rewritten.code  # a masked attention is left as it was
+        for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
+            torch.testing.assert_close(got, want)
+
+    class Uncovered(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+
+    assert rewrite(Uncovered(), inputs[:3], "tf32x3")[1] == {}  # dropout
+    assert rewrite(Attentions(24), attention_inputs(10, 13, 16, 24), "tf32x3")[1] == {}  # head dim not a power of 2
+    assert rewrite(Attentions(32), attention_inputs(10, 13, 256, 32), "tf32x3")[1] == {}  # past 128
+
+
+def test_attention_tiles_fit_in_shared_memory() -> None:
+    for precision in ("ieee", "tf32x3"):
+        for d in (16, 32, 64, 128):
+            found = attention_tiles(precision, d, d, 2048)
+            assert len(found) == 3
+            assert all(shared_bytes(bm, bn, stages, d, d) <= 200 * 1024 for bm, bn, _, stages in found)
+    assert attention_tiles("tf32x3", 64, 64, 2048) == [(128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)]
+    assert attention_tiles("tf32x3", 128, 128, 2048) == [(128, 32, 8, 3), (64, 32, 4, 2), (32, 32, 4, 2)]
+    assert {bn for _, bn, _, _ in attention_tiles("tf32x3", 64, 64, 20)} == {32}  # no wider than the keys
+
+
 @pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
                                              ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
                                              ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
                                              ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1}),
                                              ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1}),
-                                             ("causal_masked_softmax", {"rows": 1})])
+                                             ("causal_masked_softmax", {"rows": 1}),
+                                             ("attention_sdpa", {"attention": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -816,3 +871,22 @@ def test_row_ops_with_a_prologue_run_under_the_interpreter(interpreter: None) ->
         for got, want in zip(rewritten(x, r, y), model(x, r, y), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not any(q.failed for q in regions(rewritten)), codegen.FAILURES
+
+
+def test_attention_runs_under_the_interpreter(interpreter: None) -> None:
+    model = Attentions(32).eval()
+    for lq, lk in ((10, 13), (150, 70), (70, 150)):  # fewer and more queries than keys, several key blocks
+        inputs = attention_inputs(lq, lk, 16, 32)
+        rewritten, counts = rewrite(model, inputs, "tf32x3")
+        assert counts == {"attention": 2}
+        with torch.no_grad():
+            for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+    q, k, v = torch.randn(3, 40, 32), torch.randn(3, 50, 32), torch.randn(3, 50, 16)
+    for precision in ("ieee", "tf32x3"):  # v read as it is, and transposed for K-major tensor-core tiles
+        for causal in (False, True):
+            region = AttentionRegion(causal, None, (Step("relu"),), [], precision)
+            want = torch.relu(F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            torch.testing.assert_close(region(q, k, v), want, rtol=1e-4, atol=1e-4)
+            assert not region.failed, codegen.FAILURES

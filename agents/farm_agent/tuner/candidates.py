@@ -74,7 +74,7 @@ FAMILIES: tuple[Family, ...] = (
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 # The region kinds whose templates compute matrix products (the only work tf32x3 and tf32 change).
-DOT_REGIONS = ("conv", "gemm", "distance")
+DOT_REGIONS = ("conv", "gemm", "distance", "attention")
 BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
 # Families whose fp32 result comes from split-TF32 products (see the module's docstring): marked in tables.
 EMULATED_FP32 = frozenset({"triton-templates-3xtf32"})

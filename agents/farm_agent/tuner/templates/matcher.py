@@ -1,14 +1,14 @@
 """The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
 
-A region is an anchor (a convolution, a GEMM, pairwise distances, a pooling, a row reduction or normalisation, a
-cross-entropy, a cumsum or cumprod along the last dim) and the elementwise chain that follows it: each next node is
-the previous one's only user and applies one elementwise op to it, with at most one other operand that is a number,
-a per-channel vector (a bias, a BatchNorm in eval, a learned scale) or a tensor of the output's own shape (a
-residual). The anchor can be a module
+A region is an anchor (a convolution, a GEMM, pairwise distances, scaled dot-product attention, a pooling, a row
+reduction or normalisation, a cross-entropy, a cumsum or cumprod along the last dim) and the elementwise chain that
+follows it: each next node is the previous one's only user and applies one elementwise op to it, with at most one
+other operand that is a number, a per-channel vector (a bias, a BatchNorm in eval, a learned scale) or a tensor of
+the output's own shape (a residual). The anchor can be a module
 (nn.Conv2d, nn.Linear, nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss ...), a function (F.linear, torch.matmul,
-torch.cdist, torch.softmax, torch.logsumexp, F.cross_entropy ...) or a method (x.softmax(-1), x.mean(...)), written
-anywhere in the forward: the graph is what is matched, not the module tree. Everything else stays as it was, for
-eager or Inductor to run.
+torch.cdist, F.scaled_dot_product_attention, torch.softmax, F.cross_entropy ...) or a method (x.softmax(-1),
+x.mean(...)), written anywhere in the forward: the graph is what is matched, not the module tree. Everything else
+stays as it was, for eager or Inductor to run.
 
 Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
 against the region's output. A model fx cannot trace as a whole has its children matched one by one.
@@ -36,6 +36,7 @@ from torch.fx.experimental.meta_tracer import gen_constructor_wrapper
 from torch.fx.passes.shape_prop import ShapeProp
 
 from farm_agent.tuner.templates import codegen, epilogue
+from farm_agent.tuner.templates.attention import AttentionKernel, head_dims_covered, torch_attention
 from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec, kernel_operands, torch_conv
 from farm_agent.tuner.templates.epilogue import Step
 from farm_agent.tuner.templates.gemm import GemmKernel
@@ -199,6 +200,30 @@ class DistanceRegion(TemplateRegion):
 
     def describe(self) -> str:
         return f"cdist {self.precision} {super().describe()}"
+
+
+class AttentionRegion(TemplateRegion):
+    """F.scaled_dot_product_attention(q, k, v) without a mask or dropout: the flash-attention template, its chain
+    on the output (channel: the value head dim)."""
+
+    kind = "attention"
+
+    def __init__(self, causal: bool, scale: float | None, chain: Sequence[Step], sources: Sequence[tuple[str, Any]],
+                 precision: str) -> None:
+        super().__init__(chain, sources, 3, -1)
+        self.causal, self.scale, self.precision = causal, scale, precision
+        self.kernel = AttentionKernel(self.chain, precision, causal, scale)
+
+    def produce(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch_attention(q, k, v, self.causal, self.scale)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        q, k, v = inputs
+        out_shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.shape[-2], v.shape[-1])
+        return self.kernel(q, k, v, kernel_operands(self.chain, operands, out_shape))
+
+    def describe(self) -> str:
+        return f"attention{' causal' if self.causal else ''} {self.precision} {super().describe()}"
 
 
 class PoolRegion(TemplateRegion):
@@ -434,6 +459,8 @@ class Matcher:
             return Anchor("gemm", [a, b], -1, make_matmul)  # type: ignore[list-item]
         if node.op == "call_function" and node.target is torch.cdist:
             return self._distance(node)
+        if node.op == "call_function" and node.target is F.scaled_dot_product_attention:
+            return self._attention(node)
         if isinstance(mod, nn.CrossEntropyLoss) or (node.op == "call_function" and node.target is F.cross_entropy):
             return self._cross_entropy(node, mod)
         pool = self._pool(node, mod)
@@ -490,6 +517,38 @@ class Matcher:
             return DistanceRegion(chain, sources, precision)
 
         return Anchor("distance", [x, y], -1, make_distance)
+
+    def _attention(self, node: fx.Node) -> Anchor | None:
+        """F.scaled_dot_product_attention of fp32 q [..., Lq, D], k [..., Lk, D], v [..., Lk, DV] (head dims powers
+        of two from 16 to 128) without attn_mask, dropout or enable_gqa, causal or not, at the tensor-core precisions
+        only: with fp32 FMA the template does the same arithmetic as PyTorch's own fp32 attention kernels and is
+        unlikely to beat them (as a bare fp32 GEMM is left to cuBLAS), while split-TF32 products run on the tensor
+        cores, past the fp32 CUDA-core peak those kernels are bound by."""
+        if self.precision == "ieee":
+            return None
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+        args = dict(zip(names, node.args, strict=False)) | dict(node.kwargs)
+        q, k, v = args.get("query"), args.get("key"), args.get("value")
+        causal, scale = args.get("is_causal", False), args.get("scale")
+        if not all(isinstance(t, fx.Node) for t in (q, k, v)) or args.get("attn_mask") is not None \
+                or args.get("dropout_p", 0.0) != 0.0 or args.get("enable_gqa", False) or not isinstance(causal, bool) \
+                or not (scale is None or (isinstance(scale, (int, float)) and not isinstance(scale, bool))):
+            return None
+        shapes = [_shape(t) for t in (q, k, v)]
+        if any(s is None or len(s) < 2 for s in shapes) or {_dtype(t) for t in (q, k, v)} != {torch.float32}:
+            return None
+        (sq, sk, sv), precision = shapes, self.precision
+        if sq[-1] != sk[-1] or sk[-2] != sv[-2] or not head_dims_covered(sq[-1], sv[-1]) or 0 in (sq[-2], sk[-2]):
+            return None
+        try:
+            torch.broadcast_shapes(sq[:-2], sk[:-2], sv[:-2])
+        except RuntimeError:  # batch dims that do not broadcast
+            return None
+
+        def make_attention(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return AttentionRegion(causal, None if scale is None else float(scale), chain, sources, precision)
+
+        return Anchor("attention", [q, k, v], -1, make_attention)  # type: ignore[list-item]
 
     def _cross_entropy(self, node: fx.Node, mod: nn.Module | None) -> Anchor | None:
         """F.cross_entropy / nn.CrossEntropyLoss of [N, C] fp32 logits and int64 class indices, without class weights
@@ -933,7 +992,8 @@ class _Recorder:
 def rewrite(model: nn.Module, example_inputs: Sequence[Any], precision: str = "ieee"
             ) -> tuple[nn.Module, Counter[str]]:
     """A copy of `model` whose covered regions call template kernels, and how many regions of each kind (conv,
-    gemm, distance, pool, rows, scan) it has. `example_inputs`: on the model's device (one forward, for the shapes)."""
+    gemm, distance, attention, pool, rows, scan) it has. `example_inputs`: on the model's device (one forward, for
+    the shapes)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}")
     model = copy.deepcopy(model).eval()
