@@ -93,9 +93,12 @@ def test_version_and_shell_completion(user: dict[str, str], head: Head, tmp_path
 def test_ctrl_c_on_submit_wait_leaves_the_job_running_and_says_how_to_come_back(
         user: dict[str, str], head: Head, tmp_path: Path, work: Path) -> None:
     add_lab(user, head, tmp_path)
+    # SIGINT as a terminal's Ctrl-C finds it: a suite run in the background (`cmd &` in a script) ignores SIGINT,
+    # the child would inherit that, and Python then installs no KeyboardInterrupt handler (the CLI never sees it).
     waiting = subprocess.Popen(
         [sys.executable, "-m", "farm.cli.main", "submit", "job.yaml", "--wait", "--no-check"], cwd=work,
-        env={**os.environ, **user}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env={**os.environ, **user}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     with head.client() as client:
         wait_for(lambda: any(j.name == "toy" and j.created_at > time.time() - 60 for j in client.list_jobs()), 60)
         job_id = max(client.list_jobs(), key=lambda j: j.created_at).id
