@@ -5,11 +5,13 @@ pooling and depthwise convolution reach the memory bandwidth (issue 21: they sat
     TRITON_INTERPRET=1 python benchmarks/gpu/plane_sweep.py --check   # the kernels' arithmetic on CPU, small shapes
 
 Forms, each checked against PyTorch before it is timed:
-- `tile`: today's template (templates.plane: one program per BH x BW block of one output depth, every tap a
-  shifted load of the block), over a wider space of blocks and warps than its autotuner's three.
-- `stream`: one program per block of planes (or of one plane's rows) that walks the pooled/convolved axis (rows for
-  2-D, depths for 3-D), each input row or plane loaded once per program and its window reduction kept in registers
-  for the outputs that share it (3 loads an output for a 3x3 stride-1 window, where `tile` does 9).
+- `template`: what the templates do now (the streamed forms of templates.stream, since this sweep chose them).
+- `tile`: the plane tile (templates.plane: one program per BH x BW block of one output depth, every tap a shifted
+  load of the block), over a wider space of blocks and warps than its autotuner's three.
+- `stream`, `pairs`: the hand-written forms the sweep first compared: one program per block of planes (or of one
+  plane's rows) that walks the pooled/convolved axis (rows for 2-D, depths for 3-D), each input row or plane loaded
+  once per program and its window reduction kept in registers for the outputs that share it (3 loads an output for
+  a 3x3 stride-1 window, where `tile` does 9); `pairs` reads a stride-2 row's column pairs in one contiguous load.
 Prints a table (ms, GB/s, share of the speed of light = bytes once / 4.8 TB/s) per problem.
 """
 
@@ -26,7 +28,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "agents"), str(ROOT)]
 
-from farm_agent.tuner.templates import plane  # noqa: E402
+from farm_agent.tuner.templates import codegen, plane, pool  # noqa: E402
 from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec  # noqa: E402
 from farm_agent.tuner.templates.pool import PoolKernel, PoolSpec  # noqa: E402
 
@@ -251,8 +253,9 @@ def _tile_pool(x: torch.Tensor, spec: PoolSpec, check: bool) -> dict[str, tuple[
     """Today's template: its own autotuned launch, then each block of a wider space."""
     results = {}
     kernel = PoolKernel(spec, ())
-    results["tile (template, autotuned)"] = (_timed(lambda: kernel(x, []), check), kernel(x, []))
-    jit = kernel._kernel.fn if hasattr(kernel._kernel, "fn") else kernel._kernel
+    results["template (autotuned)"] = (_timed(lambda: kernel(x, []), check), kernel(x, []))
+    jit = codegen.load_source(pool._SOURCE.format(epi_params="", epilogue="", plane_tile=plane.PLANE_TILE),
+                              "sweep_pool").kernel  # the tile form, whichever form the template chose
     out_shape = spec.output_shape(x.shape)
     three = lambda v, f: (f,) * (3 - len(v)) + tuple(v)  # noqa: E731
     d, h, w = three(x.shape[-spec.dims:], 1)
@@ -277,7 +280,7 @@ def _tile_dw(x: torch.Tensor, conv: torch.nn.Conv2d, check: bool) -> dict[str, t
     kernel = ConvKernel(spec, (), "ieee")
     weight = conv.weight.detach()
     # the template's bias is an epilogue step; the sweep compares without it on both sides
-    return {"tile (template, autotuned, no bias)": (_timed(lambda: kernel(x, weight, None, []), check),
+    return {"template (autotuned, no bias)": (_timed(lambda: kernel(x, weight, None, []), check),
                                                     kernel(x, weight, None, []) + conv.bias.detach()[:, None, None])}
 
 
