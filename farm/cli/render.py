@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from farm.core.models import cpu_split
 from farm.proto import convert
 from farm.proto.v1 import fleet_pb2, job_pb2
 
@@ -99,10 +100,16 @@ def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
             state += f"\n[yellow]busy: {node.busy}[/]"
         table.add_row(
             node.id, node.name, state, backends,
-            f"{node.cpu_percent:.0f}%", f"{node.memory_percent:.0f}%",
+            cpu_text(node), f"{node.memory_percent:.0f}%",
             ", ".join(f"{p.device} {watts(p.watts, p.source)}" for p in node.power) or "-", ago(node.last_heartbeat),
         )
     return table
+
+
+def cpu_text(node: fleet_pb2.Node) -> str:
+    """The machine's CPU and Farm's part of it: a node at 78 % for its owner's work is not 78 % busy with Farm's."""
+    _, farm = cpu_split(node)
+    return f"{node.cpu_percent:.0f}% (farm {farm:.0f}%)"
 
 
 # Estimates are shown as estimates: a counter's figure stands alone, the others say whose estimate they are.

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from farm.cli.options import Head, Token, connect
 from farm.cli.render import ago, console, items_done
+from farm.core.models import cpu_split
 from farm.client import Client
 from farm.proto.v1 import common_pb2, fleet_pb2, job_pb2
 
@@ -62,9 +63,9 @@ def fleet_line(nodes: list[fleet_pb2.Node], running: Counter[str]) -> Text:
 
 def nodes_table(nodes: list[fleet_pb2.Node], running: Counter[str]) -> Table:
     table = Table(title="Nodes", title_justify="left", box=None, pad_edge=False, header_style="bold underline")
-    for column in ("NAME", "STATE", "BACKENDS", "CPU", "MEM", "POWER", "SHARDS", "BEAT"):
+    for column in ("NAME", "STATE", "BACKENDS", "CPU", "FARM", "MEM", "POWER", "SHARDS", "BEAT"):
         table.add_column(column, no_wrap=True, overflow="ellipsis",
-                         justify="right" if column in ("MEM", "POWER", "SHARDS", "BEAT") else "left")
+                         justify="right" if column in ("FARM", "MEM", "POWER", "SHARDS", "BEAT") else "left")
     for node in nodes:
         state = Text(node.state, style=STATE_COLOURS.get(node.state, ""))
         if node.state != "offline":
@@ -73,7 +74,8 @@ def nodes_table(nodes: list[fleet_pb2.Node], running: Counter[str]) -> Table:
         devices = Counter(b.name for b in node.backends if b.available)
         backends = ", ".join(f"{name}×{count}" if count > 1 else name for name, count in devices.items()) or "-"
         table.add_row(
-            node.name, state, backends, meter(node.cpu_percent, width=5), f"{node.memory_percent:.0f}%",
+            node.name, state, backends, meter(node.cpu_percent, width=5), f"{cpu_split(node)[1]:.0f}%",
+            f"{node.memory_percent:.0f}%",
             power(node.power), str(running[node.id]), ago(node.last_heartbeat).removesuffix(" ago"),
         )
     return table

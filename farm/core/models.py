@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Protocol
 
 from pydantic import Field
 
@@ -105,6 +106,21 @@ class Node(Frozen):
     gpu_memory: tuple[GpuMemory, ...] = ()
     busy: str = ""  # why the owner needs the node now (its agent's idle policy); empty while it offers work
     drain: bool = False  # an operator drained it (`farm drain`): it takes no new shards until undrained
+
+
+class CpuReading(Protocol):
+    """A node's CPU figures as every layer carries them (the store's Node, the wire's fleet_pb2.Node)."""
+
+    cpu_percent: float
+    farm_cpu_percent: float
+
+
+def cpu_split(node: CpuReading) -> tuple[float, float]:
+    """The node's CPU use as (the owner's share, Farm's share), each in percent of the whole machine: Farm's is what
+    the agent measured of its own processes (itself, its Ray node, the workers running shards), the owner's the rest
+    of the machine's. A node busy with its owner's work is not shown as busy with Farm's."""
+    farm = min(max(node.farm_cpu_percent, 0.0), node.cpu_percent)
+    return max(node.cpu_percent - farm, 0.0), farm
 
 
 class Shard(Frozen):

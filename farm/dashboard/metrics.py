@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from farm.core.models import JobState, Node, NodeState, ShardState
-from farm.dashboard.views import cpu_split, running_shards_by_node
+from farm.core.models import JobState, Node, NodeState, ShardState, cpu_split
+from farm.dashboard.views import running_shards_by_node
 from farm.head.store import Job, NodeWork, Store
 
 UNFINISHED = (JobState.QUEUED, JobState.RUNNING)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from farm.core.energy import EnergySource
-from farm.core.models import GpuMemory, Node, NodeState, ShardState
+from farm.core.models import GpuMemory, Node, NodeState, ShardState, cpu_split
 from farm.head.store import Job, NodeWork
 
 JSON = dict[str, Any]
@@ -50,14 +50,6 @@ def activity(node: Node, shards_running: int) -> str:
 
 def running_shards_by_node(running_jobs: Iterable[Job]) -> Counter[str]:
     return Counter(s.node_id for job in running_jobs for s in job.shards if s.state is ShardState.RUNNING)
-
-
-def cpu_split(node: Node) -> tuple[float, float]:
-    """The node's CPU use as (the owner's share, Farm's share), each in percent of the whole machine: Farm's is what
-    the agent measured of its own processes (itself, its Ray node, the workers running shards), the owner's the rest
-    of the machine's. A node busy with its owner's work is not shown as busy with Farm's."""
-    farm = min(max(node.farm_cpu_percent, 0.0), node.cpu_percent)
-    return max(node.cpu_percent - farm, 0.0), farm
 
 
 def gpu_memory_percent(memory: Iterable[GpuMemory]) -> float:

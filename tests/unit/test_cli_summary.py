@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from farm.cli.jobs import show_summary
@@ -25,3 +27,24 @@ def test_a_jobs_output_cannot_drive_the_users_terminal(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "[shard 2] ok\ufffd]0;pwned\ufffd" in out
     assert out.splitlines()[1].endswith("\tnext")
+
+
+def test_farm_nodes_and_top_split_a_nodes_cpu_between_its_owner_and_farm() -> None:
+    """A node at 78 % for its owner's own work, 8 % of it Farm's, is not shown as a node busy with Farm's work."""
+    from rich.console import Console
+
+    from farm.cli.render import nodes_table
+    from farm.cli.top import nodes_table as top_nodes
+    from farm.proto.v1 import fleet_pb2
+
+    node = fleet_pb2.Node(id="n-1", name="lender", state="ready", cpu_percent=78.0, farm_cpu_percent=8.0,
+                          memory_percent=40.0)
+    odd = fleet_pb2.Node(id="n-2", name="odd", state="ready", cpu_percent=10.0, farm_cpu_percent=30.0)
+    console = Console(width=200, record=True)
+    console.print(nodes_table([node, odd]))
+    listed = console.export_text()
+    assert "78% (farm 8%)" in listed and "10% (farm 10%)" in listed  # Farm's share never above the machine's
+    console = Console(width=200, record=True)
+    console.print(top_nodes([node], Counter()))
+    header, row = console.export_text().splitlines()[1:3]
+    assert header.split()[3:5] == ["CPU", "FARM"] and " 8%" in row
