@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -26,15 +25,15 @@ from typing import Any
 
 import ray
 
-from farm.core.energy import Energy, marginal_joules
+from farm.core.energy import marginal_joules
 from farm.core.errors import AuthError, FarmError, SpecError
-from farm.core.models import BackendName, JobState, Node, NodeState, ShardState
+from farm.core.models import BackendName, JobState, Node, ShardState
 from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ResultRoute
 from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat, remote
 from farm.head.arrivals import Arrival, BadUpload, Cut, Void
+from farm.head.attempts import Attempts, Running
 from farm.head.kinds.base import KindHandler, ShardedKind
-from farm.head.liveness import derive_state
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
@@ -52,27 +51,6 @@ NO_RESULT = "its task ended with no result (its worker died, or could not reach 
 
 
 @dataclass
-class Running:
-    """One attempt of a shard: where it runs, its Ray task (only ever waited on, never read) and its upload ticket."""
-
-    node_id: str
-    device: str
-    ref: Any
-    ticket: str = ""
-    started: float = field(default_factory=time.monotonic)
-    receiving: bool = False  # its upload has begun: the ticket takes no second one
-
-
-@dataclass
-class Expected:
-    """A worker's call whose result is to come by upload (a training worker's): where a file or table it sends goes,
-    and the future its arrival resolves."""
-
-    staging: Path | None
-    arrived: asyncio.Future[Arrival]
-
-
-@dataclass
 class Round:
     """What one scheduling round shares between its jobs: the nodes, and the slots taken so far."""
 
@@ -86,21 +64,19 @@ class Dispatcher:
         self.settings = settings
         self.notify = notify
         self.wake = asyncio.Event()
-        self.running: dict[tuple[str, int], Running] = {}
-        self.tickets: dict[str, tuple[str, int]] = {}  # upload ticket → the shard whose running attempt holds it
-        self.calls: dict[str, Expected] = {}  # upload ticket → a worker's call waiting for its result (training's)
-        self._ca_pem: bytes | None = None
+        self.attempts = Attempts(settings)
+        self.running = self.attempts.running  # (job id, shard index) → its running attempt
         # Shards whose result is in and whose output is being written: what they measured, for sizing and scoring
         # (the store has it only once the output is written, exactly once; the device is free meanwhile).
         self.writing: dict[tuple[str, int], Sample] = {}
         self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
-        self.unbacked: set[str] = set()  # nodes claiming devices their Ray worker does not offer (told once)
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
         self.handlers = kinds.handlers(settings)
         self.outcomes = Outcomes(store, settings, notify, self._cancel_running)
         self.round = Round()
+        self.node_watch = node_check.NodeWatch(store, settings)
 
     async def run(self) -> None:
         self.recover()
@@ -144,44 +120,9 @@ class Dispatcher:
                 self.outcomes.fail(job.id, None, exc.message)
 
     async def refresh_nodes(self) -> None:
-        """Node state from heartbeats and from Ray's own view of its nodes."""
-        ray_nodes = await asyncio.to_thread(ray.nodes)
-        label = remote.NODE_LABEL
-        alive = {n["Labels"][label]: n["NodeID"] for n in ray_nodes if n.get("Alive") and label in n.get("Labels", {})}
-        resources = {n["Labels"][label]: n.get("Resources", {}) for n in ray_nodes
-                     if n.get("Alive") and label in n.get("Labels", {})}
-        now = time.time()
-        holding = set()  # nodes whose Ray worker runs: ready or draining, they keep their running shards
-        draining = set()  # nodes their owner or an operator took out of the farm's hands
-        for node in self.store.node_liveness():  # not store.nodes(): thousands of nodes, every second
-            if node.state is NodeState.OFFLINE:  # it left or went silent; a heartbeat or Register brings it back
-                continue
-            if node.draining:
-                draining.add(node.id)
-            state = derive_state(node, node.id in alive, now - node.last_heartbeat, self.settings.offline_after_s)
-            if state is NodeState.READY and node.state is not NodeState.READY and self._claims_unbacked(node.id,
-                                                                                                  resources[node.id]):
-                state = NodeState.JOINING  # never ready: its shards would wait for ever on Ray
-            ray_id = alive[node.id] if state in (NodeState.READY, NodeState.DRAINING) else None
-            if state is not node.state or (ray_id and ray_id != node.ray_node_id):
-                log.info("node %s is %s", node.name, state.value)
-                self.store.set_node_state(node.id, state, ray_id)
-            if state in (NodeState.READY, NodeState.DRAINING):
-                holding.add(node.id)
-        self.draining = draining
-        self._take_back_from_lost_nodes(holding, draining)
-
-    def _claims_unbacked(self, node_id: str, ray_resources: dict[str, float]) -> bool:
-        (node,) = self.store.nodes(node_id)
-        missing = node_check.unbacked(node.backends, ray_resources)
-        if missing and node_id not in self.unbacked:
-            log.warning("node %s claims what its Ray worker does not offer: %s; it gets no shards", node.name,
-                        ", ".join(missing))
-        if missing:
-            self.unbacked.add(node_id)
-        else:
-            self.unbacked.discard(node_id)
-        return bool(missing)
+        """Node state from heartbeats and Ray's view; shards on nodes no longer holding them go back to the queue."""
+        holding, self.draining = await self.node_watch.refresh()
+        self._take_back_from_lost_nodes(holding, self.draining)
 
     def _take_back_from_lost_nodes(self, holding: set[str], draining: set[str]) -> None:
         """Shards on a node that left, went silent or lost its Ray worker go back to the queue.
@@ -195,7 +136,7 @@ class Dispatcher:
         for key, running in list(self.running.items()):
             if running.node_id in holding:
                 continue
-            self._release(key)
+            self.attempts.release(key)
             ray.cancel(running.ref, force=True)
             if running.node_id in draining:
                 self.outcomes.requeue(*key, "its node drained and stopped its Ray worker")
@@ -238,9 +179,8 @@ class Dispatcher:
             for s in wanted
         ]
         running_items: Counter[tuple[str, str]] = Counter()
-        for (job_id, index), running in self.running.items():
-            if job_id == job.id:
-                running_items[(running.node_id, running.device)] += job.shards[index].size
+        for index, running in self.attempts.of_job(job.id).items():
+            running_items[(running.node_id, running.device)] += job.shards[index].size
         nodes, busy = self.round.nodes, self.round.busy
         rates = calibration.rates([*self.store.samples(job.model_key), *self._writing(job)],
                                   autoshard.meter_steps(list(nodes.values())), spec.energy)
@@ -257,7 +197,7 @@ class Dispatcher:
     def _cut_and_launch(self, job: Job, spec: Any, handler: ShardedKind[Any]) -> None:
         """An auto-sized job's round: a shard for each free device its policy wants, cut to that device's size
         (from the rows that never ran first, then the uncut rest), launched there."""
-        started = {index: r.started for (job_id, index), r in self.running.items() if job_id == job.id}
+        started = {index: r.started for index, r in self.attempts.of_job(job.id).items()}
         nodes, busy = self.round.nodes, self.round.busy
         decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), busy, started, self.store,
                                  self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec),
@@ -303,7 +243,16 @@ class Dispatcher:
     def holds(self, job_id: str) -> bool:
         """Whether shards of this job are still out (an ended job's, being stopped): their results would come back
         for a job deleted meanwhile."""
-        return any(running_job == job_id for running_job, _ in self.running)
+        return bool(self.attempts.of_job(job_id))
+
+    def takes_upload(self, ticket: str) -> bool:
+        return self.attempts.takes_upload(ticket)
+
+    def expect(self, staging: Path | None = None) -> tuple[ResultRoute, asyncio.Future[Arrival]]:
+        return self.attempts.expect(staging)
+
+    def forget(self, route: ResultRoute) -> None:
+        self.attempts.forget(route)
 
     def forget_code(self, uri: str) -> None:
         """A deleted job's code package (`uri`: ray_compat.code_uri of its bytes), out of Ray's GCS, unless a job
@@ -316,63 +265,20 @@ class Dispatcher:
         """Start a shard on the assignment's device; `why` it went there (default: the score it went on)."""
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
-        ticket = secrets.token_urlsafe(32)
+        route = self.attempts.route()
         ref = call.remote.options(**remote.pinned(
             node.id, assignment.backend.value, environment.runtime_env(spec, self.working_dir(job)),
             f"farm:{job.name}:{shard.index}"),
-        ).remote(call.task, self._route(ticket))
-        key = (job.id, shard.index)
-        self.running[key] = Running(node.id, assignment.device, ref, ticket)
-        self.tickets[ticket] = key
+        ).remote(call.task, route)
+        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, ref, route.ticket))
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
-
-    def _route(self, ticket: str) -> ResultRoute:
-        """How an attempt reaches this head with its result: the address agents join at, the CA they pin."""
-        if self._ca_pem is None:
-            self._ca_pem = b"" if self.settings.insecure else (self.settings.tls_dir / "ca.pem").read_bytes()
-        return ResultRoute(self.settings.address, self._ca_pem, ticket)
-
-    def _release(self, key: tuple[str, int]) -> Running | None:
-        """The shard's running attempt ends here: its ticket is void from now on."""
-        running = self.running.pop(key, None)
-        if running is not None:
-            self.tickets.pop(running.ticket, None)
-        return running
-
-    def _holder(self, ticket: str) -> tuple[tuple[str, int], Running] | None:
-        key = self.tickets.get(ticket) if ticket else None
-        running = self.running.get(key) if key is not None else None
-        if key is None or running is None or running.ticket != ticket:
-            return None
-        return key, running
-
-    def takes_upload(self, ticket: str) -> bool:
-        """Whether `ticket` is a running attempt's or a waiting call's, whose upload has not begun (the gate asks,
-        before the body)."""
-        holder = self._holder(ticket)
-        return ticket in self.calls or holder is not None and not holder[1].receiving
-
-    def expect(self, staging: Path | None = None) -> tuple[ResultRoute, asyncio.Future[Arrival]]:
-        """A worker's call that sends its result by upload (training's): its route, and the future its arrival
-        resolves. `staging`: a file made for what it sends, if it sends a table or a file."""
-        ticket = secrets.token_urlsafe(32)
-        arrived: asyncio.Future[Arrival] = asyncio.get_running_loop().create_future()
-        self.calls[ticket] = Expected(staging, arrived)
-        return self._route(ticket), arrived
-
-    def forget(self, route: ResultRoute) -> None:
-        """The call is over, its result in or not: its ticket is void (and, if its upload never began, the file made
-        for what it would have sent goes)."""
-        expected = self.calls.pop(route.ticket, None)
-        if expected is not None and expected.staging is not None:
-            expected.staging.unlink(missing_ok=True)
 
     async def receive(self, ticket: str, parts: AsyncIterator[result_pb2.UploadPart]) -> None:
         """An attempt's upload (ResultService.Upload), read whole. Its result is claimed (the attempt is released, the
         device free) before this returns, so before its task ends; its output is written after, exactly once. A
         ticket that is unknown, void (the attempt taken back or ended) or already used is refused."""
-        expected = self.calls.pop(ticket, None)  # one upload a ticket
+        expected = self.attempts.calls.pop(ticket, None)  # one upload a ticket
         if expected is not None:
             arrival = await arrivals.receive(parts, expected.staging, lambda: not expected.arrived.done())
             if expected.arrived.done():  # the call was given up meanwhile
@@ -380,7 +286,7 @@ class Dispatcher:
                 raise Void("the call was given up while its result arrived")
             expected.arrived.set_result(arrival)
             return
-        holder = self._holder(ticket)
+        holder = self.attempts.holder(ticket)
         if holder is None or holder[1].receiving:
             raise AuthError("invalid or void upload ticket (its attempt ended, or its result is in)")
         key, running = holder
@@ -392,13 +298,13 @@ class Dispatcher:
         except Cut:  # its sender went away: its task's end says so (reap), the ticket used
             raise
         except BadUpload as exc:  # as a broken node would send: the attempt counts as the node's failure
-            if self._release(key) is running:
+            if self.attempts.release(key) is running:
                 self._failed(key, running, Failure(True, f"its upload: {exc.message}"))
             raise
         if self.running.get(key) is not running:  # taken back while it arrived: a rerun owns the shard now
             arrival.discard()
             raise Void("the attempt was taken back while its result arrived")
-        self._release(key)  # claimed before any await: losing the node now must not hand the shard to another
+        self.attempts.release(key)  # claimed before any await: losing the node now must not hand the shard to another
         settling = asyncio.create_task(self._settle(key, running, arrival))
         self.tasks.add(settling)
         settling.add_done_callback(self.tasks.discard)
@@ -416,7 +322,7 @@ class Dispatcher:
         for key, running in list(self.running.items()):
             if running.ref not in ended_set:
                 continue
-            self._release(key)
+            self.attempts.release(key)
             if not self.store.job_state(key[0]).finished:  # a finished job's tasks were cancelled
                 self._failed(key, running, Failure(True, NO_RESULT))
         self.wake.set()
@@ -437,7 +343,7 @@ class Dispatcher:
             await asyncio.to_thread(handler.check_result, job, spec, job.shards[index], arrival)
             measured = handler.measured(arrival)
             if measured is not None:  # its device takes its next shard, sized by this one, while the output is written
-                self.writing[key] = self._sample(running, self._with_marginal(running, measured))
+                self.writing[key] = self._with_marginal(running, measured).sample(running.node_id, running.device)
                 self.wake.set()
             try:
                 record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], arrival)
@@ -474,22 +380,13 @@ class Dispatcher:
             self.outcomes.fail(job_id, index, failure.message)
 
     def _with_marginal(self, running: Running, record: ShardRecord) -> ShardRecord:
-        if record.marginal_j is None and record.energy is not None:
-            return replace(record, marginal_j=self._marginal(running, record.energy))
-        return record
-
-    @staticmethod
-    def _sample(running: Running, record: ShardRecord) -> Sample:
-        energy = record.energy
-        return Sample(node_id=running.node_id, device=running.device, items=record.items, seconds=record.seconds,
-                      energy_j=energy.joules if energy else 0.0, energy_source=energy.source.value if energy else "",
-                      marginal_j=record.marginal_j if energy else None, finished_at=time.time())
-
-    def _marginal(self, running: Running, energy: Energy) -> float | None:
-        """A shard's energy above its device's idle draw, as the device's agent read that draw on the same meter."""
+        """The record with its energy above its device's idle draw, as the device's agent read that draw on the same
+        meter."""
         node = self.round.nodes.get(running.node_id)
         offer = next((o for o in node.backends if o.device == running.device), None) if node else None
-        return None if offer is None else marginal_joules(energy, offer.idle_w, offer.idle_source)
+        if record.marginal_j is not None or record.energy is None or offer is None:
+            return record
+        return replace(record, marginal_j=marginal_joules(record.energy, offer.idle_w, offer.idle_source))
 
     def cancel(self, job_id: str) -> None:
         self._cancel_running(job_id)
@@ -498,6 +395,5 @@ class Dispatcher:
         self.notify(job_id)
 
     def _cancel_running(self, job_id: str) -> None:
-        for (running_job, _), running in list(self.running.items()):
-            if running_job == job_id:
-                ray.cancel(running.ref, force=True)
+        for running in self.attempts.of_job(job_id).values():
+            ray.cancel(running.ref, force=True)

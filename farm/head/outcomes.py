@@ -16,6 +16,7 @@ from farm.core.models import JobState, Node, ShardState
 from farm.head.output import manifest, write_manifest
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
+from farm.scheduler.calibration import Sample
 
 if TYPE_CHECKING:
     from farm.core.spec import JobSpec
@@ -81,6 +82,13 @@ class ShardRecord:
     peak_memory_bytes: int = 0
     marginal_j: float | None = None  # the part of `energy` above the device's idle draw (farm.core.energy)
     metrics: dict[str, float] = field(default_factory=dict)  # the kind's own figures (an evaluate shard's loss)
+
+    def sample(self, node_id: str, device: str) -> Sample:
+        """What the shard measured, as the scheduler's calibration reads it."""
+        energy = self.energy
+        return Sample(node_id=node_id, device=device, items=self.items, seconds=self.seconds,
+                      energy_j=energy.joules if energy else 0.0, energy_source=energy.source.value if energy else "",
+                      marginal_j=self.marginal_j if energy else None, finished_at=time.time())
 
 
 class Outcomes:

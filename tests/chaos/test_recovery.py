@@ -14,7 +14,8 @@ import pytest
 
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, Node, ShardState
 from farm.core.tasks import ShardFigures
-from farm.head.dispatch import Dispatcher, Running
+from farm.head.attempts import Running
+from farm.head.dispatch import Dispatcher
 from farm.data.batches import output_column
 from farm.data.results import Results, read_predictions
 from farm.head.settings import HeadSettings
@@ -106,11 +107,10 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
     farm = dispatcher(store, tmp_path)
 
     async def scenario() -> None:
-        farm.running[("j-1", 0)] = Running("n-1", "cpu", None, "ticket-0")
-        farm.tickets["ticket-0"] = ("j-1", 0)
+        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", None, "ticket-0"))
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
         await farm.receive("ticket-0", stream(parts([results(0)], ShardFigures(items=2, seconds=0.1))))
-        assert ("j-1", 0) not in farm.running and not farm.tickets  # claimed as the upload is taken, before its write
+        assert ("j-1", 0) not in farm.running and not farm.attempts.tickets  # claimed as the upload is taken, before its write
         await asyncio.gather(*farm.tasks)
 
     asyncio.run(scenario())
@@ -128,8 +128,7 @@ def test_a_result_short_of_its_range_does_not_pass_as_done(store: Store, tmp_pat
     farm = dispatcher(store, tmp_path)
 
     async def scenario() -> None:
-        farm.running[("j-1", 0)] = Running("n-1", "cpu", None, "ticket-0")
-        farm.tickets["ticket-0"] = ("j-1", 0)
+        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", None, "ticket-0"))
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
         short = pa.table({"row_id": pa.array([0], pa.int64()), "output": output_column(outputs(0)[:1])})
         await farm.receive("ticket-0", stream(parts([short], ShardFigures(items=2, seconds=0.1))))

@@ -17,7 +17,8 @@ import pytest
 
 from farm.core.errors import AuthError, ConflictError, NotFoundError, UserError
 from farm.core.models import JobState
-from farm.head.dispatch import Dispatcher, Running
+from farm.head.attempts import Running
+from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.jobs import Jobs
 from farm.head.settings import HeadSettings

@@ -19,7 +19,8 @@ from farm.core.errors import DataError
 from farm.core.models import BackendName, BackendOffer, NodeState, ShardState
 from farm.core.tasks import ResultRoute, ShardFigures
 from farm.data.batches import output_column
-from farm.head.dispatch import NO_RESULT, Dispatcher, Running
+from farm.head.attempts import Running
+from farm.head.dispatch import NO_RESULT, Dispatcher
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm_agent.upload import Upload, UploadFailed, send
@@ -46,8 +47,7 @@ def start_attempt(head: Head, index: int, ticket: str) -> None:
 
     def start() -> None:
         farm.store.shard_started("j-1", index, farm.store.nodes()[0], "cpu", "cpu")
-        farm.running[("j-1", index)] = Running("n-1", "cpu", None, ticket)
-        farm.tickets[ticket] = ("j-1", index)
+        farm.attempts.start(("j-1", index), Running("n-1", "cpu", None, ticket))
 
     head.on_loop(start)
 
@@ -94,7 +94,7 @@ def test_an_upload_needs_its_attempts_live_ticket_once(tmp_path: Path) -> None:
         farm = head.dispatcher
 
         def take_back() -> None:  # as _take_back_from_lost_nodes does, without a Ray task to cancel
-            farm._release(("j-1", 1))
+            farm.attempts.release(("j-1", 1))
             farm.outcomes.retry_or_fail("j-1", 1, "its node left the farm")
 
         head.on_loop(take_back)

@@ -24,12 +24,13 @@ from farm.core.models import BackendName, BackendOffer, Hardware, JobState, Node
 from farm.core.spec import JobKind, parse_spec
 from farm.core.tasks import ShardFigures
 from farm.head import autoshard, kinds
-from farm.head.dispatch import Dispatcher, Round, Running
+from farm.head.attempts import Running
+from farm.head.dispatch import Dispatcher, Round
 from farm.head.kinds.base import Submission
 from farm.data.batches import output_column
 from farm_agent.kernel_eval import rows_table
 from tests.uploads import arrive, parts, stream
-from farm.head.outcomes import NodeLost, sort_failure
+from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 
@@ -86,6 +87,13 @@ KIND_BRANCH = re.compile(r"JobKind\.[A-Z_]+|kind\s*(==|!=|is|is not)\s|training 
 def test_no_branch_on_the_job_kind_outside_the_handlers(module: str) -> None:
     found = [line.strip() for line in (ROOT / module).read_text().splitlines() if KIND_BRANCH.search(line)]
     assert found == [], f"{module} branches on the job kind: {found}"
+
+
+def test_no_module_of_the_head_is_over_400_lines() -> None:
+    """Issue 17's bound: a head module that outgrows it holds two things, and one of them wants a module."""
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "head").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert long == {}
 
 
 def test_plans_inference_in_shards_of_rows_and_checks_its_files() -> None:
@@ -263,8 +271,10 @@ def test_a_shards_energy_above_idle_comes_from_its_devices_idle_draw_on_the_same
     farm_ = dispatcher(store, tmp_path)
     farm_.round = Round({n.id: n for n in store.nodes()})
     counter = Energy(joules=2040.0, seconds=3.0, source=EnergySource.COUNTER, scope=EnergyScope.DEVICE)
-    assert farm_._marginal(Running("n-2", "cuda:0", None), counter) == pytest.approx(2040.0 - 125.0 * 3.0)
-    assert farm_._marginal(Running("n-1", "cpu", None), counter) is None  # no idle draw read on that device
+    record = ShardRecord(items=1, seconds=3.0, energy=counter)
+    gpu_record = farm_._with_marginal(Running("n-2", "cuda:0", None), record)
+    assert gpu_record.marginal_j == pytest.approx(2040.0 - 125.0 * 3.0)
+    assert farm_._with_marginal(Running("n-1", "cpu", None), record).marginal_j is None  # no idle draw on that device
 
 
 def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_is_written(
@@ -299,8 +309,7 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
     upload = parts([rows], ShardFigures(items=8, seconds=0.01))
 
     async def collect() -> None:
-        farm_.running[("j-1", index)] = Running("n-1", "cpu", None, "ticket-1")
-        farm_.tickets["ticket-1"] = ("j-1", index)
+        farm_.attempts.start(("j-1", index), Running("n-1", "cpu", None, "ticket-1"))
         await farm_.receive("ticket-1", stream(upload))  # the upload's reply: the result is in
         await asyncio.to_thread(writing.wait, 10)
         assert farm_.wake.is_set() and ("j-1", index) not in farm_.running  # the device is free
