@@ -1,8 +1,8 @@
 """Compile every template kernel for a GPU target without a GPU: Triton's front end, its MLIR passes, LLVM and the
 ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
 precision; GEMM and pairwise distances; attention, each precision, causal or not; pooling max and average; each row
-op one-pass and looped, with and without a prologue; each scan packed and looped), each with an epilogue chain of
-every operand kind.
+op one-pass and looped, with and without a prologue; each scan packed and looped; the embedding gather, each tile,
+int32 and int64 ids, a row in one chunk and in a loop), each with an epilogue chain of every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 
@@ -22,8 +22,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from farm_agent.tuner.templates import (attention, codegen, conv, gemm, plane, pool, rowreduce, scan,  # noqa: E402
-                                        stream)
+from farm_agent.tuner.templates import (attention, codegen, conv, gather, gemm, plane, pool, rowreduce,  # noqa: E402
+                                        scan, stream)
 from farm_agent.tuner.templates import prologue as prologue_module  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
@@ -34,7 +34,7 @@ PROLOGUE = (Step("mul", "scalar", value=0.125), Step("add", "full"),
 
 
 def compile_kernel(fn: Any, runtime: dict[str, str], constants: dict[str, Any], arch: int, warps: int,
-                   stages: int = 3) -> float:
+                   stages: int = 3, **options: Any) -> float:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -47,7 +47,7 @@ def compile_kernel(fn: Any, runtime: dict[str, str], constants: dict[str, Any], 
         raise ValueError(f"no value for {missing}")
     started = time.perf_counter()
     triton.compile(ASTSource(fn, signature, constexprs=constants), target=GPUTarget("cuda", arch, 32),
-                   options={"num_warps": warps, "num_stages": stages})
+                   options={"num_warps": warps, "num_stages": stages, **options})
     return time.perf_counter() - started
 
 
@@ -55,7 +55,8 @@ def epi_types(params: list[str]) -> dict[str, str]:
     return {p: "*fp32" for p in params}
 
 
-def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
+def cases() -> list[tuple[Any, ...]]:
+    """(name, kernel, runtime types, constants, warps, stages[, compile options])."""
     found = []
     params, lines = triton_lines(CHAIN)
     epi = "".join(f"{p}, " for p in params)
@@ -166,6 +167,15 @@ def cases() -> list[tuple[str, Any, dict[str, str], dict[str, Any], int, int]]:
                           {"PRECISION": precision, "CAUSAL": causal, "V_K_MAJOR": precision != "ieee", "D": d,
                            "DV": dv, "BLOCK_M": bm, "BLOCK_N": bn},
                           config.num_warps, config.num_stages))
+    module = codegen.load_source(gather.GatherKernel(CHAIN).source(), "check_gather")
+    for ids in ("i64", "i32"):
+        for dim in (256, 4096):  # one chunk a row, and rows walked in chunks of MAX_BLOCK_D
+            for rows, block, warps in gather.plan(dim):
+                found.append((f"embedding_gather ids={ids} d={dim} {rows}x{block}", module.kernel,
+                              {"IDS": f"*{ids}", "W": "*fp32", "Y": "*fp32", **epi_types(params),
+                               **ints("N", "V", "D", "s_w")},
+                              {"ROWS": rows, "BLOCK_D": block}, warps, 2,
+                              {"debug": True, "sanitize_overflow": False}))  # as GatherKernel launches it: the assert
     return found
 
 
@@ -175,11 +185,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run the cases whose name contains this")
     args = parser.parse_args()
     failed = 0
-    for name, fn, runtime, constants, warps, stages in cases():
+    for name, fn, runtime, constants, warps, stages, *options in cases():
         if args.only not in name:
             continue
         try:
-            seconds = compile_kernel(fn, runtime, constants, args.arch, warps, stages)
+            extra = options[0] if options else {}
+            seconds = compile_kernel(fn, runtime, constants, args.arch, warps, stages, **extra)
             print(f"ok   {name} ({seconds:.1f} s)", flush=True)
         except Exception as exc:  # noqa: BLE001
             failed += 1

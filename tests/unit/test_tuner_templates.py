@@ -30,9 +30,12 @@ from farm_agent.tuner.templates.attention import tiles as attention_tiles
 from farm_agent.tuner.templates.conv import (ConvKernel, ConvSpec, gather_reference, packed_weight, phase_plan,
                                              source_coords, torch_conv, uses_direct, uses_phases, uses_stream)
 from farm_agent.tuner.templates.epilogue import Step, describe, reference, tensor_operands, triton_lines
+from farm_agent.tuner.templates.gather import GatherKernel
+from farm_agent.tuner.templates.gather import plan as gather_plan
 from farm_agent.tuner.templates.gemm import GemmKernel, k_major
 from farm_agent.tuner.templates.matcher import (AttentionRegion, ConvRegion, CrossEntropyRegion, DistanceRegion,
-                                                GemmRegion, PoolRegion, RowRegion, ScanRegion, regions, rewrite)
+                                                GatherRegion, GemmRegion, PoolRegion, RowRegion, ScanRegion, regions,
+                                                rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
 from farm_agent.tuner.templates.rowreduce import RowSpec, plan, torch_rows
@@ -699,13 +702,63 @@ def test_attention_tiles_fit_in_shared_memory() -> None:
     assert {bn for _, bn, _, _ in attention_tiles("tf32x3", 64, 64, 20)} == {32}  # no wider than the keys
 
 
+class Lookups(nn.Module):
+    """Embedding lookups as models write them (a module with a padding row, F.embedding, torch.embedding; int64 and
+    int32 ids, 2-D and 1-D), with chains, and the lookups the template leaves to PyTorch."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(11, dim, padding_idx=0)
+        self.positions = nn.Parameter(torch.randn(7, dim))
+        self.gain = nn.Parameter(torch.rand(dim) + 0.5)
+        self.capped = nn.Embedding(11, dim, max_norm=1.0)  # renormalises its rows in place as it looks them up
+        self.capped_table = nn.Parameter(torch.randn(7, dim) * 2.0)
+        self.sparse = nn.Embedding(11, dim, sparse=True)
+        self.bag = nn.EmbeddingBag(11, dim)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (self.tokens(ids) * self.gain + r,  # a per-channel gain (over D) and a tensor of the output's shape
+                torch.relu(F.embedding(pos, self.positions) * 2.0), torch.embedding(self.positions, pos),
+                self.capped(ids), F.embedding(pos, self.capped_table, max_norm=1.0), self.sparse(ids), self.bag(ids))
+
+
+def lookup_inputs(dim: int) -> list[torch.Tensor]:
+    ids = torch.randint(0, 11, (3, 4))
+    ids[0, 0] = 0  # the padding row
+    return [ids, torch.tensor([6, 0, 3, 3, 5], dtype=torch.int32), torch.randn(3, 4, dim)]
+
+
+def test_the_matcher_turns_embedding_lookups_into_gathers() -> None:
+    model, inputs = Lookups(37).eval(), lookup_inputs(37)
+    for precision in ("ieee", "tf32x3"):  # no products: a region at every precision
+        rewritten, counts = rewrite(model, inputs, precision)
+        assert counts == {"gather": 3}
+        assert sorted(r.describe() for r in regions(rewritten)) == [
+            "embedding -", "embedding mul[channel]+add[full]", "embedding mul[scalar]+relu"]
+    assert "max_norm = 1.0" in rewritten.code and "self.capped(" in rewritten.code  # max_norm, sparse, bags: PyTorch's
+    assert "self.sparse(" in rewritten.code and "self.bag(" in rewritten.code
+    for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
+        torch.testing.assert_close(got, want)
+    assert not rewritten(*inputs)[0][0, 0].sub(inputs[2][0, 0]).any()  # the padding row: zeros, before the chain
+    with pytest.raises(IndexError):  # out of range: PyTorch's error, as the original raises it
+        rewritten(inputs[0] + 11, *inputs[1:])
+
+
+def test_gather_tiles_hold_a_row_or_walk_it_in_chunks() -> None:
+    assert gather_plan(256) == [(4, 256, 2), (8, 256, 4), (16, 256, 4), (32, 256, 8)]
+    assert gather_plan(37) == [(16, 64, 2), (32, 64, 4), (64, 64, 4), (128, 64, 8)]  # rounded up, masked
+    assert gather_plan(4096) == [(1, 1024, 2), (2, 1024, 4), (4, 1024, 4), (8, 1024, 8)]  # four chunks a row
+    source = GatherKernel((Step("add", "channel"),)).source()
+    assert 'eviction_policy="evict_first"' in source and "tl.device_assert(" in source
+
+
 @pytest.mark.parametrize(("name", "kinds"), [("pairwise_distance", {"distance": 1}), ("conv2d_depthwise", {"conv": 1}),
                                              ("depthwise_bn_hardswish", {"conv": 1}), ("maxpool3d_video", {"pool": 1}),
                                              ("maxpool2d_dilated", {"pool": 1}), ("avgpool1d_overlap", {"pool": 1}),
                                              ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1}),
                                              ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1}),
                                              ("causal_masked_softmax", {"rows": 1}),
-                                             ("attention_sdpa", {"attention": 1})])
+                                             ("attention_sdpa", {"attention": 1}), ("embedding_gather", {"gather": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -890,3 +943,26 @@ def test_attention_runs_under_the_interpreter(interpreter: None) -> None:
             want = torch.relu(F.scaled_dot_product_attention(q, k, v, is_causal=causal))
             torch.testing.assert_close(region(q, k, v), want, rtol=1e-4, atol=1e-4)
             assert not region.failed, codegen.FAILURES
+
+
+def test_embedding_gathers_run_under_the_interpreter(interpreter: None) -> None:
+    for dim in (37, 1100):  # one chunk a row (D not a power of two), and rows walked in chunks of 1024 columns
+        model, inputs = Lookups(dim).eval(), lookup_inputs(dim)
+        rewritten, counts = rewrite(model, inputs, "ieee")
+        assert counts == {"gather": 3}
+        with torch.no_grad():
+            for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        assert all(isinstance(r, GatherRegion) and not r.failed for r in regions(rewritten)), codegen.FAILURES
+    table, kernel = torch.randn(9, 20), GatherKernel(())
+    for dtype in (torch.int32, torch.int64):
+        for shape in ((5,), (2, 3), ()):
+            ids = torch.randint(0, 9, shape, dtype=dtype)
+            assert torch.equal(kernel(table, ids, []), F.embedding(ids, table))  # a copy: exact
+    ids = torch.tensor([[1, 9], [-1, 3]])
+    for lookup in (F.embedding, lambda i, t: kernel(t, i, [])):
+        with pytest.raises(IndexError, match="out of range"):
+            lookup(ids, table)
+    got = kernel.launch(table, ids, [])  # the kernel itself reads nothing for an id out of range
+    assert torch.equal(got[0, 0], table[1]) and torch.equal(got[1, 1], table[3])
+    assert not got[0, 1].any() and not got[1, 0].any()

@@ -1,12 +1,12 @@
 """The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
 
 A region is an anchor (a convolution, a GEMM, pairwise distances, scaled dot-product attention, a pooling, a row
-reduction or normalisation, a cross-entropy, a cumsum or cumprod along the last dim) and the elementwise chain that
-follows it: each next node is the previous one's only user and applies one elementwise op to it, with at most one
-other operand that is a number, a per-channel vector (a bias, a BatchNorm in eval, a learned scale) or a tensor of
-the output's own shape (a residual). The anchor can be a module
-(nn.Conv2d, nn.Linear, nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss ...), a function (F.linear, torch.matmul,
-torch.cdist, F.scaled_dot_product_attention, torch.softmax, F.cross_entropy ...) or a method (x.softmax(-1),
+reduction or normalisation, a cross-entropy, a cumsum or cumprod along the last dim, an embedding lookup) and the
+elementwise chain that follows it: each next node is the previous one's only user and applies one elementwise op to
+it, with at most one other operand that is a number, a per-channel vector (a bias, a BatchNorm in eval, a learned
+scale) or a tensor of the output's own shape (a residual). The anchor can be a module (nn.Conv2d, nn.Linear,
+nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss, nn.Embedding ...), a function (F.linear, torch.matmul, torch.cdist,
+F.scaled_dot_product_attention, torch.softmax, F.cross_entropy, F.embedding ...) or a method (x.softmax(-1),
 x.mean(...)), written anywhere in the forward: the graph is what is matched, not the module tree. Everything else
 stays as it was, for eager or Inductor to run.
 
@@ -39,6 +39,7 @@ from farm_agent.tuner.templates import codegen, epilogue
 from farm_agent.tuner.templates.attention import AttentionKernel, head_dims_covered, torch_attention
 from farm_agent.tuner.templates.conv import ConvKernel, ConvSpec, kernel_operands, torch_conv
 from farm_agent.tuner.templates.epilogue import Step
+from farm_agent.tuner.templates.gather import ID_DTYPES, GatherKernel
 from farm_agent.tuner.templates.gemm import GemmKernel
 from farm_agent.tuner.templates.pool import PoolKernel, PoolSpec, torch_pool
 from farm_agent.tuner.templates.prologue import CausalFill, Item, Prologue, tensor_steps
@@ -98,7 +99,7 @@ class TemplateRegion(nn.Module):
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         inputs, extra = args[:self.inputs], args[self.inputs:]
         operands = self.operands(extra)
-        if not self.failed and all(t.dtype == torch.float32 for t in [*inputs[:self.float_inputs], *operands]) \
+        if not self.failed and all(t.dtype == torch.float32 for t in [*self.float_tensors(inputs), *operands]) \
                 and triton_runs_on(inputs[0]):
             try:
                 return self.run_template(inputs, operands)
@@ -106,6 +107,10 @@ class TemplateRegion(nn.Module):
                 self.failed = True
                 codegen.record_failure(f"{self.kind}:{self.describe()}", exc)
         return self.run_reference(inputs, operands)
+
+    def float_tensors(self, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        """The tensors besides the chain's operands that must be fp32 for the template to run."""
+        return inputs[:self.float_inputs]
 
     def run_reference(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
         y = self.produce(*inputs)
@@ -305,6 +310,39 @@ class ScanRegion(TemplateRegion):
         return f"{self.spec.op} {super().describe()}"
 
 
+class GatherRegion(TemplateRegion):
+    """An embedding lookup (templates.gather), its chain on the looked-up rows (channel: the row's D):
+    forward(ids, *the chain's operands) with the nn.Embedding held, or forward(ids, table, *operands) for
+    F.embedding / torch.embedding."""
+
+    kind = "gather"
+
+    def __init__(self, embedding: nn.Embedding | None, options: dict[str, Any], chain: Sequence[Step],
+                 sources: Sequence[tuple[str, Any]]) -> None:
+        super().__init__(chain, sources, 1 if embedding is not None else 2, -1)
+        self.embedding = embedding
+        self.options = dict(options)  # F.embedding's padding_idx, scale_grad_by_freq: the gradients' business
+        self.kernel = GatherKernel(self.chain)
+
+    def table(self, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        return self.embedding.weight if self.embedding is not None else inputs[1]
+
+    def float_tensors(self, inputs: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        return [self.table(inputs)]  # the ids are integers
+
+    def produce(self, ids: torch.Tensor, *table: torch.Tensor) -> torch.Tensor:
+        if self.embedding is not None:
+            return self.embedding(ids)
+        return F.embedding(ids, table[0], **self.options)
+
+    def run_template(self, inputs: Sequence[torch.Tensor], operands: list[torch.Tensor]) -> torch.Tensor:
+        ids, table = inputs[0], self.table(inputs).detach()
+        return self.kernel(table, ids, kernel_operands(self.chain, operands, (*ids.shape, table.shape[-1])))
+
+    def describe(self) -> str:
+        return f"embedding {super().describe()}"
+
+
 class CrossEntropyRegion(TemplateRegion):
     """F.cross_entropy(logits [N, C], class indices [N]) without class weights or label smoothing: each row's loss
     (its logsumexp minus its target's logit) in one read of the row, then PyTorch's reduction of the N losses."""
@@ -463,6 +501,9 @@ class Matcher:
             return self._attention(node)
         if isinstance(mod, nn.CrossEntropyLoss) or (node.op == "call_function" and node.target is F.cross_entropy):
             return self._cross_entropy(node, mod)
+        if isinstance(mod, nn.Embedding) or (node.op == "call_function" and node.target in (F.embedding,
+                                                                                           torch.embedding)):
+            return self._gather(node, mod)
         pool = self._pool(node, mod)
         if pool is not None:
             spec = pool
@@ -496,6 +537,39 @@ class Matcher:
             return ScanRegion(spec, chain, sources)
 
         return Anchor("scan", [x], -1, make_scan)
+
+    def _gather(self, node: fx.Node, mod: nn.Module | None) -> Anchor | None:
+        """nn.Embedding, F.embedding or torch.embedding of an fp32 [V, D] table by int32 or int64 ids of any shape.
+        Not with max_norm (the lookup renormalises the table's rows in place) or sparse gradients (left to PyTorch);
+        padding_idx and scale_grad_by_freq change only the gradients, so those lookups are matched."""
+        if isinstance(mod, nn.Embedding):
+            if len(node.args) != 1 or node.kwargs or mod.max_norm is not None or mod.sparse:
+                return None
+            ids, table, embedding, options = node.args[0], mod.weight, mod, {}
+        else:
+            functional = node.target is F.embedding  # torch.embedding(weight, indices, ...) takes them the other way
+            names = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse") \
+                if functional else ("weight", "indices", "padding_idx", "scale_grad_by_freq", "sparse")
+            args = dict(zip(names, node.args, strict=False)) | dict(node.kwargs)
+            ids, table = args.pop("input" if functional else "indices", None), args.pop("weight", None)
+            if args.get("max_norm") is not None or args.get("sparse", False) \
+                    or any(isinstance(v, fx.Node) for v in args.values()):
+                return None
+            padding = args.get("padding_idx")
+            if not functional and padding is not None and padding < 0:  # torch.embedding's -1: none
+                padding = None
+            options = {"padding_idx": padding, "scale_grad_by_freq": bool(args.get("scale_grad_by_freq", False))}
+            embedding = None
+        shape = table.shape if isinstance(table, torch.Tensor) else _shape(table)
+        dtype = table.dtype if isinstance(table, torch.Tensor) else _dtype(table)
+        if not isinstance(ids, fx.Node) or _dtype(ids) not in ID_DTYPES or shape is None or len(shape) != 2 \
+                or dtype != torch.float32 or (embedding is None and not isinstance(table, fx.Node)):
+            return None
+
+        def make_gather(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return GatherRegion(embedding, options, chain, sources)
+
+        return Anchor("gather", [ids] if embedding is not None else [ids, table], -1, make_gather)
 
     def _distance(self, node: fx.Node) -> Anchor | None:
         """torch.cdist(x, y, p=2) where PyTorch itself takes its matrix form (the same arithmetic as the template;
@@ -992,8 +1066,8 @@ class _Recorder:
 def rewrite(model: nn.Module, example_inputs: Sequence[Any], precision: str = "ieee"
             ) -> tuple[nn.Module, Counter[str]]:
     """A copy of `model` whose covered regions call template kernels, and how many regions of each kind (conv,
-    gemm, distance, attention, pool, rows, scan) it has. `example_inputs`: on the model's device (one forward, for
-    the shapes)."""
+    gemm, distance, attention, pool, rows, scan, gather) it has. `example_inputs`: on the model's device (one
+    forward, for the shapes)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}")
     model = copy.deepcopy(model).eval()
