@@ -251,14 +251,13 @@ AGENT_IMPORT = re.compile(r"^\s*(from|import)\s+farm_agent\b", re.M)
 
 
 def test_the_head_reaches_the_agent_through_one_module_and_the_client_not_at_all() -> None:
-    """farm_agent.entry is the head's door (imported by farm/head/remote.py alone); the client runs no agent code.
-    client/preflight.py is the one exception until its checks run in a child process (issue 20's change)."""
+    """farm_agent.entry is the head's door (imported by farm/head/remote.py alone); the client runs no agent code."""
     head = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "head").rglob("*.py") if AGENT_IMPORT.search(p.read_text()))
     assert head == ["head/remote.py"]
     assert "from farm_agent import entry\n" in (ROOT / "head/remote.py").read_text()
     client = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "client").rglob("*.py")
                     if AGENT_IMPORT.search(p.read_text()))
-    assert client in ([], ["client/preflight.py"])
+    assert client == []
     labels = [p for p in (*ROOT.rglob("*.py"), *(ROOT.parent / "agents").rglob("*.py"))
               if '"farm.io/node"' in p.read_text()]
     assert [p.name for p in labels] == ["entry.py"]  # NODE_LABEL defined once
