@@ -15,6 +15,7 @@ import sys
 import types
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ from farm_agent.tuner.templates.matcher import (AttentionRegion, ConvRegion, Cro
                                                 rewrite)
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
-from farm_agent.tuner.templates.rowreduce import RowSpec, plan, torch_rows
+from farm_agent.tuner.templates.rowreduce import RowKernel, RowSpec, plan, torch_rows
 from farm_agent.tuner.templates.scan import plan as scan_plan
 
 torch.manual_seed(0)
@@ -631,6 +632,34 @@ def test_the_matcher_fuses_elementwise_ops_before_norms_and_pools() -> None:
         torch.testing.assert_close(got, want)
 
 
+class WrittenOut(nn.Module):
+    """Norms as models write them out: RMSNorm by hand (three spellings of the square) with a weight, F.normalize;
+    and forms left alone (the mean read twice, the norm along another dim)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(7) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ms = x.pow(2).mean(dim=-1, keepdim=True)
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight,
+                torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + 1e-5) * x,
+                x * (torch.square(x).mean(-1, keepdim=True) + 1e-6).rsqrt(),
+                F.normalize(x, dim=-1), F.normalize(x, p=2.0, dim=2, eps=1e-3),
+                x * torch.rsqrt(ms + 1e-6) + ms,  # the mean read again: only the mean is a region
+                F.normalize(x, dim=1))  # not along the row
+
+
+def test_the_matcher_finds_norms_written_out() -> None:
+    model, x = WrittenOut().eval(), torch.randn(3, 5, 7) * 2.0
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert sorted(r.describe() for r in regions(rewritten)) == [
+        "normalize -", "normalize -", "rms_norm -", "rms_norm -", "rms_norm mul[channel]", "square mean -"]
+    assert "rsqrt" in rewritten.code and rewritten.code.count("normalize(") == 1
+    for got, want in zip(rewritten(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 def test_masks_not_built_causal_and_shared_scales_stay_outside_the_row_kernel() -> None:
     class Others(nn.Module):
         def forward(self, s: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -758,7 +787,8 @@ def test_gather_tiles_hold_a_row_or_walk_it_in_chunks() -> None:
                                              ("conv_transpose3d_bn_relu", {"conv": 1}), ("cross_entropy", {"rows": 1}),
                                              ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1}),
                                              ("causal_masked_softmax", {"rows": 1}),
-                                             ("attention_sdpa", {"attention": 1}), ("embedding_gather", {"gather": 1})])
+                                             ("attention_sdpa", {"attention": 1}), ("embedding_gather", {"gather": 1}),
+                                             ("rms_norm", {"rows": 1}), ("l2_normalize", {"rows": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -766,6 +796,8 @@ def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(nam
     if name == "causal_masked_softmax":  # the scale and the mask built from torch.ones(...).triu(1) fused
         assert [r.describe() for r in regions(rewritten)] == ["mul[scalar]+fill[triu 1] softmax -"]
         assert "torch.ones" not in rewritten.code and "triu" not in rewritten.code
+    if name == "rms_norm":  # written out: the square, mean, eps, rsqrt and product one row op, the weight its chain
+        assert [r.describe() for r in regions(rewritten)] == ["rms_norm mul[channel]"]
     if name in ("depthwise_bn_hardswish", "conv_transpose3d_bn_relu"):  # BatchNorm and the activation fused
         assert [r.describe().split()[-1] for r in regions(rewritten)] in (
             ["add[channel]+mul[channel]+add[channel]+relu"], ["mul[channel]+add[channel]+hardswish"])
@@ -966,3 +998,63 @@ def test_embedding_gathers_run_under_the_interpreter(interpreter: None) -> None:
     got = kernel.launch(table, ids, [])  # the kernel itself reads nothing for an id out of range
     assert torch.equal(got[0, 0], table[1]) and torch.equal(got[1, 1], table[3])
     assert not got[0, 1].any() and not got[1, 0].any()
+
+
+class _Compiled:
+    """Stands in for Triton's CompiledKernel (no GPU here): what a launch through Triton returns."""
+
+    def run(self, *args: Any) -> None:  # the launcher the direct path calls (through codegen._launch)
+        raise AssertionError("launched for real")
+
+
+class _Through:
+    """Stands in for the autotuner in front of a Triton kernel: counts the launches that went through it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple[Any, ...]]] = []
+        self.best_config = types.SimpleNamespace(kwargs={"BLOCK": 64}, pre_hook=None)
+
+    def __getitem__(self, grid: Any) -> Any:
+        def run(*args: Any, **constexprs: Any) -> _Compiled:
+            self.calls.append((grid, args))
+            return _Compiled()
+        return run
+
+
+def test_a_template_launch_goes_through_triton_once_per_kind_then_straight_to_its_kernel(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evaluator times a call from an idle device: Triton's per-call path (autotuner lookup, binding) is taken
+    only for a launch of a new kind, as Triton would specialise or tune it differently."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(codegen, "FAST_LAUNCH", True)
+    direct: list[tuple[Any, list[Any]]] = []
+    monkeypatch.setattr(codegen, "_launch", lambda compiled, grid, ordered: direct.append((grid, ordered)))
+    fn = types.SimpleNamespace(arg_names=["X", "Y", "R", "L", "OP", "BLOCK"])
+    inner = _Through()
+    launcher = codegen.Launcher(inner, fn, ["R", "L"])
+    x, y = torch.zeros(64), torch.zeros(64)
+    grid = lambda meta: (meta["R"] // meta["BLOCK"],)  # noqa: E731
+    launcher[grid](x, y, 128, 64, OP=1)
+    launcher[grid](x, y, 128, 64, OP=1)
+    assert len(inner.calls) == 1 and len(direct) == 1
+    (where, ordered), = direct
+    assert where == (2,) and ordered[0] is x and ordered[1] is y and ordered[2:] == [128, 64, 1, 64]
+    launcher[grid](x, y, 128, 64, OP=2)  # another constexpr
+    launcher[grid](x, y, 256, 64, OP=1)  # another value of the autotuning key
+    launcher[grid](x[1:], y, 128, 64, OP=1)  # a tensor off 16-byte alignment: Triton specialises on it
+    launcher[grid](x, y, 128, 1, OP=1)  # an int that is 1
+    assert len(inner.calls) == 5 and len(direct) == 1
+    monkeypatch.setattr(codegen, "FAST_LAUNCH", False)
+    launcher[grid](x, y, 128, 64, OP=1)
+    assert len(inner.calls) == 6 and len(direct) == 1
+
+
+def test_norms_written_out_run_as_row_kernels_under_the_interpreter(interpreter: None) -> None:
+    model, x = WrittenOut().eval(), torch.randn(3, 5, 7) * 2.0
+    rewritten, _ = rewrite(model, [x], "ieee")
+    with torch.no_grad():
+        for got, want in zip(rewritten(x), model(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+    long = torch.randn(2, 17000)  # a row longer than MAX_ONE_PASS: the looped kernel's normalize
+    torch.testing.assert_close(RowKernel(RowSpec("normalize"), ())(long, None, None, ()), F.normalize(long, dim=-1))

@@ -63,14 +63,93 @@ def autotuned(jit_function: Any, configs: list[Any], key: list[str]) -> Any:
     if interpreting():
         configs = configs[:1]
     if len(configs) == 1:
-        return _Fixed(jit_function, configs[0])
+        return Launcher(_Fixed(jit_function, configs[0]), jit_function, [])
 
     def bench(kernel_call: Any, quantiles: Any = None) -> Any:
         # Short: a few milliseconds per config is enough to rank tiles, and every child process of the evaluator
         # tunes again (what it picks is only a search; the evaluator's timing of the whole model is the verdict).
         return triton.testing.do_bench(kernel_call, warmup=5, rep=25, quantiles=quantiles)
 
-    return triton.autotune(configs=configs, key=key, do_bench=bench)(jit_function)
+    return Launcher(triton.autotune(configs=configs, key=key, do_bench=bench)(jit_function), jit_function, key)
+
+
+FAST_LAUNCH = True  # benchmarks/kernels/launch_cost.py turns it off to compare
+
+
+class Launcher:
+    """A template kernel's launches: the first of each kind through Triton (autotuning, specialising, compiling), the
+    next ones straight to the compiled kernel it chose.
+
+    The evaluator times a call from an idle device, so the host's work before the kernel starts is part of a
+    candidate's time, and Triton's own path (the autotuner's lookup, the JIT's binding and specialisation, on every
+    call) cost a memory-bound template more than its margin over Inductor. A launch is of the same kind as an
+    earlier one when everything Triton decides from stays the same: the constexprs, the values of the autotuning
+    key, and what Triton specialises a runtime argument on (a tensor's dtype and 16-byte alignment; an int's being
+    1, its divisibility by 16 and its width; a float's type). Anything else (the interpreter, a config with a
+    pre-hook) goes through Triton every time.
+    """
+
+    def __init__(self, inner: Any, jit_function: Any, key: list[str]) -> None:
+        self.inner, self.fn, self.key = inner, jit_function, key
+        self.names = list(jit_function.arg_names)
+        self.key_at = [self.names.index(k) for k in key]
+        self.known: dict[Any, tuple[Any, dict[str, Any]]] = {}  # kind of launch -> (compiled kernel, its meta)
+
+    def __getitem__(self, grid: Any) -> Any:
+        def run(*args: Any, **constexprs: Any) -> Any:
+            if not FAST_LAUNCH or interpreting():
+                return self.inner[grid](*args, **constexprs)
+            kind = (_kind(args), tuple(constexprs.items()),
+                    tuple(args[i] if i < len(args) else constexprs.get(name) for i, name in zip(self.key_at, self.key)))
+            known = self.known.get(kind)
+            if known is None:
+                compiled = self.inner[grid](*args, **constexprs)
+                config = getattr(self.inner, "best_config", None) or getattr(self.inner, "config", None)
+                if compiled is not None and config is not None and config.pre_hook is None \
+                        and hasattr(compiled, "run"):
+                    self.known[kind] = (compiled, dict(config.kwargs))
+                return compiled
+            compiled, meta = known
+            values = dict(zip(self.names, args))
+            values.update(constexprs)
+            values.update(meta)
+            where = grid(values) if callable(grid) else grid
+            ordered = [values[name] for name in self.names]
+            _launch(compiled, where, ordered)
+            return compiled
+        return run
+
+
+def _kind(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What Triton specialises each runtime argument on."""
+    import torch
+
+    found: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif isinstance(a, bool):
+            found.append(("bool", a))
+        elif isinstance(a, int):
+            found.append(("int", a == 1, a % 16 == 0, -2**31 <= a < 2**31, a >= 2**63))
+        elif isinstance(a, float):
+            found.append("float")
+        else:
+            found.append(("other", a))
+    return tuple(found)
+
+
+def _launch(compiled: Any, grid: Any, ordered: list[Any]) -> None:
+    """What triton's JITFunction.run does once it has the compiled kernel: the launch on the current stream."""
+    from triton import knobs
+    from triton.runtime.driver import driver
+
+    stream = driver.active.get_current_stream(driver.active.get_current_device())
+    g1 = grid[1] if len(grid) > 1 else 1
+    g2 = grid[2] if len(grid) > 2 else 1
+    compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(grid, stream, *ordered), knobs.runtime.launch_enter_hook,
+                 knobs.runtime.launch_exit_hook, *ordered)
 
 
 class _Fixed:

@@ -395,6 +395,8 @@ class Anchor:
     chainable: bool = True  # False: its output is reduced after the kernel, so no chain is fused into it
     absorbed: list[fx.Node] = field(default_factory=list)  # the prologue's nodes, nearest the anchor first
     builders: list[fx.Node] = field(default_factory=list)  # what built a causal mask: erased once unused
+    end: fx.Node | None = None  # the node whose value the producer computes, if not the anchor's own (a norm written
+    # out: the anchor is its reduction, the end the product that applies it)
 
 
 def _shape(node: Any) -> tuple[int, ...] | None:
@@ -697,6 +699,9 @@ class Matcher:
             spec = RowSpec("softmax" if isinstance(mod, nn.Softmax) else "log_softmax")
         else:
             spec, channel_dim = self._row_call(node, ndim)
+            written = self._rms_written_out(node, spec)
+            if written is not None:
+                return written
         if spec is None:
             return None
         if spec.op == "group_norm" and ndim < 3:
@@ -718,6 +723,34 @@ class Matcher:
         allows = not (spec.op in ("layer_norm", "rms_norm") and spec.reduced > 1)
         return Anchor("rows", [start, *pro_operands], channel_dim, make_rows, allows_channel=allows,
                       absorbed=absorbed, builders=builders)
+
+    def _rms_written_out(self, mean: fx.Node, spec: RowSpec | None) -> Anchor | None:
+        """RMSNorm as models write it out: x * rsqrt(mean(x², -1, keepdim=True) + eps), the square as x.pow(2),
+        x ** 2, torch.square(x) or x * x; each node between read by the next alone. The anchor is the mean, the
+        region's value the product (what follows it, a weight included, is its chain)."""
+        if spec is None or spec.op != "mean" or spec.reduced != 1 or not spec.keepdim:
+            return None
+        square = mean.args[0]
+        if not isinstance(square, fx.Node) or len(square.users) != 1:
+            return None
+        x = _squared(square)
+        added = _only_user(mean)
+        if x is None or added is None or _name(added) != "add" or len(added.args) != 2 or added.kwargs:
+            return None
+        eps = added.args[1] if added.args[0] is mean else added.args[0]
+        root = _only_user(added)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or root is None or _name(root) != "rsqrt":
+            return None
+        product = _only_user(root)
+        if product is None or _name(product) != "mul" or product.kwargs or set(product.args) != {x, root} \
+                or _shape(product) != _shape(x):
+            return None
+        rms = RowSpec("rms_norm", eps=float(eps))
+
+        def make_rms(chain: tuple[Step, ...], sources: list[tuple[str, Any]]) -> TemplateRegion:
+            return RowRegion(rms, None, chain, sources, -1)
+
+        return Anchor("rows", [x], -1, make_rms, absorbed=[root, added, mean, square], end=product)
 
     def _prologue(self, x: fx.Node, spec: RowSpec
                   ) -> tuple[fx.Node, Prologue, list[fx.Node], list[fx.Node], list[fx.Node]]:
@@ -803,6 +836,9 @@ class Matcher:
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
         if node.op not in ("call_function", "call_method") or not isinstance(name, str):
             return None, -1
+        normalize = self._normalize_call(node, ndim)
+        if normalize is not None:
+            return normalize, -1
         if node.op == "call_function" and node.target not in (torch.softmax, F.softmax, torch.log_softmax,
                                                                 F.log_softmax, torch.logsumexp, torch.sum, torch.mean,
                                                                 torch.amax):
@@ -823,6 +859,17 @@ class Matcher:
         if name in ("logsumexp", "sum", "mean", "amax"):
             return RowSpec(name, reduced=reduced, keepdim=keepdim), -1
         return None, -1
+
+    def _normalize_call(self, node: fx.Node, ndim: int) -> RowSpec | None:
+        """F.normalize(x, p=2, dim=<the last>, eps) (a function call; p and dim as numbers)."""
+        if node.op != "call_function" or node.target is not F.normalize:
+            return None
+        args = dict(zip(("input", "p", "dim", "eps"), node.args, strict=False)) | dict(node.kwargs)
+        p, dim, eps = args.pop("p", 2.0), args.pop("dim", 1), args.pop("eps", 1e-12)
+        if args.pop("out", None) is not None or set(args) != {"input"} or p != 2 or not isinstance(dim, int) \
+                or dim % ndim != ndim - 1 or isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            return None
+        return RowSpec("normalize", eps=float(eps))
 
     # chains
 
@@ -948,8 +995,8 @@ class Matcher:
             anchor = self.anchor(node)
             if anchor is None:
                 continue
-            chain_nodes = [node]
-            tail = node
+            tail = anchor.end or node
+            chain_nodes = [tail]
             while anchor.chainable and len(tail.users) == 1:
                 user = next(iter(tail.users))
                 step, operand = self.step(user, tail, anchor)
@@ -991,6 +1038,34 @@ class Matcher:
 _BUILDER_FUNCTIONS = (torch.ones, torch.triu, torch.tril, operator.getitem, getattr, operator.invert,
                       torch.logical_not)
 _BUILDER_METHODS = ("triu", "tril", "bool", "to", "size", "logical_not", "bitwise_not")
+
+
+def _name(node: fx.Node) -> str | None:
+    """An elementwise node's op by name, whether a function, an operator or a method."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op == "call_function":
+        return {operator.add: "add", operator.mul: "mul", operator.pow: "pow"}.get(
+            node.target, getattr(node.target, "__name__", None))  # type: ignore[arg-type]
+    return None
+
+
+def _only_user(node: fx.Node) -> fx.Node | None:
+    return next(iter(node.users)) if len(node.users) == 1 else None
+
+
+def _squared(node: fx.Node) -> fx.Node | None:
+    """x, where node is x.pow(2), x ** 2, torch.square(x) or x * x (no keyword arguments)."""
+    name = _name(node)
+    if node.kwargs or not node.args or not isinstance(node.args[0], fx.Node):
+        return None
+    if name == "square" and len(node.args) == 1:
+        return node.args[0]
+    if name == "pow" and len(node.args) == 2 and node.args[1] == 2 and not isinstance(node.args[1], bool):
+        return node.args[0]
+    if name == "mul" and len(node.args) == 2 and node.args[0] is node.args[1]:
+        return node.args[0]
+    return None
 
 
 def _erase_unused(graph: fx.Graph, nodes: Sequence[fx.Node], erased: set[fx.Node]) -> None:

@@ -25,7 +25,7 @@ from farm_agent.tuner.templates.prologue import Prologue, check, fill_of
 from farm_agent.tuner.templates.prologue import triton_lines as prologue_lines
 
 OPS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "group_norm", "sum", "mean", "amax",
-       "cross_entropy")
+       "cross_entropy", "normalize")
 ROW_OUTPUT = ("logsumexp", "sum", "mean", "amax", "cross_entropy")
 LSE_OPS = ("softmax", "log_softmax", "logsumexp", "cross_entropy")
 MAX_ONE_PASS = 16384
@@ -94,6 +94,8 @@ def torch_rows(x: torch.Tensor, spec: RowSpec, weight: torch.Tensor | None = Non
         return F.rms_norm(x, x.shape[-spec.reduced:], weight, spec.eps)
     if spec.op == "group_norm":
         return F.group_norm(x, spec.groups, weight, bias, spec.eps)
+    if spec.op == "normalize":
+        return F.normalize(x, p=2.0, dim=-1, eps=spec.eps)
     if spec.op == "sum":
         return x.sum(dim=dims, keepdim=spec.keepdim)
     if spec.op == "mean":
@@ -136,7 +138,8 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
            ROW_OUT: tl.constexpr, HAS_PRO: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
            BLOCK: tl.constexpr):
     # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax,
-    # 9 cross_entropy (per row: logsumexp minus the logit at the row's target T, 0 where the target is IGNORE);
+    # 9 cross_entropy (per row: logsumexp minus the logit at the row's target T, 0 where the target is IGNORE),
+    # 10 normalize (x / max(|x|, eps), F.normalize's p = 2);
     # LSE: the row's max and sum of exponentials are its statistics (0, 1, 2 and 9)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = rows < R
@@ -157,9 +160,12 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
                 full = x - mx[:, None] - tl.log(s)[:, None]
             else:
                 row = mx + tl.log(s)
-        elif OP <= 5:
+        elif OP <= 5 or OP == 10:
             if OP == 4:
                 inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / L + eps)
+                full = x * inv[:, None]
+            elif OP == 10:
+                inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, axis=1)), eps)
                 full = x * inv[:, None]
             else:
                 mean = tl.sum(x, axis=1) / L
@@ -212,6 +218,9 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
             s2 = tl.sum(acc2, axis=1) / L
             if OP == 4:
                 inv = 1.0 / tl.sqrt(s2 + eps)
+                mean = shift
+            elif OP == 10:
+                inv = 1.0 / tl.maximum(tl.sqrt(s2 * L), eps)
                 mean = shift
             else:
                 mean = shift + s1
