@@ -57,11 +57,13 @@ def main() -> int:
 
     paths = [a for a in sys.argv[1:] if not a.startswith("--")]
     flush = torch.empty(256 * 1024 * 1024 // 4, device="cuda")
-    print(f"{'problem':28} {'candidate':24} {'stream ms':>10} {'idle ms':>9} {'host us':>8}")
+    print(f"{'problem':28} {'candidate':24} {'stream ms':>10} {'idle ms':>9} {'host us':>8} {'max err':>9}")
     for path in paths:
         problem = load_problem(path)
         model = problem.model("cuda")
         inputs = problem.inputs("cuda", 0)
+        with torch.no_grad():
+            want = model(*inputs)
         for name, fast in (("eager", True), ("compile-default", True), ("triton-templates", False),
                            ("triton-templates", True)):
             codegen.FAST_LAUNCH = fast
@@ -74,10 +76,12 @@ def main() -> int:
                 stream = triton.testing.do_bench(lambda: fn(*inputs), warmup=25, rep=200)
                 idle = idle_ms(fn, inputs, flush)
                 host = host_us(fn, inputs)
+                with torch.no_grad():
+                    error = (fn(*inputs) - want).abs().max().item()
             except Exception as exc:  # noqa: BLE001 - a candidate that does not build is a row of the table
                 print(f"{problem.name:28} {label:24} failed: {' '.join(str(exc).split())[:100]}")
                 continue
-            print(f"{problem.name:28} {label:24} {stream:10.3f} {idle:9.3f} {host:8.1f}", flush=True)
+            print(f"{problem.name:28} {label:24} {stream:10.3f} {idle:9.3f} {host:8.1f} {error:9.2e}", flush=True)
             if "--profile" in sys.argv and name == "triton-templates":
                 profiler = cProfile.Profile()
                 profiler.enable()
@@ -86,7 +90,7 @@ def main() -> int:
                 profiler.disable()
                 torch.cuda.synchronize()
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
-        del model, inputs
+        del model, inputs, want
         torch.cuda.empty_cache()
     return 0
 
