@@ -102,3 +102,12 @@ def test_the_code_zip_leaves_out_what_git_ignores(work: Path) -> None:
         (work / name).write_text("x")
     names = set(zipfile.ZipFile(io.BytesIO(zip_code(work))).namelist())
     assert names == {"toyjob.py", "src/keep.py"}  # another job's outputs and logs stay home
+
+
+def test_the_code_zip_leaves_out_secrets_and_hidden_folders(work: Path) -> None:
+    """Issue 18 (15): a submit from a folder holding credentials shipped them to every node."""
+    for name in (".env", ".netrc", ".aws/credentials", ".git/config", "src/.secret", "src/ok.py"):
+        (work / name).parent.mkdir(parents=True, exist_ok=True)
+        (work / name).write_text("x")
+    names = set(zipfile.ZipFile(io.BytesIO(zip_code(work))).namelist())
+    assert names == {"toyjob.py", "src/ok.py"}
