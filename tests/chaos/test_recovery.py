@@ -97,6 +97,7 @@ def test_a_head_killed_between_the_last_shard_and_the_manifest_finishes_the_job_
     assert files == sorted(["manifest.json", *(f"shard-{i:05d}.parquet" for i in range(3))])
     assert [s["index"] for s in json.loads((output / "manifest.json").read_text())["shards"]] == [0, 1, 2]
     np.testing.assert_array_equal(read_predictions(output), np.arange(12, dtype=np.float32).reshape(6, 2))
+    np.testing.assert_array_equal(read_predictions(str(output)), read_predictions(output))  # a str too (issue 20)
 
 
 def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Store, tmp_path: Path) -> None:
