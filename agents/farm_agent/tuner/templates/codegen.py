@@ -84,8 +84,8 @@ class Launcher:
     candidate's time, and Triton's own path (the autotuner's lookup, the JIT's binding and specialisation, on every
     call) cost a memory-bound template more than its margin over Inductor. A launch is of the same kind as an
     earlier one when everything Triton decides from stays the same: the constexprs, the values of the autotuning
-    key, and what Triton specialises a runtime argument on (a tensor's dtype and 16-byte alignment; an int's being
-    1, its divisibility by 16 and its width; a float's type). Anything else (the interpreter, a config with a
+    key, and what Triton specialises a runtime argument on (a tensor's dtype and 16-byte alignment, and its device,
+    where the kernel is loaded; an int's being 1, its divisibility by 16 and its width; a float's type). Anything else (the interpreter, a config with a
     pre-hook) goes through Triton every time.
     """
 
@@ -127,7 +127,7 @@ def _kind(args: tuple[Any, ...]) -> tuple[Any, ...]:
     found: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            found.append((a.dtype, a.data_ptr() % 16 == 0))
+            found.append((a.dtype, a.get_device(), a.data_ptr() % 16 == 0))  # a kernel is loaded per device
         elif isinstance(a, bool):
             found.append(("bool", a))
         elif isinstance(a, int):
