@@ -449,7 +449,7 @@ def test_a_region_whose_template_fails_falls_back_and_records_why(monkeypatch: p
     def broken(*args: object) -> torch.Tensor:
         raise RuntimeError("PassManager::run failed")
 
-    monkeypatch.setattr("farm_agent.tuner.templates.matcher.triton_runs_on", lambda t: True)
+    monkeypatch.setattr("farm_agent.tuner.templates.regions.base.triton_runs_on", lambda t: True)
     monkeypatch.setattr(region, "run_template", broken)
     monkeypatch.setattr(codegen, "FAILURES", {})
     torch.testing.assert_close(rewritten(x), model(x))
