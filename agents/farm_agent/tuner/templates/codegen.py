@@ -73,7 +73,7 @@ def autotuned(jit_function: Any, configs: list[Any], key: list[str]) -> Any:
     return Launcher(triton.autotune(configs=configs, key=key, do_bench=bench)(jit_function), jit_function, key)
 
 
-FAST_LAUNCH = True  # benchmarks/kernels/launch_cost.py turns it off to compare
+FAST_LAUNCH = True  # benchmarks/kernels/call_overhead.py turns it off to compare
 
 
 class Launcher:
@@ -85,8 +85,8 @@ class Launcher:
     call) cost a memory-bound template more than its margin over Inductor. A launch is of the same kind as an
     earlier one when everything Triton decides from stays the same: the constexprs, the values of the autotuning
     key, and what Triton specialises a runtime argument on (a tensor's dtype and 16-byte alignment, and its device,
-    where the kernel is loaded; an int's being 1, its divisibility by 16 and its width; a float's type). Anything else (the interpreter, a config with a
-    pre-hook) goes through Triton every time.
+    where the kernel is loaded; an int's being 1, its divisibility by 16 and its width; a float's type). Anything
+    else (the interpreter, a config with a pre-hook) goes through Triton every time.
     """
 
     def __init__(self, inner: Any, jit_function: Any, key: list[str]) -> None:
