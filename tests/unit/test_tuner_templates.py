@@ -372,6 +372,28 @@ def test_the_matcher_rewrites_every_region_kind_and_keeps_the_function() -> None
             torch.testing.assert_close(got, want)
 
 
+class FunctionalLinears(nn.Module):
+    """F.linear as models call it: with a bias and an activation, without a bias, and with a bias alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(5, 4)), nn.Parameter(torch.randn(5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.gelu(F.linear(x, self.w, self.b)), F.linear(x, self.w).relu() * 2.0, F.linear(x, self.w, bias=self.b)
+
+
+def test_f_linear_is_a_gemm_its_bias_the_chains_first_step() -> None:
+    model, x = FunctionalLinears(), torch.randn(2, 7, 4)
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert sorted(r.describe() for r in regions(rewritten)) == ["gemm ieee add[channel]+gelu",
+                                                                 "gemm ieee relu+mul[scalar]"]
+    assert rewritten.code.count("torch._C._nn.linear(") + rewritten.code.count("functional.linear(") == 1  # bias alone
+    for got, want in zip(rewritten(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+    assert rewrite(model, [x], "tf32x3")[1] == {"gemm": 3}  # tensor-core products: the bare one too
+
+
 def test_bare_gemms_go_to_templates_only_with_tensor_core_products() -> None:
     class Attention(nn.Module):
         def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -923,6 +945,16 @@ def test_tensor_core_gemms_with_a_row_major_b_run_under_the_interpreter(interpre
         for got, want in zip(rewritten(a, b, c), model(a, b, c), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_f_linear_runs_under_the_interpreter(interpreter: None) -> None:
+    model, x = FunctionalLinears(), torch.randn(2, 7, 4)
+    for precision in ("ieee", "tf32x3"):
+        rewritten, _ = rewrite(model, [x], precision)
+        with torch.no_grad():
+            for got, want in zip(rewritten(x), model(x), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
 
 
 def test_the_scans_run_under_the_interpreter(interpreter: None) -> None:
