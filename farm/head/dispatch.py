@@ -65,7 +65,6 @@ class Dispatcher:
         self.notify = notify
         self.wake = asyncio.Event()
         self.attempts = Attempts(settings)
-        self.running = self.attempts.running  # (job id, shard index) → its running attempt
         # Shards whose result is in and whose output is being written: what they measured, for sizing and scoring
         # (the store has it only once the output is written, exactly once; the device is free meanwhile).
         self.writing: dict[tuple[str, int], Sample] = {}
@@ -133,7 +132,7 @@ class Dispatcher:
         stops the worker (its owner stayed busy past the agent's grace), they go back to the queue without counting
         as a failed try: the shard did nothing wrong.
         """
-        for key, running in list(self.running.items()):
+        for key, running in list(self.attempts.running.items()):
             if running.node_id in holding:
                 continue
             self.attempts.release(key)
@@ -153,7 +152,7 @@ class Dispatcher:
         if not jobs:
             return
         self.round = Round({node.id: node for node in self.store.nodes()},
-                           Counter((r.node_id, r.device) for r in self.running.values()))
+                           Counter((r.node_id, r.device) for r in self.attempts.running.values()))
         for job in jobs:
             try:
                 spec = self.spec(job)
@@ -231,7 +230,8 @@ class Dispatcher:
             self.store.set_explanation(job.id, explanation)
 
     def _waiting(self, job: Job) -> list[Any]:
-        return [s for s in job.shards if s.state is ShardState.PENDING and (job.id, s.index) not in self.running]
+        running = self.attempts.of_job(job.id)
+        return [s for s in job.shards if s.state is ShardState.PENDING and s.index not in running]
 
     def working_dir(self, job: Job) -> str:
         """The job's code as a Ray package URI, uploaded once: Ray ships it to each node as the working_dir of the
@@ -294,14 +294,14 @@ class Dispatcher:
         job = self.store.job(key[0])
         try:
             arrival = await arrivals.receive(parts, self.handler(job).staging(job, key[1]),
-                                             lambda: self.running.get(key) is running)
+                                             lambda: self.attempts.running.get(key) is running)
         except Cut:  # its sender went away: its task's end says so (reap), the ticket used
             raise
         except BadUpload as exc:  # as a broken node would send: the attempt counts as the node's failure
             if self.attempts.release(key) is running:
                 self._failed(key, running, Failure(True, f"its upload: {exc.message}"))
             raise
-        if self.running.get(key) is not running:  # taken back while it arrived: a rerun owns the shard now
+        if self.attempts.running.get(key) is not running:  # taken back while it arrived: a rerun owns the shard now
             arrival.discard()
             raise Void("the attempt was taken back while its result arrived")
         self.attempts.release(key)  # claimed before any await: losing the node now must not hand the shard to another
@@ -312,14 +312,14 @@ class Dispatcher:
     async def reap(self) -> None:
         """Attempts whose Ray task ended with no result in: the node or its worker failed (or the entry point could
         not reach the head), and the shard runs again. ray.wait reads no object: what a task returned stays unread."""
-        refs = [running.ref for running in self.running.values()]
+        refs = [running.ref for running in self.attempts.running.values()]
         if not refs:
             return
         ended, _ = await asyncio.to_thread(ray.wait, refs, num_returns=len(refs), timeout=0, fetch_local=False)
         if not ended:
             return
         ended_set = set(ended)
-        for key, running in list(self.running.items()):
+        for key, running in list(self.attempts.running.items()):
             if running.ref not in ended_set:
                 continue
             self.attempts.release(key)

@@ -111,7 +111,7 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
         farm.attempts.start(("j-1", 0), Running("n-1", "cpu", None, "ticket-0"))
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
         await farm.receive("ticket-0", stream(parts([results(0)], ShardFigures(items=2, seconds=0.1))))
-        assert ("j-1", 0) not in farm.running and not farm.attempts.tickets  # claimed as the upload is taken, before its write
+        assert ("j-1", 0) not in farm.attempts.running and not farm.attempts.tickets  # claimed as the upload is taken, before its write
         await asyncio.gather(*farm.tasks)
 
     asyncio.run(scenario())

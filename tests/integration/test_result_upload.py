@@ -158,7 +158,7 @@ def test_a_node_made_object_never_unpickles_in_the_head(tmp_path: Path, monkeypa
             placed = Assignment(job_id="j-1", index=0, node_id="n-1", backend=BackendName.CPU, device="cpu",
                                 threads=1, score=0.0, basis="")
             farm.launch(job, farm.spec(job), farm.handler(job), placed, store.nodes()[0])
-            (running,) = farm.running.values()
+            (running,) = farm.attempts.running.values()
             ended, _ = await asyncio.to_thread(ray.wait, [running.ref], timeout=60, fetch_local=False)
             assert ended, "the task never ended"
             for _ in range(20):  # the head's next rounds (a collector awaiting the ref would have run by now)

@@ -311,7 +311,7 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
         farm_.attempts.start(("j-1", index), Running("n-1", "cpu", None, "ticket-1"))
         await farm_.receive("ticket-1", stream(upload))  # the upload's reply: the result is in
         await asyncio.to_thread(writing.wait, 10)
-        assert farm_.wake.is_set() and ("j-1", index) not in farm_.running  # the device is free
+        assert farm_.wake.is_set() and ("j-1", index) not in farm_.attempts.running  # the device is free
         assert store.job("j-1").shards[index].state is ShardState.RUNNING  # not done until written
         grown = autoshard.size(store.job("j-1"), spec, (BackendName.CPU,), list(farm_.round.nodes.values()),
                                Counter(), {}, store, None, writing=farm_._writing(store.job("j-1"))).cuts
