@@ -1,23 +1,20 @@
-"""The head's only door into the agent: the Ray entry points the head calls on a node, and the label that pins them
-there. The head imports this module alone (through farm.head.remote); Ray pickles the entry points by reference,
-so each node runs them from its own farm_agent. Light on purpose: the agent daemon imports NODE_LABEL from here,
-and the work's modules (torch through them) load inside the Ray worker, at the first call.
+"""The one door between the head's kinds and the work on a node: the entry points a node's persistent worker runs
+(by name, farm.core.wire.ENTRY_TASKS: ENTRIES here), and training's Ray actor (for trusted nodes, through
+farm.head.remote). Light on purpose: the work's modules (torch through them) load inside the worker, at the first
+call.
 
 A shard's entry point sends its result (or its failure) to the head itself, over the head's channel with the
-attempt's upload ticket (farm_agent.upload), and returns None: the head never reads a Ray return value, which it
-would have to unpickle."""
+attempt's upload ticket (farm_agent.upload), and returns None: the head never reads anything a node made but
+protobuf, Arrow IPC and safetensors."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from farm.core.kernels import KernelEvalTask
     from farm.core.tasks import EvaluateTask, ResultRoute, ShardFigures, ShardTask
-
-# The Ray node label that names a Farm node: the agent starts its Ray worker with it, the head's tasks select on it.
-NODE_LABEL = "farm.io/node"
-
 
 def run_shard(task: ShardTask, route: ResultRoute) -> None:
     """A model over one shard's rows (inference): its outputs to the head batch by batch, then its figures."""
@@ -57,3 +54,9 @@ def train_worker() -> type:
     from farm_agent.trainer import TrainWorker
 
     return TrainWorker
+
+
+# The entry points by the name an Assignment carries (farm.core.wire.ENTRY_TASKS names the same, with their types).
+ENTRIES: dict[str, Callable[[Any, ResultRoute], None]] = {
+    "run_shard": run_shard, "run_kernel_shard": run_kernel_shard, "run_evaluate_shard": run_evaluate_shard,
+}

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from farm.core.errors import FarmError
+from farm.core.ids import NODE_ID_VAR
 from farm.core.tasks import REQUIREMENTS_VAR
-from farm_agent.entry import NODE_LABEL
 
 CACHE_VAR = "FARM_REQUIREMENTS_CACHE"  # the node's cache folder, from the agent's environment (jobs cannot set it)
 INSTALL_TIMEOUT_S = 900
@@ -118,10 +118,6 @@ def add_to_path(folder: Path) -> None:
 
 
 def _node() -> str:
-    """The node as the farm knows it (its Ray label, farm.io/node) and its host."""
-    ray = sys.modules.get("ray")
-    label = None
-    if ray is not None and ray.is_initialized():  # in a Ray worker; elsewhere (a preflight) the host alone:
-        label = ray.get_runtime_context().get_node_labels().get(NODE_LABEL)  # asking would start a driver
-    node = label[0] if isinstance(label, list) and label else label
+    """The node as the farm knows it (its agent names it to its workers: NODE_ID_VAR) and its host."""
+    node = os.environ.get(NODE_ID_VAR)
     return f"node {node} ({platform.node()})" if node else platform.node()

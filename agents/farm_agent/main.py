@@ -37,7 +37,7 @@ from farm.local import (
 from farm.proto.v1 import agent_pb2, common_pb2
 from farm_agent.backoff import Backoff
 from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
-from farm_agent.entry import NODE_LABEL
+from farm.core.ids import NODE_LABEL
 from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, ReadsMemory, idle_power, meter_for
 from farm_agent.settings import AgentSettings

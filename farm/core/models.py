@@ -106,6 +106,7 @@ class Node(Frozen):
     gpu_memory: tuple[GpuMemory, ...] = ()
     busy: str = ""  # why the owner needs the node now (its agent's idle policy); empty while it offers work
     drain: bool = False  # an operator drained it (`farm drain`): it takes no new shards until undrained
+    trusted: bool = False  # the operator's own machine (joined with the API token): it alone joins the head's Ray
 
 
 class CpuReading(Protocol):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
+
+from pydantic import ConfigDict
 
 from farm.core.dataset import DatasetPlan, DatasetSpec
 from farm.core.energy import Energy
@@ -15,6 +18,8 @@ SHARD_TRACEBACK_ATTR = "farm_traceback"
 # The worker environment variable through which the head hands a job's pip requirements to its shards' workers:
 # JSON {"requirements": [...], "find_links": str | null} (farm_agent.environment installs them).
 REQUIREMENTS_VAR = "FARM_REQUIREMENTS"
+# A task's bytes (a CA's PEM) as base64 in its JSON (farm.core.wire).
+_BYTES_AS_BASE64 = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class HeadAccess:
     """How a node reads a job's dataset from the head's machine: the head's address and CA, and the job's read
     credential (it reaches that job's dataset files only)."""
 
+    __pydantic_config__: ClassVar[ConfigDict] = _BYTES_AS_BASE64
+
     address: str
     ca_pem: bytes  # empty: a head without TLS
     job_id: str
@@ -47,6 +54,8 @@ class ResultRoute:
     (a random token the head issued for this job, shard, attempt and node, void once the attempt ends). Results
     travel over the head's channel as Arrow IPC and protobuf (farm_agent.upload), never as a Ray return value,
     which the head would have to unpickle."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = _BYTES_AS_BASE64
 
     address: str
     ca_pem: bytes  # empty: a head without TLS

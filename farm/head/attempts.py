@@ -23,11 +23,10 @@ ShardKey = tuple[str, int]  # (job id, shard index)
 
 @dataclass
 class Running:
-    """One attempt of a shard: where it runs, its Ray task (only ever waited on, never read) and its upload ticket."""
+    """One attempt of a shard: where it runs and its upload ticket."""
 
     node_id: str
     device: str
-    ref: Any
     ticket: str = ""
     started: float = field(default_factory=time.monotonic)
     receiving: bool = False  # its upload has begun: the ticket takes no second one

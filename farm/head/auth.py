@@ -176,6 +176,10 @@ class Tokens:
         if not hmac.compare_digest(presented.encode(), self.api.encode()):
             raise self._refuse(peer, "invalid or missing API token", presented, what)
 
+    def is_admin(self, presented: str) -> bool:
+        """Whether `presented` is the API token (a trusted node's proof at Register)."""
+        return bool(presented) and hmac.compare_digest(presented.encode(), self.api.encode())
+
     def check_secret(self, context: grpc.aio.ServicerContext, presented: str, expected: str | None,
                      reason: str) -> None:
         """A credential made for one purpose (a job's read credential): `presented` must be `expected`."""

@@ -1,20 +1,22 @@
-"""The Ray driver: turns the scheduler's placements into Ray tasks pinned to nodes, and their results into state.
+"""The dispatcher: turns the scheduler's placements into assignments on the nodes' work streams, and their results
+into state.
 
 It knows no job kind: each job's handler (farm.head.kinds) plans, builds and records its shards; results, failures
-and retries take the one path of farm.head.outcomes. Runs on the head's event loop. Blocking Ray calls (cluster
-state, ray.wait) go to a thread.
+and retries take the one path of farm.head.outcomes. Runs on the head's event loop.
 
-Ray places and runs a shard; it never brings its result back. Each attempt gets an upload ticket at launch (random,
-held here, bound to its job, shard, attempt and node), and its entry point on the node streams the result or the
-failure to the head's ResultService with it (farm.head.arrivals): Arrow IPC and protobuf over the head's own
-channel. The head never gets or awaits a node's ObjectRef, which Ray would deserialize with pickle, as the node's
-metadata says, inside the head's process. Whether a task ended comes from ray.wait, which reads no object: one call
-per round over every running attempt; one that ended with no result in is the node's failure.
+A shard goes to its node over that node's mutual-TLS work stream (farm.head.links) as protobuf, its task as JSON
+(farm.core.wire); the node's agent hands it to its persistent worker for the (job, device), which keeps the model
+loaded between shards. Each attempt gets an upload ticket at launch (random, held here, bound to its job, shard,
+attempt and node), and the worker streams the result or the failure to the head's ResultService with it
+(farm.head.arrivals): Arrow IPC and protobuf. The node then says the attempt ended; one that ended with no result in
+is the node's failure. No Ray is involved: a lent node never holds the head's Ray address or token, and nothing a node
+makes is unpickled here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -23,31 +25,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import ray
-
 from farm.core.energy import marginal_joules
 from farm.core.errors import AuthError, FarmError, SpecError
 from farm.core.models import BackendName, JobState, Node, ShardState
 from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ResultRoute
-from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat, remote
+from farm.core.wire import encode_task
+from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat
 from farm.head.arrivals import Arrival, BadUpload, Cut, Void
 from farm.head.attempts import Attempts, Running
 from farm.head.kinds.base import KindHandler, ShardedKind
+from farm.head.links import Links
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
-from farm.proto.v1 import result_pb2
+from farm.proto.v1 import agent_pb2, result_pb2
 from farm.scheduler import Assignment, ShardRequest, calibration
 from farm.scheduler.calibration import Sample
 from farm.scheduler.rounds import schedule_round
 
 log = logging.getLogger("farm.head")
 
-# Why an attempt failed whose task ended with no result uploaded. Ray's own reason (WorkerCrashedError, ...) is in the
-# task's return object, which the head never reads.
-NO_RESULT = "its task ended with no result (its worker died, or could not reach the head)"
+# Why an attempt failed whose node said it ended with no result uploaded, and gave no reason.
+NO_RESULT = "it ended with no result (its worker died, or could not reach the head)"
 
 
 @dataclass
@@ -69,7 +70,14 @@ class Dispatcher:
         # (the store has it only once the output is written, exactly once; the device is free meanwhile).
         self.writing: dict[tuple[str, int], Sample] = {}
         self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
-        self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray
+        self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray (training's, on trusted nodes)
+        # job id → the nodes given shards of it: they may fetch its code, and hear when it ends (its workers stop)
+        self.job_nodes: dict[str, set[str]] = {}
+        self.code_sha: dict[str, str] = {}
+        self.links = Links()
+        self.links.on_ended = self._ended
+        self.links.on_worker = self._worker_started
+        self.links.on_change = self.wake.set
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
         self.handlers = kinds.handlers(settings)
@@ -86,7 +94,6 @@ class Dispatcher:
                 pass
             self.wake.clear()
             await self.refresh_nodes()
-            await self.reap()
             self.schedule()
 
     def admit(self, job_id: str, spec: JobSpec) -> None:
@@ -120,25 +127,23 @@ class Dispatcher:
 
     async def refresh_nodes(self) -> None:
         """Node state from heartbeats and Ray's view; shards on nodes no longer holding them go back to the queue."""
-        holding, self.draining = await self.node_watch.refresh()
+        holding, self.draining = await self.node_watch.refresh(self.links.connected())
         self._take_back_from_lost_nodes(holding, self.draining)
 
     def _take_back_from_lost_nodes(self, holding: set[str], draining: set[str]) -> None:
-        """Shards on a node that left, went silent or lost its Ray worker go back to the queue.
+        """Shards on a node that left, went silent or closed its work stream go back to the queue.
 
-        Ray fails a task whose node dies while it runs, but only once its own health checks notice; and a task
-        still waiting there (its worker starting, its code unpacking) would wait forever for a node its label
-        selector can no longer match. A draining node keeps its shards while its Ray worker runs; once its agent
-        stops the worker (its owner stayed busy past the agent's grace), they go back to the queue without counting
-        as a failed try: the shard did nothing wrong.
+        A draining node keeps its shards while its workers run; once its agent stops them (its owner stayed busy
+        past the agent's grace), they go back to the queue without counting as a failed try: the shard did nothing
+        wrong.
         """
         for key, running in list(self.attempts.running.items()):
             if running.node_id in holding:
                 continue
             self.attempts.release(key)
-            ray.cancel(running.ref, force=True)
+            self.links.cancel_attempt(running.node_id, running.ticket)
             if running.node_id in draining:
-                self.outcomes.requeue(*key, "its node drained and stopped its Ray worker")
+                self.outcomes.requeue(*key, "its node drained and stopped its workers")
             else:
                 self.outcomes.retry_or_fail(*key, "its node left the farm")
             self.notify(key[0])
@@ -146,9 +151,12 @@ class Dispatcher:
     def schedule(self) -> None:
         """One round per unfinished job, in submission order: earlier jobs take free slots first."""
         jobs = self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING))
-        for gone in (self.specs.keys() | self.code.keys()) - {job.id for job in jobs}:  # finished jobs
-            self.specs.pop(gone, None)
+        for gone in (self.specs.keys() | self.code.keys() | self.job_nodes.keys()) - {job.id for job in jobs}:
+            self.specs.pop(gone, None)  # a finished job's
             self.code.pop(gone, None)
+            self.code_sha.pop(gone, None)
+            for node_id in self.job_nodes.pop(gone, ()):  # its workers end with it
+                self.links.cancel_job(node_id, gone)
         if not jobs:
             return
         self.round = Round({node.id: node for node in self.store.nodes()},
@@ -234,11 +242,23 @@ class Dispatcher:
         return [s for s in job.shards if s.state is ShardState.PENDING and s.index not in running]
 
     def working_dir(self, job: Job) -> str:
-        """The job's code as a Ray package URI, uploaded once: Ray ships it to each node as the working_dir of the
-        job's tasks, unpacks it once per node and gives each job's tasks worker processes of their own."""
+        """The job's code as a Ray package URI, uploaded once (training's workers, on trusted nodes): Ray ships it to
+        each node as the working_dir of the job's actors."""
         if job.id not in self.code:
             self.code[job.id] = ray_compat.upload_code(Path(job.code_path).read_bytes())
         return self.code[job.id]
+
+    def _code_sha(self, job: Job) -> str:
+        """The sha256 of the job's code package: nodes cache it by this name."""
+        if job.id not in self.code_sha:
+            self.code_sha[job.id] = hashlib.sha256(Path(job.code_path).read_bytes()).hexdigest()
+        return self.code_sha[job.id]
+
+    def code_for(self, node_id: str, job_id: str) -> Path | None:
+        """A job's code package, for a node the head gave a shard of that job (AgentService.Code)."""
+        if node_id not in self.job_nodes.get(job_id, ()):
+            return None
+        return Path(self.store.job(job_id).code_path)
 
     def holds(self, job_id: str) -> bool:
         """Whether shards of this job are still out (an ended job's, being stopped): their results would come back
@@ -266,11 +286,15 @@ class Dispatcher:
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
         route = self.attempts.route()
-        ref = call.remote.options(**remote.pinned(
-            node.id, assignment.backend.value, environment.runtime_env(spec, self.working_dir(job)),
-            f"farm:{job.name}:{shard.index}"),
-        ).remote(call.task, route)
-        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, ref, route.ticket))
+        order = agent_pb2.Assignment(
+            ticket=route.ticket, job_id=job.id, shard=shard.index, entry=call.entry, device=assignment.device,
+            task_json=encode_task(call.entry, call.task), code_sha256=self._code_sha(job),
+            env=environment.worker_env(spec), result_address=route.address, ca_pem=route.ca_pem,
+            name=f"farm:{job.name}:{shard.index}")
+        self.job_nodes.setdefault(job.id, set()).add(node.id)
+        if not self.links.send(node.id, agent_pb2.WorkOrder(assign=order)):
+            return  # its stream closed since the round began: the shard stays pending, the next round places it
+        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket))
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
 
@@ -309,23 +333,25 @@ class Dispatcher:
         self.tasks.add(settling)
         settling.add_done_callback(self.tasks.discard)
 
-    async def reap(self) -> None:
-        """Attempts whose Ray task ended with no result in: the node or its worker failed (or the entry point could
-        not reach the head), and the shard runs again. ray.wait reads no object: what a task returned stays unread."""
-        refs = [running.ref for running in self.attempts.running.values()]
-        if not refs:
+    def _ended(self, node_id: str, ticket: str, reason: str) -> None:
+        """A node says an attempt ended. One whose result is in was released already; one still held ended with no
+        result: the node's failure (its worker died, it could not reach the head), and the shard runs again."""
+        holder = self.attempts.holder(ticket)
+        if holder is None or holder[1].node_id != node_id:  # claimed already, or another node's: nothing to do
             return
-        ended, _ = await asyncio.to_thread(ray.wait, refs, num_returns=len(refs), timeout=0, fetch_local=False)
-        if not ended:
-            return
-        ended_set = set(ended)
-        for key, running in list(self.attempts.running.items()):
-            if running.ref not in ended_set:
-                continue
-            self.attempts.release(key)
-            if not self.store.job_state(key[0]).finished:  # a finished job's tasks were cancelled
-                self._failed(key, running, Failure(True, NO_RESULT))
+        key, running = holder
+        self.attempts.release(key)
+        if not self.store.job_state(key[0]).finished:  # a finished job's attempts were cancelled
+            self._failed(key, running, Failure(True, reason or NO_RESULT))
         self.wake.set()
+
+    def _worker_started(self, node_id: str, started: agent_pb2.WorkerStarted) -> None:
+        """A node started a persistent worker for a job on a device: the job's log says so (one a job's node and
+        device, unless it died and was replaced)."""
+        if started.job_id in self.job_nodes and node_id in self.job_nodes[started.job_id]:
+            node = self.round.nodes.get(node_id)
+            self.store.log(started.job_id, "info", f"worker started on {node.name if node else node_id} "
+                           f"{started.device[:40]!r} (pid {started.pid}): it keeps the model loaded between shards")
 
     async def _settle(self, key: tuple[str, int], running: Running, arrival: Arrival) -> None:
         """A claimed attempt's result: its output written and the shard done, or its failure sorted."""
@@ -395,5 +421,9 @@ class Dispatcher:
         self.notify(job_id)
 
     def _cancel_running(self, job_id: str) -> None:
-        for running in self.attempts.of_job(job_id).values():
-            ray.cancel(running.ref, force=True)
+        """Stop a job's attempts and workers on every node it ran on; its attempts end on the head now (their tickets
+        void), whatever the nodes still send."""
+        for node_id in self.job_nodes.get(job_id, set()):
+            self.links.cancel_job(node_id, job_id)
+        for key in list(self.attempts.of_job(job_id)):
+            self.attempts.release(key)

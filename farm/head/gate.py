@@ -44,6 +44,8 @@ NEEDS = {
     "/farm.v1.AgentService/Register": Needs.JOIN,
     "/farm.v1.AgentService/Heartbeat": Needs.NODE,
     "/farm.v1.AgentService/Deregister": Needs.NODE,
+    "/farm.v1.AgentService/Work": Needs.NODE,
+    "/farm.v1.AgentService/Code": Needs.NODE,
     "/farm.v1.DataService/Stat": Needs.BEARER,
     "/farm.v1.DataService/Read": Needs.BEARER,
     "/farm.v1.ResultService/Upload": Needs.TICKET,

@@ -75,11 +75,11 @@ class NodeLiveness:
         return self.drain or bool(self.busy)
 
 
-def derive_state(node: NodeLiveness, ray_alive: bool, silent_s: float, offline_after_s: float) -> NodeState:
-    """A live node's state now: offline once silent too long; else by its Ray worker (none yet: joining) and whether
-    it takes work (draining: no new shards, but it keeps running what it has)."""
+def derive_state(node: NodeLiveness, working: bool, silent_s: float, offline_after_s: float) -> NodeState:
+    """A live node's state now: offline once silent too long; else by its work stream (not open: joining) and
+    whether it takes work (draining: no new shards, but it keeps running what it has)."""
     if silent_s > offline_after_s:
         return NodeState.OFFLINE
-    if not ray_alive:
+    if not working:
         return NodeState.JOINING
     return NodeState.DRAINING if node.draining else NodeState.READY

@@ -1,5 +1,6 @@
-"""The head's one import of the agent (farm_agent.entry): its Ray entry points made remote, and how a call is pinned
-to a node's device. Handlers name the entry point a shard runs; the dispatcher and the training driver place it."""
+"""The head's one import of the agent for Ray (farm_agent.entry): training's worker made a Ray actor, and how it is
+pinned to a trusted node's device. Only trusted nodes join the head's Ray; every other shard goes to its node over
+the node's work stream (farm.head.links), never through Ray."""
 
 from __future__ import annotations
 
@@ -7,15 +8,10 @@ from typing import Any
 
 import ray
 
+from farm.core.ids import NODE_LABEL
 from farm_agent import entry
 
-NODE_LABEL = entry.NODE_LABEL
-
-# No Ray retries: a failed shard goes back through the head's own retry path (farm.head.outcomes), which knows
-# whether the node or the job's code failed.
-run_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_shard)
-run_kernel_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_kernel_shard)
-run_evaluate_shard = ray.remote(num_cpus=0, max_retries=0)(entry.run_evaluate_shard)
+# No Ray restarts: a failed stretch goes back through the head's own retry path (farm.head.outcomes).
 TrainWorker = ray.remote(num_cpus=0, max_restarts=0)(entry.train_worker())
 
 

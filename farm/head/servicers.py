@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -18,6 +19,7 @@ from farm.head import joblog, node_input, uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
 from farm.head.jobs import Deleted, Jobs
+from farm.head.links import Links
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
 from farm.proto import convert
@@ -27,6 +29,7 @@ from farm.tls import HeadTLS
 log = logging.getLogger("farm.head")
 
 
+CODE_PART = 1024 * 1024  # bytes of a job's code package in one message
 SHARD_LOCAL = {"metrics"}  # a kind's own per-shard figures: the job's metrics carry what a user reads of them
 
 
@@ -51,7 +54,12 @@ def _power_from_pb(msg: common_pb2.DevicePower) -> DevicePower:
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def __init__(self, store: Store, tokens: Tokens, settings: HeadSettings, wake: asyncio.Event,
-                 tls: HeadTLS | None = None) -> None:
+                 tls: HeadTLS | None = None, links: Links | None = None,
+                 code_for: Callable[[str, str], Path | None] = lambda node_id, job_id: None) -> None:
+        """`links`: the nodes' work streams; `code_for(node, job)`: the job's code package, if that node may have it
+        (it was given a shard of the job)."""
+        self.links = links or Links()
+        self.code_for = code_for
         self.store = store
         self.tokens = tokens
         self.tls = tls  # signs each joining node's client certificate; None: a head without TLS
@@ -74,17 +82,24 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 raise AuthError(f"{exc.message}; if this machine lost its identity, an operator can let it join "
                                 f"afresh with `farm head forget-node {request.node_id}`") from None
         node_id = request.node_id if stored is not None else new_id("n")
+        # Trusted: the admin's own machine, proven by the API token; once trusted, its re-registrations keep it so.
+        trusted = bool(request.admin_token) and self.tokens.is_admin(request.admin_token) or \
+            bool(stored) and self.store.node_trusted(node_id)
+        if request.admin_token and not trusted:
+            raise AuthError("--trusted needs the head's API token (only the head's operator joins trusted nodes)")
         token, token_hash = new_node_token()
         client_cert = self.tls.sign_node(request.csr_pem, node_id) if self.tls and request.csr_pem else b""
         self.store.upsert_node(
             node_id, request.name, convert.hardware_from_pb(request.hardware),
-            [convert.offer_from_pb(b) for b in request.backends], request.address, token_hash,
+            [convert.offer_from_pb(b) for b in request.backends], request.address, token_hash, trusted,
         )
-        log.info("node %r registered as %s from %s", request.name, node_id, context.peer())
+        log.info("node %r registered as %s from %s%s", request.name, node_id, context.peer(),
+                 " (trusted: joins the head's Ray)" if trusted else "")
         self.wake.set()
+        # A lent node never learns the head's Ray address or token: its shards come over its work stream.
         return agent_pb2.RegisterReply(
-            node_id=node_id, node_token=token, ray_address=self.settings.ray_address,
-            ray_token=self.settings.ray_token_path.read_text().strip(),
+            node_id=node_id, node_token=token, ray_address=self.settings.ray_address if trusted else "",
+            ray_token=self.settings.ray_token_path.read_text().strip() if trusted else "",
             heartbeat_interval_s=self.settings.heartbeat_interval_s, client_cert_pem=client_cert,
             mtls_port=self.settings.mtls_listen_port if self.tls else 0,
         )
@@ -118,6 +133,50 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             exc = caught if isinstance(caught, FarmError) else request_error(caught)
             log.info("Heartbeat refused: %s", exc.message)
             await context.abort(status_of(exc), exc.message)
+
+    async def Work(self, request_iterator: AsyncIterator[agent_pb2.WorkReport],
+                   context: grpc.aio.ServicerContext) -> None:
+        """The node's work stream (farm.head.links): its hello proves it is the node (node token, and with TLS its
+        certificate); then the head's orders go out while its reports come in, until either side closes."""
+        try:
+            hello = await context.read()
+            if hello is grpc.aio.EOF or hello.WhichOneof("report") != "hello":
+                raise AuthError("a work stream starts with the node's hello")
+            node_id = hello.hello.node_id
+            self.tokens.check_node(context, node_id, hello.hello.node_token, self.store.node_token_hash(node_id))
+        except FarmError as exc:
+            await context.abort(status_of(exc), exc.message)
+            return
+        link = self.links.attach(node_id)
+        log.info("node %s: work stream open", node_id)
+
+        async def send() -> None:
+            while True:
+                await context.write(await link.orders.get())
+
+        sending = asyncio.create_task(send())
+        try:
+            while (report := await context.read()) is not grpc.aio.EOF:
+                self.links.report(link, report)
+        except (grpc.aio.AioRpcError, ConnectionError):
+            pass
+        finally:
+            sending.cancel()
+            self.links.detach(link)
+            log.info("node %s: work stream closed", node_id)
+
+    @streaming
+    async def Code(self, request: agent_pb2.CodeRequest, context: grpc.aio.ServicerContext
+                   ) -> AsyncIterator[agent_pb2.CodePart]:
+        """A job's code package, to a node the head gave a shard of that job, in parts."""
+        self.tokens.check_node(context, request.node_id, request.node_token,
+                               self.store.node_token_hash(request.node_id))
+        path = self.code_for(request.node_id, request.job_id)
+        if path is None:
+            raise AuthError(f"node {request.node_id} runs no shard of job {request.job_id[:40]!r}")
+        data = await asyncio.to_thread(path.read_bytes)
+        for start in range(0, max(len(data), 1), CODE_PART):
+            yield agent_pb2.CodePart(data=data[start:start + CODE_PART])
 
     @unary
     async def Deregister(self, request: agent_pb2.DeregisterRequest, context: grpc.aio.ServicerContext

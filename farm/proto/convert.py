@@ -55,7 +55,7 @@ def node_to_pb(node: Node) -> fleet_pb2.Node:
         last_heartbeat=node.last_heartbeat, cpu_percent=node.cpu_percent, memory_percent=node.memory_percent,
         address=node.address, registered_at=node.registered_at, power=[power_to_pb(p) for p in node.power],
         busy=node.busy, drain=node.drain, farm_cpu_percent=node.farm_cpu_percent,
-        gpu_memory=[common_pb2.GpuMemory(**m.model_dump()) for m in node.gpu_memory],
+        gpu_memory=[common_pb2.GpuMemory(**m.model_dump()) for m in node.gpu_memory], trusted=node.trusted,
     )
 
 

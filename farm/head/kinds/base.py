@@ -31,7 +31,7 @@ S = TypeVar("S", bound=SpecBase)
 class Submission:
     """What a client sent with its spec."""
 
-    code_zip: bytes  # the job's code, Ray's working_dir on every node
+    code_zip: bytes  # the job's code, its workers' working folder on every node
     names: frozenset[str]  # the archive's file names
     items: int  # the items the client counted in the dataset (0 where the kind counts them itself)
     dataset_location: str = ""  # a located dataset's location as the client resolved it (empty: the spec's)
@@ -50,10 +50,10 @@ class Plan:
 
 @dataclass(frozen=True)
 class ShardCall:
-    """A shard's task: the entry point to call on the node (one of farm.head.remote's) and its argument (the dispatcher
-    adds the attempt's ResultRoute)."""
+    """A shard's task: the entry point the node's worker runs (a name of farm.core.wire.ENTRY_TASKS) and its argument
+    (sent as JSON; the dispatcher adds the attempt's upload ticket)."""
 
-    remote: Any  # a Ray remote function
+    entry: str
     task: object
 
 

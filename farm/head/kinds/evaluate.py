@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from farm.core.models import Shard
 from farm.core.spec import EvaluateSpec, JobKind
 from farm.core.tasks import EvaluateTask
-from farm.head import remote
 from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
 from farm.head.kinds.inference import plan_rows, shard_task
@@ -29,7 +28,7 @@ class Evaluate(ShardedKind[EvaluateSpec]):
         return plan_rows(spec, submission, spec.shards)
 
     def task(self, job: Job, spec: EvaluateSpec, shard: Shard, assignment: Assignment) -> ShardCall:
-        return ShardCall(remote.run_evaluate_shard, EvaluateTask(shard_task(job, spec, shard, assignment), spec.loss))
+        return ShardCall("run_evaluate_shard", EvaluateTask(shard_task(job, spec, shard, assignment), spec.loss))
 
     def check_result(self, job: Job, spec: EvaluateSpec, shard: Shard, result: Arrival) -> None:
         super().check_result(job, spec, shard, result)

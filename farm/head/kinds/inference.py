@@ -17,7 +17,7 @@ from farm.core.dataset import ROW_ID, Unit
 from farm.core.tasks import DataTask, ShardTask, Tuning
 from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
-from farm.head import autoshard, datasets, remote, shard_check
+from farm.head import autoshard, datasets, shard_check
 from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
@@ -79,7 +79,7 @@ class Inference(ShardedKind[InferenceSpec]):
             located, plan = saved
             data = DataTask(spec=located, plan=plan.slice(shard.start, shard.stop),
                             access=datasets.access(self.settings, job.id))
-        return ShardCall(remote.run_shard, shard_task(job, spec, shard, assignment, spec.tune_budget_s, data))
+        return ShardCall("run_shard", shard_task(job, spec, shard, assignment, spec.tune_budget_s, data))
 
     def staging(self, job: Job, index: int) -> Path:
         return Results(job.output).staging(index)

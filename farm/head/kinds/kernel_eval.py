@@ -19,7 +19,7 @@ from farm.core.kernels import (
 from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, KernelEvalSpec
 from farm.data.results import Results
-from farm.head import remote, shard_check
+from farm.head import shard_check
 from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
 from farm.head.outcomes import ShardRecord
@@ -54,7 +54,7 @@ class KernelEval(ShardedKind[KernelEvalSpec]):
     def task(self, job: Job, spec: KernelEvalSpec, shard: Shard, assignment: Assignment) -> ShardCall:
         section = spec.kernel_eval
         pairs = _pairs(job.code_path, section.problems, section.candidates)[shard.start : shard.stop]
-        return ShardCall(remote.run_kernel_shard, KernelEvalTask(
+        return ShardCall("run_kernel_shard", KernelEvalTask(
             job_id=job.id, index=shard.index, pairs=pairs, backend=assignment.backend.value, device=assignment.device,
             reward=section.reward, margin=section.margin, timeout_s=section.timeout_s, memory_mb=section.memory_mb,
             runs=section.runs, atol=spec.tolerance.atol, rtol=spec.tolerance.rtol,

@@ -167,7 +167,12 @@ class Run:
         spec = self.spec
         first = next(s for s in job.shards if s.state is not ShardState.SUCCEEDED)
         checkpoint = self._checkpoint(job, first.start)
-        nodes = {n.id: n for n in self.store.nodes()}
+        # Trusted nodes only: training's workers are Ray actors in one collective group on the head's Ray, which a
+        # lent node never joins (README, Security).
+        nodes = {n.id: n for n in self.store.nodes() if n.trusted}
+        if not nodes:
+            raise NoWorkers("training runs on trusted nodes only (`farm agent start --trusted`): lent nodes never "
+                            "join the head's Ray")
         request = ShardRequest(
             job_id=job.id, index=first.index, items=spec.batch_size, backends=spec.backends, policy=spec.policy,
             peak_bytes={BackendName(b): n for b, n in self.store.peak_memory(job.model_key).items()},

@@ -53,25 +53,34 @@ class NodeRecords(Database):
         self._add_column("nodes", "drain", "INTEGER NOT NULL DEFAULT 0")
         self._add_column("nodes", "farm_cpu_percent", "REAL NOT NULL DEFAULT 0")
         self._add_column("nodes", "gpu_memory", "TEXT NOT NULL DEFAULT '[]'")
+        self._add_column("nodes", "trusted", "INTEGER NOT NULL DEFAULT 0")
 
     def upsert_node(
-        self, node_id: str, name: str, hardware: Hardware, backends: list[BackendOffer], address: str, token_hash: str
+        self, node_id: str, name: str, hardware: Hardware, backends: list[BackendOffer], address: str, token_hash: str,
+        trusted: bool = False,
     ) -> None:
         now = time.time()
         with self._tx() as db:
             db.execute(
                 """INSERT INTO nodes (id, name, state, hardware, backends, address, token_hash, registered_at,
-                                      last_heartbeat)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                                      last_heartbeat, trusted)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                    ON CONFLICT(id) DO UPDATE SET name=excluded.name, state=excluded.state,
                      hardware=excluded.hardware, backends=excluded.backends, address=excluded.address,
-                     token_hash=excluded.token_hash, ray_node_id='', last_heartbeat=excluded.last_heartbeat""",
+                     token_hash=excluded.token_hash, ray_node_id='', last_heartbeat=excluded.last_heartbeat,
+                     trusted=excluded.trusted""",
                 (
                     node_id, name, NodeState.JOINING.value, hardware.model_dump_json(),
                     json.dumps([b.model_dump(mode="json") for b in backends]), address, token_hash, now, now,
+                    int(trusted),
                 ),
             )
         self._node_states.pop(node_id, None)  # back to joining
+
+    def node_trusted(self, node_id: str) -> bool:
+        """Whether the node is the operator's own (joined with the API token): it may join the head's Ray."""
+        row = self._db.execute("SELECT trusted FROM nodes WHERE id=?", (node_id,)).fetchone()
+        return bool(row and row["trusted"])
 
     def node_token_hash(self, node_id: str) -> str | None:
         row = self._db.execute("SELECT token_hash FROM nodes WHERE id=?", (node_id,)).fetchone()
@@ -182,6 +191,6 @@ class NodeRecords(Database):
                 backends=_backends(r["backends"]), ray_node_id=r["ray_node_id"], address=r["address"],
                 last_heartbeat=beat.at, registered_at=r["registered_at"], cpu_percent=beat.cpu_percent,
                 memory_percent=beat.memory_percent, power=beat.power, busy=beat.busy, drain=bool(r["drain"]),
-                farm_cpu_percent=beat.farm_cpu_percent, gpu_memory=beat.gpu_memory,
+                farm_cpu_percent=beat.farm_cpu_percent, gpu_memory=beat.gpu_memory, trusted=bool(r["trusted"]),
             ))
         return nodes

@@ -25,25 +25,49 @@ _sym_db = _symbol_database.Default()
 from farm.proto.v1 import common_pb2 as farm_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61rm/proto/v1/agent.proto\x12\x07\x66\x61rm.v1\x1a\x1a\x66\x61rm/proto/v1/common.proto\"\xda\x01\n\x0fRegisterRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x08hardware\x18\x03 \x01(\x0b\x32\x11.farm.v1.Hardware\x12\"\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0b\x32\x10.farm.v1.Backend\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x08 \x01(\x0c\x12\x12\n\nnode_token\x18\t \x01(\t\"\xa6\x01\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0bray_address\x18\x03 \x01(\t\x12\x11\n\tray_token\x18\x04 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63lient_cert_pem\x18\x06 \x01(\x0c\x12\x11\n\tmtls_port\x18\x07 \x01(\r\"\xee\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\x16\n\x0ememory_percent\x18\x04 \x01(\x01\x12\x13\n\x0bray_running\x18\x05 \x01(\x08\x12#\n\x05power\x18\x06 \x03(\x0b\x32\x14.farm.v1.DevicePower\x12\x0c\n\x04\x62usy\x18\x07 \x01(\t\x12\x18\n\x10\x66\x61rm_cpu_percent\x18\x08 \x01(\x01\x12&\n\ngpu_memory\x18\t \x03(\x0b\x32\x12.farm.v1.GpuMemory\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05state\x18\x01 \x01(\t\"8\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\"\x11\n\x0f\x44\x65registerReply2\xd5\x01\n\x0c\x41gentService\x12<\n\x08Register\x12\x18.farm.v1.RegisterRequest\x1a\x16.farm.v1.RegisterReply\x12\x43\n\tHeartbeat\x12\x19.farm.v1.HeartbeatRequest\x1a\x17.farm.v1.HeartbeatReply(\x01\x30\x01\x12\x42\n\nDeregister\x12\x1a.farm.v1.DeregisterRequest\x1a\x18.farm.v1.DeregisterReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61rm/proto/v1/agent.proto\x12\x07\x66\x61rm.v1\x1a\x1a\x66\x61rm/proto/v1/common.proto\"\xef\x01\n\x0fRegisterRequest\x12\x12\n\njoin_token\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12#\n\x08hardware\x18\x03 \x01(\x0b\x32\x11.farm.v1.Hardware\x12\"\n\x08\x62\x61\x63kends\x18\x04 \x03(\x0b\x32\x10.farm.v1.Backend\x12\x15\n\ragent_version\x18\x05 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x0f\n\x07node_id\x18\x07 \x01(\t\x12\x0f\n\x07\x63sr_pem\x18\x08 \x01(\x0c\x12\x12\n\nnode_token\x18\t \x01(\t\x12\x13\n\x0b\x61\x64min_token\x18\n \x01(\t\"\xa6\x01\n\rRegisterReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0bray_address\x18\x03 \x01(\t\x12\x11\n\tray_token\x18\x04 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x05 \x01(\x01\x12\x17\n\x0f\x63lient_cert_pem\x18\x06 \x01(\x0c\x12\x11\n\tmtls_port\x18\x07 \x01(\r\"\xee\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x13\n\x0b\x63pu_percent\x18\x03 \x01(\x01\x12\x16\n\x0ememory_percent\x18\x04 \x01(\x01\x12\x13\n\x0bray_running\x18\x05 \x01(\x08\x12#\n\x05power\x18\x06 \x03(\x0b\x32\x14.farm.v1.DevicePower\x12\x0c\n\x04\x62usy\x18\x07 \x01(\t\x12\x18\n\x10\x66\x61rm_cpu_percent\x18\x08 \x01(\x01\x12&\n\ngpu_memory\x18\t \x03(\x0b\x32\x12.farm.v1.GpuMemory\"\x1f\n\x0eHeartbeatReply\x12\r\n\x05state\x18\x01 \x01(\t\"8\n\x11\x44\x65registerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\"\x11\n\x0f\x44\x65registerReply\"\xab\x01\n\nWorkReport\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.farm.v1.WorkHelloH\x00\x12\x1f\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x10.farm.v1.WorkAckH\x00\x12#\n\x05\x65nded\x18\x03 \x01(\x0b\x32\x12.farm.v1.WorkEndedH\x00\x12(\n\x06worker\x18\x04 \x01(\x0b\x32\x16.farm.v1.WorkerStartedH\x00\x42\x08\n\x06report\"0\n\tWorkHello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\"\x19\n\x07WorkAck\x12\x0e\n\x06ticket\x18\x01 \x01(\t\"+\n\tWorkEnded\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"<\n\rWorkerStarted\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\"b\n\tWorkOrder\x12%\n\x06\x61ssign\x18\x01 \x01(\x0b\x32\x13.farm.v1.AssignmentH\x00\x12%\n\x06\x63\x61ncel\x18\x02 \x01(\x0b\x32\x13.farm.v1.CancelWorkH\x00\x42\x07\n\x05order\"\x8f\x02\n\nAssignment\x12\x0e\n\x06ticket\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\r\n\x05\x65ntry\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x11\n\ttask_json\x18\x06 \x01(\x0c\x12\x13\n\x0b\x63ode_sha256\x18\x07 \x01(\t\x12)\n\x03\x65nv\x18\x08 \x03(\x0b\x32\x1c.farm.v1.Assignment.EnvEntry\x12\x16\n\x0eresult_address\x18\t \x01(\t\x12\x0e\n\x06\x63\x61_pem\x18\n \x01(\x0c\x12\x0c\n\x04name\x18\x0b \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\",\n\nCancelWork\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06ticket\x18\x02 \x01(\t\"B\n\x0b\x43odeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_token\x18\x02 \x01(\t\x12\x0e\n\x06job_id\x18\x03 \x01(\t\"\x18\n\x08\x43odePart\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x32\xbd\x02\n\x0c\x41gentService\x12<\n\x08Register\x12\x18.farm.v1.RegisterRequest\x1a\x16.farm.v1.RegisterReply\x12\x43\n\tHeartbeat\x12\x19.farm.v1.HeartbeatRequest\x1a\x17.farm.v1.HeartbeatReply(\x01\x30\x01\x12\x42\n\nDeregister\x12\x1a.farm.v1.DeregisterRequest\x1a\x18.farm.v1.DeregisterReply\x12\x33\n\x04Work\x12\x13.farm.v1.WorkReport\x1a\x12.farm.v1.WorkOrder(\x01\x30\x01\x12\x31\n\x04\x43ode\x12\x14.farm.v1.CodeRequest\x1a\x11.farm.v1.CodePart0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'farm.proto.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ASSIGNMENT_ENVENTRY']._loaded_options = None
+  _globals['_ASSIGNMENT_ENVENTRY']._serialized_options = b'8\001'
   _globals['_REGISTERREQUEST']._serialized_start=67
-  _globals['_REGISTERREQUEST']._serialized_end=285
-  _globals['_REGISTERREPLY']._serialized_start=288
-  _globals['_REGISTERREPLY']._serialized_end=454
-  _globals['_HEARTBEATREQUEST']._serialized_start=457
-  _globals['_HEARTBEATREQUEST']._serialized_end=695
-  _globals['_HEARTBEATREPLY']._serialized_start=697
-  _globals['_HEARTBEATREPLY']._serialized_end=728
-  _globals['_DEREGISTERREQUEST']._serialized_start=730
-  _globals['_DEREGISTERREQUEST']._serialized_end=786
-  _globals['_DEREGISTERREPLY']._serialized_start=788
-  _globals['_DEREGISTERREPLY']._serialized_end=805
-  _globals['_AGENTSERVICE']._serialized_start=808
-  _globals['_AGENTSERVICE']._serialized_end=1021
+  _globals['_REGISTERREQUEST']._serialized_end=306
+  _globals['_REGISTERREPLY']._serialized_start=309
+  _globals['_REGISTERREPLY']._serialized_end=475
+  _globals['_HEARTBEATREQUEST']._serialized_start=478
+  _globals['_HEARTBEATREQUEST']._serialized_end=716
+  _globals['_HEARTBEATREPLY']._serialized_start=718
+  _globals['_HEARTBEATREPLY']._serialized_end=749
+  _globals['_DEREGISTERREQUEST']._serialized_start=751
+  _globals['_DEREGISTERREQUEST']._serialized_end=807
+  _globals['_DEREGISTERREPLY']._serialized_start=809
+  _globals['_DEREGISTERREPLY']._serialized_end=826
+  _globals['_WORKREPORT']._serialized_start=829
+  _globals['_WORKREPORT']._serialized_end=1000
+  _globals['_WORKHELLO']._serialized_start=1002
+  _globals['_WORKHELLO']._serialized_end=1050
+  _globals['_WORKACK']._serialized_start=1052
+  _globals['_WORKACK']._serialized_end=1077
+  _globals['_WORKENDED']._serialized_start=1079
+  _globals['_WORKENDED']._serialized_end=1122
+  _globals['_WORKERSTARTED']._serialized_start=1124
+  _globals['_WORKERSTARTED']._serialized_end=1184
+  _globals['_WORKORDER']._serialized_start=1186
+  _globals['_WORKORDER']._serialized_end=1284
+  _globals['_ASSIGNMENT']._serialized_start=1287
+  _globals['_ASSIGNMENT']._serialized_end=1558
+  _globals['_ASSIGNMENT_ENVENTRY']._serialized_start=1516
+  _globals['_ASSIGNMENT_ENVENTRY']._serialized_end=1558
+  _globals['_CANCELWORK']._serialized_start=1560
+  _globals['_CANCELWORK']._serialized_end=1604
+  _globals['_CODEREQUEST']._serialized_start=1606
+  _globals['_CODEREQUEST']._serialized_end=1672
+  _globals['_CODEPART']._serialized_start=1674
+  _globals['_CODEPART']._serialized_end=1698
+  _globals['_AGENTSERVICE']._serialized_start=1701
+  _globals['_AGENTSERVICE']._serialized_end=2018
 # @@protoc_insertion_point(module_scope)

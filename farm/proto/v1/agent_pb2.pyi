@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id", "csr_pem", "node_token")
+    __slots__ = ("join_token", "name", "hardware", "backends", "agent_version", "address", "node_id", "csr_pem", "node_token", "admin_token")
     JOIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     HARDWARE_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class RegisterRequest(_message.Message):
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     CSR_PEM_FIELD_NUMBER: _ClassVar[int]
     NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_TOKEN_FIELD_NUMBER: _ClassVar[int]
     join_token: str
     name: str
     hardware: _common_pb2.Hardware
@@ -27,7 +28,8 @@ class RegisterRequest(_message.Message):
     node_id: str
     csr_pem: bytes
     node_token: str
-    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., node_token: _Optional[str] = ...) -> None: ...
+    admin_token: str
+    def __init__(self, join_token: _Optional[str] = ..., name: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., node_id: _Optional[str] = ..., csr_pem: _Optional[bytes] = ..., node_token: _Optional[str] = ..., admin_token: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("node_id", "node_token", "ray_address", "ray_token", "heartbeat_interval_s", "client_cert_pem", "mtls_port")
@@ -86,3 +88,112 @@ class DeregisterRequest(_message.Message):
 class DeregisterReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WorkReport(_message.Message):
+    __slots__ = ("hello", "ack", "ended", "worker")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    hello: WorkHello
+    ack: WorkAck
+    ended: WorkEnded
+    worker: WorkerStarted
+    def __init__(self, hello: _Optional[_Union[WorkHello, _Mapping]] = ..., ack: _Optional[_Union[WorkAck, _Mapping]] = ..., ended: _Optional[_Union[WorkEnded, _Mapping]] = ..., worker: _Optional[_Union[WorkerStarted, _Mapping]] = ...) -> None: ...
+
+class WorkHello(_message.Message):
+    __slots__ = ("node_id", "node_token")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ...) -> None: ...
+
+class WorkAck(_message.Message):
+    __slots__ = ("ticket",)
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    def __init__(self, ticket: _Optional[str] = ...) -> None: ...
+
+class WorkEnded(_message.Message):
+    __slots__ = ("ticket", "reason")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    reason: str
+    def __init__(self, ticket: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WorkerStarted(_message.Message):
+    __slots__ = ("job_id", "device", "pid")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    device: str
+    pid: int
+    def __init__(self, job_id: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class WorkOrder(_message.Message):
+    __slots__ = ("assign", "cancel")
+    ASSIGN_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    assign: Assignment
+    cancel: CancelWork
+    def __init__(self, assign: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelWork, _Mapping]] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("ticket", "job_id", "shard", "entry", "device", "task_json", "code_sha256", "env", "result_address", "ca_pem", "name")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    TASK_JSON_FIELD_NUMBER: _ClassVar[int]
+    CODE_SHA256_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CA_PEM_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    job_id: str
+    shard: int
+    entry: str
+    device: str
+    task_json: bytes
+    code_sha256: str
+    env: _containers.ScalarMap[str, str]
+    result_address: str
+    ca_pem: bytes
+    name: str
+    def __init__(self, ticket: _Optional[str] = ..., job_id: _Optional[str] = ..., shard: _Optional[int] = ..., entry: _Optional[str] = ..., device: _Optional[str] = ..., task_json: _Optional[bytes] = ..., code_sha256: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., result_address: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., name: _Optional[str] = ...) -> None: ...
+
+class CancelWork(_message.Message):
+    __slots__ = ("job_id", "ticket")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    ticket: str
+    def __init__(self, job_id: _Optional[str] = ..., ticket: _Optional[str] = ...) -> None: ...
+
+class CodeRequest(_message.Message):
+    __slots__ = ("node_id", "node_token", "job_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    node_token: str
+    job_id: str
+    def __init__(self, node_id: _Optional[str] = ..., node_token: _Optional[str] = ..., job_id: _Optional[str] = ...) -> None: ...
+
+class CodePart(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...

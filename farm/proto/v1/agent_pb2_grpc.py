@@ -49,6 +49,16 @@ class AgentServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_agent__pb2.DeregisterRequest.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_agent__pb2.DeregisterReply.FromString,
                 _registered_method=True)
+        self.Work = channel.stream_stream(
+                '/farm.v1.AgentService/Work',
+                request_serializer=farm_dot_proto_dot_v1_dot_agent__pb2.WorkReport.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_agent__pb2.WorkOrder.FromString,
+                _registered_method=True)
+        self.Code = channel.unary_stream(
+                '/farm.v1.AgentService/Code',
+                request_serializer=farm_dot_proto_dot_v1_dot_agent__pb2.CodeRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_agent__pb2.CodePart.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -74,6 +84,22 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Work(self, request_iterator, context):
+        """The node's work: the head sends assignments (shards to run) and cancellations; the agent acks each assignment,
+        and says when an attempt ended. Over mutual TLS, authenticated like the heartbeats (the first report is the
+        node's Hello). While it is open the node holds its running shards; once it closes they go back to the queue.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Code(self, request, context):
+        """A job's code package (the zip the user submitted), for a node the head gave a shard of that job.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +117,16 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Deregister,
                     request_deserializer=farm_dot_proto_dot_v1_dot_agent__pb2.DeregisterRequest.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_agent__pb2.DeregisterReply.SerializeToString,
+            ),
+            'Work': grpc.stream_stream_rpc_method_handler(
+                    servicer.Work,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_agent__pb2.WorkReport.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_agent__pb2.WorkOrder.SerializeToString,
+            ),
+            'Code': grpc.unary_stream_rpc_method_handler(
+                    servicer.Code,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_agent__pb2.CodeRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_agent__pb2.CodePart.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +210,60 @@ class AgentService:
             '/farm.v1.AgentService/Deregister',
             farm_dot_proto_dot_v1_dot_agent__pb2.DeregisterRequest.SerializeToString,
             farm_dot_proto_dot_v1_dot_agent__pb2.DeregisterReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Work(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/farm.v1.AgentService/Work',
+            farm_dot_proto_dot_v1_dot_agent__pb2.WorkReport.SerializeToString,
+            farm_dot_proto_dot_v1_dot_agent__pb2.WorkOrder.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Code(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/farm.v1.AgentService/Code',
+            farm_dot_proto_dot_v1_dot_agent__pb2.CodeRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_agent__pb2.CodePart.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from farm.proto.v1 import common_pb2 as farm_dot_proto_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61rm/proto/v1/fleet.proto\x12\x07\x66\x61rm.v1\x1a\x1a\x66\x61rm/proto/v1/common.proto\"\x96\x03\n\x04Node\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x08hardware\x18\x04 \x01(\x0b\x32\x11.farm.v1.Hardware\x12\"\n\x08\x62\x61\x63kends\x18\x05 \x03(\x0b\x32\x10.farm.v1.Backend\x12\x13\n\x0bray_node_id\x18\x06 \x01(\t\x12\x16\n\x0elast_heartbeat\x18\x07 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x16\n\x0ememory_percent\x18\t \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\n \x01(\t\x12\x15\n\rregistered_at\x18\x0b \x01(\x01\x12#\n\x05power\x18\x0c \x03(\x0b\x32\x14.farm.v1.DevicePower\x12\x0c\n\x04\x62usy\x18\r \x01(\t\x12\r\n\x05\x64rain\x18\x0e \x01(\x08\x12\x16\n\x0eshards_running\x18\x0f \x01(\x05\x12\x18\n\x10\x66\x61rm_cpu_percent\x18\x10 \x01(\x01\x12&\n\ngpu_memory\x18\x11 \x03(\x0b\x32\x12.farm.v1.GpuMemory\"\x12\n\x10ListNodesRequest\".\n\x0eListNodesReply\x12\x1c\n\x05nodes\x18\x01 \x03(\x0b\x32\r.farm.v1.Node\"/\n\x10\x44rainNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\x32\x86\x01\n\x0c\x46leetService\x12?\n\tListNodes\x12\x19.farm.v1.ListNodesRequest\x1a\x17.farm.v1.ListNodesReply\x12\x35\n\tDrainNode\x12\x19.farm.v1.DrainNodeRequest\x1a\r.farm.v1.Nodeb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x66\x61rm/proto/v1/fleet.proto\x12\x07\x66\x61rm.v1\x1a\x1a\x66\x61rm/proto/v1/common.proto\"\xa7\x03\n\x04Node\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x08hardware\x18\x04 \x01(\x0b\x32\x11.farm.v1.Hardware\x12\"\n\x08\x62\x61\x63kends\x18\x05 \x03(\x0b\x32\x10.farm.v1.Backend\x12\x13\n\x0bray_node_id\x18\x06 \x01(\t\x12\x16\n\x0elast_heartbeat\x18\x07 \x01(\x01\x12\x13\n\x0b\x63pu_percent\x18\x08 \x01(\x01\x12\x16\n\x0ememory_percent\x18\t \x01(\x01\x12\x0f\n\x07\x61\x64\x64ress\x18\n \x01(\t\x12\x15\n\rregistered_at\x18\x0b \x01(\x01\x12#\n\x05power\x18\x0c \x03(\x0b\x32\x14.farm.v1.DevicePower\x12\x0c\n\x04\x62usy\x18\r \x01(\t\x12\r\n\x05\x64rain\x18\x0e \x01(\x08\x12\x16\n\x0eshards_running\x18\x0f \x01(\x05\x12\x18\n\x10\x66\x61rm_cpu_percent\x18\x10 \x01(\x01\x12&\n\ngpu_memory\x18\x11 \x03(\x0b\x32\x12.farm.v1.GpuMemory\x12\x0f\n\x07trusted\x18\x12 \x01(\x08\"\x12\n\x10ListNodesRequest\".\n\x0eListNodesReply\x12\x1c\n\x05nodes\x18\x01 \x03(\x0b\x32\r.farm.v1.Node\"/\n\x10\x44rainNodeRequest\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\r\n\x05\x64rain\x18\x02 \x01(\x08\x32\x86\x01\n\x0c\x46leetService\x12?\n\tListNodes\x12\x19.farm.v1.ListNodesRequest\x1a\x17.farm.v1.ListNodesReply\x12\x35\n\tDrainNode\x12\x19.farm.v1.DrainNodeRequest\x1a\r.farm.v1.Nodeb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'farm.proto.v1.fleet_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NODE']._serialized_start=67
-  _globals['_NODE']._serialized_end=473
-  _globals['_LISTNODESREQUEST']._serialized_start=475
-  _globals['_LISTNODESREQUEST']._serialized_end=493
-  _globals['_LISTNODESREPLY']._serialized_start=495
-  _globals['_LISTNODESREPLY']._serialized_end=541
-  _globals['_DRAINNODEREQUEST']._serialized_start=543
-  _globals['_DRAINNODEREQUEST']._serialized_end=590
-  _globals['_FLEETSERVICE']._serialized_start=593
-  _globals['_FLEETSERVICE']._serialized_end=727
+  _globals['_NODE']._serialized_end=490
+  _globals['_LISTNODESREQUEST']._serialized_start=492
+  _globals['_LISTNODESREQUEST']._serialized_end=510
+  _globals['_LISTNODESREPLY']._serialized_start=512
+  _globals['_LISTNODESREPLY']._serialized_end=558
+  _globals['_DRAINNODEREQUEST']._serialized_start=560
+  _globals['_DRAINNODEREQUEST']._serialized_end=607
+  _globals['_FLEETSERVICE']._serialized_start=610
+  _globals['_FLEETSERVICE']._serialized_end=744
 # @@protoc_insertion_point(module_scope)

@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Node(_message.Message):
-    __slots__ = ("id", "name", "state", "hardware", "backends", "ray_node_id", "last_heartbeat", "cpu_percent", "memory_percent", "address", "registered_at", "power", "busy", "drain", "shards_running", "farm_cpu_percent", "gpu_memory")
+    __slots__ = ("id", "name", "state", "hardware", "backends", "ray_node_id", "last_heartbeat", "cpu_percent", "memory_percent", "address", "registered_at", "power", "busy", "drain", "shards_running", "farm_cpu_percent", "gpu_memory", "trusted")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class Node(_message.Message):
     SHARDS_RUNNING_FIELD_NUMBER: _ClassVar[int]
     FARM_CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
     GPU_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    TRUSTED_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     state: str
@@ -43,7 +44,8 @@ class Node(_message.Message):
     shards_running: int
     farm_cpu_percent: float
     gpu_memory: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuMemory]
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., ray_node_id: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., address: _Optional[str] = ..., registered_at: _Optional[float] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ..., drain: _Optional[bool] = ..., shards_running: _Optional[int] = ..., farm_cpu_percent: _Optional[float] = ..., gpu_memory: _Optional[_Iterable[_Union[_common_pb2.GpuMemory, _Mapping]]] = ...) -> None: ...
+    trusted: bool
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., hardware: _Optional[_Union[_common_pb2.Hardware, _Mapping]] = ..., backends: _Optional[_Iterable[_Union[_common_pb2.Backend, _Mapping]]] = ..., ray_node_id: _Optional[str] = ..., last_heartbeat: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_percent: _Optional[float] = ..., address: _Optional[str] = ..., registered_at: _Optional[float] = ..., power: _Optional[_Iterable[_Union[_common_pb2.DevicePower, _Mapping]]] = ..., busy: _Optional[str] = ..., drain: _Optional[bool] = ..., shards_running: _Optional[int] = ..., farm_cpu_percent: _Optional[float] = ..., gpu_memory: _Optional[_Iterable[_Union[_common_pb2.GpuMemory, _Mapping]]] = ..., trusted: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ()

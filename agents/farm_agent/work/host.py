@@ -1,0 +1,69 @@
+"""A persistent worker: one process per (job, device) on a node, started by the agent (farm_agent.workers) as the
+node's unprivileged account, in the job's code folder, with a scrubbed environment. It keeps the job's model loaded
+and warm between shards (farm_agent.jobcode caches it per process) and takes its shards from a queue the agent fills,
+so that a device never waits for its next shard's model load.
+
+`python -P -m farm_agent.work.host` with FARM_WORK_FD naming its end of a socket pair to the agent: Assignments come
+in, WorkReports go out (farm_agent.work.frames). Each shard sends its own result to the head by its upload ticket
+(farm_agent.upload) and then says it ended; the worker exits when the agent closes its end."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from farm.core.errors import FarmError
+from farm.core.tasks import ResultRoute
+from farm.core.wire import decode_task
+from farm.proto.v1 import agent_pb2
+from farm_agent.work import frames
+
+FD_VAR = "FARM_WORK_FD"
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(os.environ.pop(FD_VAR)))
+    sys.path.insert(0, str(Path.cwd()))  # the job's code, as Ray's working_dir had it
+    waiting: queue.Queue[agent_pb2.Assignment | None] = queue.Queue()
+    sending = threading.Lock()
+
+    def report(message: agent_pb2.WorkReport) -> None:
+        with sending:
+            sock.sendall(frames.pack(message))
+
+    def receive() -> None:
+        """Assignments into the queue as they come: the agent sends the next shard while this one runs."""
+        try:
+            while (assignment := frames.recv(sock, agent_pb2.Assignment, frames.MAX_ASSIGNMENT)) is not None:
+                waiting.put(assignment)
+        except (FarmError, OSError):
+            pass
+        waiting.put(None)
+
+    threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
+    while (assignment := waiting.get()) is not None:
+        reason = run(assignment)
+        report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=assignment.ticket, reason=reason)))
+
+
+def run(assignment: agent_pb2.Assignment) -> str:
+    """Run one attempt; empty: its result (or its failure) went to the head; else why it could not."""
+    from farm_agent import entry
+
+    try:
+        task = decode_task(assignment.entry, assignment.task_json)
+        route = ResultRoute(assignment.result_address, assignment.ca_pem, assignment.ticket)
+        entry.ENTRIES[assignment.entry](task, route)
+    except FarmError as exc:
+        return exc.message
+    except Exception as exc:  # noqa: BLE001 - the worker lives on: the head hears why this attempt ended
+        return f"{type(exc).__name__}: {exc}"[:2000]
+    return ""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The head's end of each node's work stream (AgentService.Work): the orders waiting for a node, and which nodes are
+connected now.
+
+Every shard reaches its node this way, over the node's mutual-TLS channel, as protobuf: an Assignment (its task as
+JSON, farm.core.wire) or a cancellation. The node answers with acks and, when an attempt ends, an Ended report; its
+result goes separately, by upload ticket, to the ResultService. No node ever holds the head's Ray address or token
+for this, and nothing a node sends on it is more than a ticket and a line of text.
+
+A node holds its running shards while its stream is open: once it closes (the agent stopped, its machine or network
+went away), the dispatcher's next round takes them back (farm.head.dispatch)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from farm.proto.v1 import agent_pb2
+
+log = logging.getLogger("farm.head")
+
+MAX_REASON = 2000  # characters of a node's word on why an attempt ended
+ORDERS_WAITING = 10_000  # orders queued for one node at most: a node that reads none is dropped
+
+
+@dataclass
+class Link:
+    """One node's open work stream: the orders the head has for it, in order."""
+
+    node_id: str
+    orders: asyncio.Queue[agent_pb2.WorkOrder] = field(default_factory=lambda: asyncio.Queue(ORDERS_WAITING))
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Links:
+    def __init__(self) -> None:
+        self.open: dict[str, Link] = {}
+        # The dispatcher's: (node id, ticket, reason) of an attempt its node says ended; reason empty: it uploaded.
+        self.on_ended: Callable[[str, str, str], None] = lambda node_id, ticket, reason: None
+        self.on_worker: Callable[[str, agent_pb2.WorkerStarted], None] = lambda node_id, started: None
+        self.on_change: Callable[[], None] = lambda: None
+
+    def connected(self) -> set[str]:
+        return set(self.open)
+
+    def attach(self, node_id: str) -> Link:
+        """A node's new stream; an older one of the same node is closed (its agent reconnected)."""
+        old = self.open.pop(node_id, None)
+        if old is not None:
+            old.closed.set()
+        link = self.open[node_id] = Link(node_id)
+        self.on_change()
+        return link
+
+    def detach(self, link: Link) -> None:
+        link.closed.set()
+        if self.open.get(link.node_id) is link:
+            del self.open[link.node_id]
+            self.on_change()
+
+    def send(self, node_id: str, order: agent_pb2.WorkOrder) -> bool:
+        """Queue an order for a node; False: it is not connected (or reads nothing), and the order is dropped."""
+        link = self.open.get(node_id)
+        if link is None:
+            return False
+        try:
+            link.orders.put_nowait(order)
+        except asyncio.QueueFull:
+            log.warning("node %s reads no orders: its work stream is closed", node_id)
+            self.detach(link)
+            return False
+        return True
+
+    def cancel_job(self, node_id: str, job_id: str) -> None:
+        self.send(node_id, agent_pb2.WorkOrder(cancel=agent_pb2.CancelWork(job_id=job_id)))
+
+    def cancel_attempt(self, node_id: str, ticket: str) -> None:
+        self.send(node_id, agent_pb2.WorkOrder(cancel=agent_pb2.CancelWork(ticket=ticket)))
+
+    def report(self, link: Link, report: agent_pb2.WorkReport) -> None:
+        """What the node said on its stream (after its hello)."""
+        which = report.WhichOneof("report")
+        if which == "ended":
+            self.on_ended(link.node_id, report.ended.ticket, report.ended.reason[:MAX_REASON])
+        elif which == "worker":
+            self.on_worker(link.node_id, report.worker)
