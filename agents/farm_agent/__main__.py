@@ -64,6 +64,10 @@ def main() -> None:
     parser.add_argument("--backends", help="comma-separated backends to offer (default: all this machine runs)")
     parser.add_argument("--ray-user", default=None,
                         help="the user the node's Ray runs as ('': the agent's own; default: farm.ray_user.chosen)")
+    parser.add_argument("--trusted", action="store_true",
+                        help="the head operator's own machine: join the head's Ray too (needs --admin-token-file)")
+    parser.add_argument("--admin-token-file", type=Path, default=None,
+                        help="a file holding the head's API token, for a trusted node's Register (removed once read)")
     args = parser.parse_args()
     if args.probe:
         print(json.dumps(probe(args.cpus)))
@@ -85,8 +89,12 @@ def main() -> None:
     from farm_agent.main import serve
     from farm_agent.settings import AgentSettings
 
+    admin_token = ""
+    if args.admin_token_file:
+        admin_token = args.admin_token_file.read_text().strip()
+        args.admin_token_file.unlink()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(AgentSettings(head=args.head, token=args.token or "", name=args.name, state_dir=args.state_dir,
+    serve(AgentSettings(trusted=args.trusted, admin_token=admin_token, head=args.head, token=args.token or "", name=args.name, state_dir=args.state_dir,
                         cpus=args.cpus, ca_hash=args.ca_hash, insecure=args.insecure,
                         max_foreign_cpu=args.max_foreign_cpu, drain_grace_s=args.drain_grace_s,
                         busy_file=args.busy_file,

@@ -99,7 +99,7 @@ class HeadClient:
 
     async def register(
         self, join_token: str, name: str, hardware: Hardware, offers: list[BackendOffer], address: str, node_id: str,
-        node_token: str = "", mtls_port: int = 0,
+        node_token: str = "", mtls_port: int = 0, admin_token: str = "",
     ) -> agent_pb2.RegisterReply:
         """Join, or join again as `node_id`: a node that exists proves it is itself, over mutual TLS (`mtls_port`)
         with its certificate from the last Register (a TLS head), or with its last `node_token` (a head without).
@@ -119,7 +119,7 @@ class HeadClient:
         request = agent_pb2.RegisterRequest(
             join_token=join_token, name=name, hardware=convert.hardware_to_pb(hardware),
             backends=[convert.offer_to_pb(o) for o in offers], agent_version=__version__, address=address,
-            node_id=node_id, csr_pem=csr_pem, node_token=node_token,
+            node_id=node_id, csr_pem=csr_pem, node_token=node_token, admin_token=admin_token,
         )
         try:
             reply: agent_pb2.RegisterReply = await stub.Register(
@@ -146,6 +146,24 @@ class HeadClient:
         self, beats: AsyncIterator[agent_pb2.HeartbeatRequest], node_id: str, node_token: str
     ) -> grpc.aio.StreamStreamCall[agent_pb2.HeartbeatRequest, agent_pb2.HeartbeatReply]:
         return self.node_stub.Heartbeat(beats, metadata=credentials(node_token, node_id))
+
+    def work(
+        self, reports: AsyncIterator[agent_pb2.WorkReport], node_id: str, node_token: str
+    ) -> grpc.aio.StreamStreamCall[agent_pb2.WorkReport, agent_pb2.WorkOrder]:
+        """The node's work stream: `reports` must start with the node's hello."""
+        return self.node_stub.Work(reports, metadata=credentials(node_token, node_id))
+
+    async def code(self, node_id: str, node_token: str, job_id: str, limit: int) -> bytes:
+        """A job's code package (at most `limit` bytes), from the head."""
+        data = bytearray()
+        call = self.node_stub.Code(agent_pb2.CodeRequest(node_id=node_id, node_token=node_token, job_id=job_id),
+                                   metadata=credentials(node_token, node_id), timeout=300)
+        async for part in call:
+            data += part.data
+            if len(data) > limit:
+                call.cancel()
+                raise AgentError(f"the head sent a code package past {limit:,} bytes")
+        return bytes(data)
 
     async def deregister(self, node_id: str, node_token: str) -> None:
         try:

@@ -1,11 +1,13 @@
-"""The node agent daemon: register, join the Ray cluster as a worker node, heartbeat, leave cleanly.
+"""The node agent daemon: register, heartbeat, take the head's work over the node's work stream and run it in
+persistent workers (farm_agent.workers), leave cleanly. A trusted node (the head operator's own) also joins the
+head's Ray cluster as a worker node, for training; a lent node never learns that cluster's address or token.
 
 When the owner needs the machine (the idle policy says busy) the node drains: the head gives it no new shards
-(it sees `busy` in the heartbeats), and once the owner has been busy for `drain_grace_s` the agent stops its Ray
-node, so that the head takes back the shards still running there (its lost-worker path re-queues each once). When the
-owner is idle again the agent starts the Ray node again and the node offers work.
+(it sees `busy` in the heartbeats), and once the owner has been busy for `drain_grace_s` the agent stops its workers
+(and a trusted node's Ray node), so that the head takes back the shards still running there (each is re-queued
+once). When the owner is idle again the node offers work again.
 
-It stays light on purpose (no torch): shards run in the Ray worker processes it starts, not in the daemon.
+It stays light on purpose (no torch): shards run in the worker processes it starts, not in the daemon.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from farm.core.ids import NODE_LABEL
 from farm_agent.idle import IdlePolicy
 from farm_agent.power import PowerMeter, ReadsMemory, idle_power, meter_for
 from farm_agent.settings import AgentSettings
+from farm_agent.workers import Workers
 
 log = logging.getLogger("farm.agent")
 
@@ -53,6 +56,7 @@ PAUSE_STOP_S = 2.0
 REJOINS_ALLOWED = 3
 NODE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # as farm.core.ids makes them (n-1a2b3c4d)
 REJOIN_WINDOW_S = 600.0
+MAX_CODE_PACKAGE = 512 * 1024 * 1024  # a job's code package, as the head sends it, at most
 
 
 class Agent:
@@ -73,7 +77,10 @@ class Agent:
         self.ray: RayProcess | None = None
         self.ray_args: list[str] = []
         self.ray_failure: AgentError | None = None
-        self.ray_paused = False  # the agent stopped its Ray node on purpose (the owner busy past the grace)
+        self.ray_paused = False  # the agent stopped its workers (and Ray node) on purpose: the owner busy past the grace
+        self.workers: Workers | None = None
+        self.reports: asyncio.Queue[agent_pb2.WorkReport] = asyncio.Queue()
+        self.order_tasks: set[asyncio.Task[None]] = set()
         self.ray_rejoins: deque[float] = deque()  # time.monotonic() of each start of a node after one died
         self.ray_change: asyncio.Task[None] | None = None  # a stop or restart of the Ray node under way
         self.busy_since: float | None = None  # time.monotonic() when the owner became busy; None while idle
@@ -100,27 +107,38 @@ class Agent:
         for offer in self.offers:
             if offer.idle_w is not None:
                 log.info("%s idle: %.1f W (%s)", offer.device, offer.idle_w, offer.idle_source)
-        self.ray = self._new_ray()
+        self.ray = self._new_ray() if self.ray_args else None  # a trusted node's only
+        self.workers = Workers(self.node_id, settings.state_dir, self.ray_account, self.reports.put_nowait,
+                               self._fetch_code)
+        working: asyncio.Task[None] | None = None
         try:
-            # In a thread, so that a SIGTERM during Ray's start-up is heard and the half-started node is stopped.
-            starting = asyncio.create_task(asyncio.to_thread(self.ray.start))
-            stopped = asyncio.create_task(self.stopping.wait())
-            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            if self.stopping.is_set():
-                return
-            if not self.ray.running:
-                raise self.ray.failure()
+            if self.ray is not None:
+                # In a thread, so that a SIGTERM during Ray's start-up is heard and the half-started node is stopped.
+                starting = asyncio.create_task(asyncio.to_thread(self.ray.start))
+                stopped = asyncio.create_task(self.stopping.wait())
+                await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                stopped.cancel()
+                if self.stopping.is_set():
+                    return
+                if not self.ray.running:
+                    raise self.ray.failure()
             self.status = {
                 **this_process(), "name": settings.name, "node_id": self.node_id, "head": settings.head,
-                "started_at": time.time(), "state": "joining", "ray_pid": self.ray.proc.pid if self.ray.proc else 0,
+                "started_at": time.time(), "state": "joining", "trusted": bool(self.ray_args),
+                "ray_pid": self.ray.proc.pid if self.ray is not None and self.ray.proc else 0,
             }
             write_json(settings.status_path, self.status)
+            working = asyncio.create_task(self._work_until_stopped())
             await self._heartbeat_until_stopped()
             if self.ray_failure is not None:
                 raise self.ray_failure
         finally:
-            self.ray.stop()  # a restart under way in a thread sees `stopped` and stops the node it starts
+            if working is not None:
+                working.cancel()
+                await asyncio.gather(working, return_exceptions=True)
+            await self.workers.close()
+            if self.ray is not None:
+                self.ray.stop()  # a restart under way in a thread sees `stopped` and stops the node it starts
             if self.ray_change is not None:
                 await asyncio.gather(self.ray_change, return_exceptions=True)
             await self.client.deregister(self.node_id, self.node_token)
@@ -143,7 +161,7 @@ class Agent:
         if node_id and node_token:
             try:
                 reply = await self.client.register("", settings.name, self.hardware, self.offers, self.address,
-                                                   node_id, node_token, mtls_port)
+                                                   node_id, node_token, mtls_port, settings.admin_token)
             except AuthError as exc:
                 if not settings.token:
                     raise AuthError(f"{exc.message}; give a join token (FARM_JOIN_TOKEN=... or --token-file) to "
@@ -154,7 +172,7 @@ class Agent:
                              "give the join token")
         if reply is None:
             reply = await self.client.register(settings.token, settings.name, self.hardware, self.offers,
-                                               self.address, node_id, node_token, mtls_port)
+                                               self.address, node_id, node_token, mtls_port, settings.admin_token)
         if not NODE_ID.fullmatch(reply.node_id):  # it names this node's folders (ray_temp_dir): no path in it
             raise AgentError(f"the head gave this node an id that is not one: {reply.node_id[:80]!r}")
         self.node_id, self.node_token, self.interval = reply.node_id, reply.node_token, reply.heartbeat_interval_s
@@ -162,8 +180,15 @@ class Agent:
         # and the head it joined, which `farm agent start` without --head joins again
         write_json(settings.identity_path, {"node_id": self.node_id, "node_token": self.node_token,
                                             "mtls_port": reply.mtls_port, "head": settings.head})
+        log.info("registered with %s as node %s%s", settings.head, self.node_id,
+                 " (trusted: joining the head's Ray)" if reply.ray_address else "")
+        if settings.trusted and not reply.ray_address:
+            raise AgentError("the head did not take this node as trusted (it gave no Ray address)")
+        if not reply.ray_address:  # a lent node: no Ray of the head's, and no token of it kept from before
+            settings.ray_token_path.unlink(missing_ok=True)
+            self.ray_args = []
+            return
         write_private(settings.ray_token_path, reply.ray_token.encode())
-        log.info("registered with %s as node %s", settings.head, self.node_id)
         resources: dict[str, int] = {}  # summed per backend: a 2-GPU node offers farm.cuda=2
         for o in self.offers:
             if o.available and o.slots:
@@ -179,6 +204,55 @@ class Agent:
         return RayProcess(self.ray_args, self.settings.ray_token_path, self.settings.state_dir / "ray.log",
                           record=self.settings.state_dir / "ray-node.json", user=self.ray_account,
                           folder=ray_temp_dir(self.node_id))  # its own, not the head's: see ray_temp_dir
+
+    async def _fetch_code(self, job_id: str) -> bytes:
+        return await self.client.code(self.node_id, self.node_token, job_id, limit=MAX_CODE_PACKAGE)
+
+    async def _work_until_stopped(self) -> None:
+        """The node's work stream, opened again whenever it closes: the head's orders run here, the workers'
+        reports go back. While it is closed the head takes this node's shards back, so its workers stop too."""
+        backoff = Backoff()
+        while not self.stopping.is_set():
+            self.reports = asyncio.Queue()
+            reports = self.reports
+            hello = agent_pb2.WorkReport(hello=agent_pb2.WorkHello(node_id=self.node_id, node_token=self.node_token))
+
+            async def outgoing() -> AsyncIterator[agent_pb2.WorkReport]:
+                yield hello
+                while True:
+                    yield await reports.get()
+
+            assert self.workers is not None
+            self.workers.report = reports.put_nowait
+            call = self.client.work(outgoing(), self.node_id, self.node_token)
+            try:
+                async for order in call:
+                    backoff.reset()
+                    self._follow_order(order)
+            except grpc.aio.AioRpcError as exc:
+                if self.stopping.is_set():
+                    return
+                log.warning("work stream lost (%s)", exc.code().name)
+            finally:
+                call.cancel()
+                await self.workers.stop_all("its node's work stream closed")
+            try:
+                await asyncio.wait_for(self.stopping.wait(), backoff.next_delay())
+            except asyncio.TimeoutError:
+                pass
+
+    def _follow_order(self, order: agent_pb2.WorkOrder) -> None:
+        assert self.workers is not None
+        which = order.WhichOneof("order")
+        if which == "assign":
+            job = self.workers.assign(order.assign)
+        elif which == "cancel":
+            job = self.workers.cancel(order.cancel.job_id, order.cancel.ticket)
+        else:
+            return
+        task = asyncio.create_task(job)
+        self.order_tasks.add(task)
+        task.add_done_callback(self.order_tasks.discard)
 
     async def _heartbeat_until_stopped(self) -> None:
         backoff = Backoff()  # a lost head is tried again after waits that grow and spread (see backoff.py)
@@ -258,28 +332,35 @@ class Agent:
         await self._restart_ray(self.ray)
 
     def _follow_owner(self, busy: str) -> None:
-        """Stop the Ray node once the owner has been busy for the grace; start it again once they are idle. Each
-        change runs in a thread (a Ray node takes seconds to stop or start) while the heartbeats go on."""
-        if self.ray is None or (self.ray_change is not None and not self.ray_change.done()):
+        """Stop the workers (and a trusted node's Ray node) once the owner has been busy for the grace; offer work
+        again once they are idle. Each change runs in a task (a Ray node takes seconds to stop or start) while the
+        heartbeats go on."""
+        if self.ray_change is not None and not self.ray_change.done():
             return
         now = time.monotonic()
         if busy:
             self.busy_since = now if self.busy_since is None else self.busy_since
             if not self.ray_paused and now - self.busy_since >= self.settings.drain_grace_s:
-                log.info("owner busy for %.0f s (grace %.0f s): stopping the Ray node; the head takes back its shards",
-                         now - self.busy_since, self.settings.drain_grace_s)
+                log.info("owner busy for %.0f s (grace %.0f s): stopping the workers; the head takes back their "
+                         "shards", now - self.busy_since, self.settings.drain_grace_s)
                 self.ray_paused = True
-                self.ray_change = asyncio.create_task(self._stop_ray(self.ray))
+                self.ray_change = asyncio.create_task(self._pause(self.ray))
         else:
             self.busy_since = None
             if self.ray_paused:
-                log.info("owner idle again: starting the Ray node")
+                log.info("owner idle again: offering work")
+                if self.ray is None:
+                    self.ray_paused = False
+                    return
                 self.ray = self._new_ray()  # set first: a stop meanwhile (SIGTERM) reaches the node being started
                 self.ray_change = asyncio.create_task(self._restart_ray(self.ray))
 
-    async def _stop_ray(self, ray: RayProcess) -> None:
-        await asyncio.to_thread(ray.stop, PAUSE_STOP_S)
-        self._write_status(ray_pid=0)
+    async def _pause(self, ray: RayProcess | None) -> None:
+        if self.workers is not None:
+            await self.workers.stop_all("its node drained (its owner needs it)")
+        if ray is not None:
+            await asyncio.to_thread(ray.stop, PAUSE_STOP_S)
+            self._write_status(ray_pid=0)
 
     async def _restart_ray(self, ray: RayProcess) -> None:
         await asyncio.to_thread(ray.start)

@@ -38,6 +38,10 @@ class AgentSettings(BaseModel):
     # The account the node's Ray (and so every job's code) runs as (farm.ray_user.chosen: farm-ray for an agent run
     # as root); None: the agent's own, which job code can then read the agent's tokens and keys as.
     ray_user: str | None = None
+    # A trusted node (the head operator's own machine): it registers with the head's API token and joins the head's
+    # Ray cluster too (training). Without it the node never learns the head's Ray address or token.
+    trusted: bool = False
+    admin_token: str = Field(default="", repr=False)  # the API token, for a trusted node's Register only
 
     @property
     def ray_token_path(self) -> Path:

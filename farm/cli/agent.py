@@ -68,6 +68,9 @@ def start(
     ray_user: RayUser = None,
     state: StateDir = None,
     detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
+    trusted: Annotated[bool, typer.Option(
+        "--trusted", help="This machine is the head operator's own: it joins the head's Ray too (training runs "
+        "only on trusted nodes). Needs the head's API token (FARM_TOKEN, or the local head's).")] = False,
 ) -> None:
     """Register this machine with a head and run shards for it. Started again (after a stop, a reboot), a node
     that joined before needs neither --head nor the join token: it joins its head again on its own credentials."""
@@ -91,7 +94,7 @@ def start(
         head=head, token=join_token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
         busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
-        ray_user=chosen_ray_user(ray_user),
+        ray_user=chosen_ray_user(ray_user), trusted=trusted, admin_token=_admin_token(state) if trusted else "",
     )
     status = read_json(settings.status_path)
     if recorded_alive(status):
@@ -105,6 +108,15 @@ def start(
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings)
+
+
+def _admin_token(state: Path | None) -> str:
+    """A trusted node's proof: the head's API token, from FARM_TOKEN or the local head's head.json."""
+    found = os.environ.get("FARM_TOKEN", "").strip() or str((read_json(state_dir(state) / "head.json") or {})
+                                                            .get("api_token", ""))
+    if not found:
+        raise UserError("--trusted needs the head's API token: set FARM_TOKEN (only the head's operator has it)")
+    return found
 
 
 def _warn_if_on_command_line(token: str | None) -> None:
@@ -191,6 +203,9 @@ def _start_detached(settings: AgentSettings) -> None:
     token_file = settings.state_dir / "join.token"  # 0600; on the command line the token would show in `ps`
     if settings.token:
         write_private(token_file, settings.token.encode())
+    admin_file = settings.state_dir / "admin.token"  # read and removed by the daemon at its first Register
+    if settings.admin_token:
+        write_private(admin_file, settings.admin_token.encode())
     proc = spawn_detached(python_command(  # --option=value: a value may start with "-"
         "farm_agent", f"--head={settings.head}", *([f"--token-file={token_file}"] if settings.token else []),
         *([f"--ca-hash={settings.ca_hash}"] if settings.ca_hash else []), *(["--insecure"] if settings.insecure else []),
@@ -200,6 +215,8 @@ def _start_detached(settings: AgentSettings) -> None:
         f"--drain-grace-s={settings.drain_grace_s}",
         *([f"--busy-file={settings.busy_file}"] if settings.busy_file else []),
         f"--ray-user={settings.ray_user or ''}",  # as chosen here ('': the agent's own)
+        *(["--trusted"] if settings.trusted else []),
+        *([f"--admin-token-file={admin_file}"] if settings.admin_token else []),
     ), log, env={k: v for k, v in os.environ.items() if k != JOIN_TOKEN_ENV})  # the daemon reads its token file
 
     def ready() -> bool:  # a node drained by an operator, or whose owner is busy, has joined all the same

@@ -1,0 +1,253 @@
+"""The agent's persistent workers: one process per (job, device), started on the job's first shard there and kept
+until the job ends, is cancelled, or the node drains. Shards reach a worker as Assignments over a Unix socket pair
+(farm_agent.work.frames) and queue there, so the next shard is waiting when one ends; the worker keeps the model
+loaded between them (farm_agent.work.host).
+
+A worker runs as the node's unprivileged account (farm.ray_user's farm-ray, where the agent is root), in a folder of
+its own holding the job's code (fetched from the head once per job, by its sha256), with a scrubbed environment:
+never the agent's (its join token, the operator's cloud credentials), only PATH, the locale, the job's own `env:`
+and the few variables Farm's worker needs. Each worker is a group of processes (farm.node_group): ending it ends
+whatever its job code started.
+
+A worker that dies takes its queued shards with it: each is reported ended with the reason, and the head runs them
+again (its retry path); the job's next shard on that device starts a new worker."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import zipfile
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from farm.core.errors import AgentError
+from farm.core.ids import NODE_ID_VAR
+from farm.local import python_command
+from farm.node_group import NodeGroup
+from farm.proto.v1 import agent_pb2
+from farm_agent.work import frames
+from farm_agent.work.host import FD_VAR
+
+log = logging.getLogger("farm.agent")
+
+# Variables of the agent's environment a worker keeps; everything else (credentials above all) stays behind.
+KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TMPDIR",
+        "FARM_REQUIREMENTS_CACHE", "FARM_TEST_WORKER_DELAY_S")
+# Variables a job's `env:` may not set in its workers (they are Farm's).
+RESERVED = frozenset({"PATH", "HOME", "USER", "LOGNAME", FD_VAR, NODE_ID_VAR, "FARM_STATE_DIR", "PYTHONPATH",
+                      "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONSTARTUP"})
+STOP_S = 5.0  # how long a worker may take to leave once its socket closes, before its group is killed
+
+Report = Callable[[agent_pb2.WorkReport], None]
+FetchCode = Callable[[str], Awaitable[bytes]]
+
+
+@dataclass
+class Worker:
+    job_id: str
+    device: str
+    proc: asyncio.subprocess.Process
+    writer: asyncio.StreamWriter
+    group: NodeGroup
+    folder: Path
+    tickets: list[str] = field(default_factory=list)  # sent and not yet ended, in order
+    reading: asyncio.Task[None] | None = None
+    stopping: bool = False
+
+
+class Workers:
+    def __init__(self, node_id: str, state_dir: Path, account: pwd.struct_passwd | None, report: Report,
+                 fetch_code: FetchCode) -> None:
+        self.node_id = node_id
+        self.state_dir = state_dir
+        self.account = account
+        self.report = report
+        self.fetch_code = fetch_code
+        self.workers: dict[tuple[str, str], Worker] = {}
+        self.starting: dict[tuple[str, str], asyncio.Lock] = {}
+        # The folder every worker's own folder goes in: random, 0700, the workers' account's (a fixed name in /tmp
+        # is one another local user could plant first).
+        self.root = Path(tempfile.mkdtemp(prefix="farm-work-"))
+        if account is not None:
+            os.chown(self.root, account.pw_uid, account.pw_gid)
+        self.logs = state_dir / "workers"  # the workers' output: the agent's, out of their reach
+        self.logs.mkdir(mode=0o700, exist_ok=True)
+        self.jobs_code: dict[str, bytes] = {}  # sha256 → a job's code package
+        self.cancelled: set[str] = set()  # jobs the head cancelled or ended: an order still on its way starts nothing
+
+    async def assign(self, assignment: agent_pb2.Assignment) -> None:
+        """Queue an attempt on its (job, device) worker, starting one if there is none."""
+        key = (assignment.job_id, assignment.device)
+        async with self.starting.setdefault(key, asyncio.Lock()):
+            if assignment.job_id in self.cancelled:
+                return
+            worker = self.workers.get(key)
+            if worker is None or worker.proc.returncode is not None:
+                try:
+                    worker = await self._start(assignment)
+                except (AgentError, OSError, zipfile.BadZipFile) as exc:
+                    message = exc.message if isinstance(exc, AgentError) else str(exc)
+                    self._ended(assignment.ticket, f"its worker could not start: {message}")
+                    return
+            worker.tickets.append(assignment.ticket)
+            try:
+                worker.writer.write(frames.pack(assignment))
+                await worker.writer.drain()
+            except (ConnectionError, OSError):
+                pass  # the worker died: its reader reports its tickets ended
+            self.report(agent_pb2.WorkReport(ack=agent_pb2.WorkAck(ticket=assignment.ticket)))
+
+    async def cancel(self, job_id: str = "", ticket: str = "") -> None:
+        """Stop a job's workers (or the one holding `ticket`): what they run ends with them, unreported (the head
+        voided those attempts when it cancelled them)."""
+        if job_id:
+            self.cancelled.add(job_id)
+            self.starting = {key: lock for key, lock in self.starting.items() if key[0] != job_id}
+        for worker in list(self.workers.values()):
+            if worker.job_id == job_id or (ticket and ticket in worker.tickets):
+                worker.tickets.clear()
+                await self._stop(worker)
+
+    async def stop_all(self, reason: str) -> None:
+        """Every worker stopped (the node drains, or its work stream closed): their attempts reported ended."""
+        for worker in list(self.workers.values()):
+            await self._stop(worker, reason)
+
+    async def close(self) -> None:
+        await self.stop_all("the agent stopped")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    async def _code(self, assignment: agent_pb2.Assignment) -> bytes:
+        sha = assignment.code_sha256
+        if sha not in self.jobs_code:
+            data = await self.fetch_code(assignment.job_id)
+            if hashlib.sha256(data).hexdigest() != sha:
+                raise AgentError("the job's code package does not match its sha256")
+            self.jobs_code[sha] = data
+        return self.jobs_code[sha]
+
+    async def _start(self, assignment: agent_pb2.Assignment) -> Worker:
+        code = await self._code(assignment)
+        name = f"w{len(os.listdir(self.root))}-{assignment.job_id[-12:]}"
+        folder = self.root / name
+        await asyncio.to_thread(unpack, code, folder / "code", self.account)
+        uid = self.account.pw_uid if self.account else os.geteuid()
+        group = NodeGroup.make(f"farm-work-{self.node_id}-{name}", uid)
+        env = worker_env(folder, self.account, self.node_id, dict(assignment.env))
+        env.update(group.env())
+        ours, theirs = socket.socketpair()
+        env[FD_VAR] = str(theirs.fileno())
+        as_user: dict[str, object] = ({"user": self.account.pw_uid, "group": self.account.pw_gid, "extra_groups": []}
+                                      if self.account else {})
+        folder.mkdir(exist_ok=True)
+        if self.account is not None:
+            os.chown(folder, self.account.pw_uid, self.account.pw_gid)  # its HOME: caches (torch, Triton) go here
+        log_fd = os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *python_command("farm_agent.work.host"), stdin=subprocess.DEVNULL, stdout=log_fd,
+                stderr=subprocess.STDOUT, cwd=folder / "code", env=env, pass_fds=(theirs.fileno(),),
+                start_new_session=True, **as_user)  # type: ignore[arg-type]
+        finally:
+            os.close(log_fd)
+            theirs.close()
+        group.add(proc.pid)
+        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=frames.MAX_REPORT * 2)
+        worker = Worker(assignment.job_id, assignment.device, proc, writer, group, folder)
+        worker.reading = asyncio.create_task(self._read(worker, reader))
+        self.workers[(worker.job_id, worker.device)] = worker
+        log.info("worker for job %s on %s started (pid %d)", worker.job_id, worker.device, proc.pid)
+        self.report(agent_pb2.WorkReport(worker=agent_pb2.WorkerStarted(job_id=worker.job_id, device=worker.device,
+                                                                        pid=proc.pid)))
+        return worker
+
+    async def _read(self, worker: Worker, reader: asyncio.StreamReader) -> None:
+        """A worker's reports until it closes its end: each attempt's end, for its own tickets only (job code in
+        the worker can write here too); then its death, if it was not asked to stop."""
+        try:
+            while (report := await frames.read(reader, agent_pb2.WorkReport, frames.MAX_REPORT)) is not None:
+                if report.WhichOneof("report") == "ended" and report.ended.ticket in worker.tickets:
+                    worker.tickets.remove(report.ended.ticket)
+                    self._ended(report.ended.ticket, report.ended.reason[:2000])
+        except AgentError as exc:
+            log.warning("worker for job %s sent %s: stopping it", worker.job_id, exc.message)
+        code = await worker.proc.wait() if not worker.stopping else worker.proc.returncode
+        if not worker.stopping:
+            await self._stop(worker, f"its worker exited with {code}")
+
+    async def _stop(self, worker: Worker, reason: str = "") -> None:
+        worker.stopping = True
+        if self.workers.get((worker.job_id, worker.device)) is worker:
+            del self.workers[(worker.job_id, worker.device)]
+        worker.writer.close()  # the worker leaves once the shard it runs ends; it has STOP_S to
+        try:
+            await asyncio.wait_for(worker.proc.wait(), STOP_S if not reason else 0.5)
+        except asyncio.TimeoutError:
+            pass
+        await asyncio.to_thread(worker.group.end)
+        if worker.proc.returncode is None:
+            try:
+                os.killpg(worker.proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            await worker.proc.wait()
+        for ticket in worker.tickets:
+            self._ended(ticket, reason or "its worker stopped")
+        worker.tickets.clear()
+        shutil.rmtree(worker.folder, ignore_errors=True)
+        if worker.reading is not None and worker.reading is not asyncio.current_task():
+            worker.reading.cancel()
+
+    def _ended(self, ticket: str, reason: str) -> None:
+        self.report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=ticket, reason=reason)))
+
+
+def worker_env(folder: Path, account: pwd.struct_passwd | None, node_id: str, job_env: dict[str, str]
+               ) -> dict[str, str]:
+    """A worker's whole environment: a few of the agent's, the job's own (not Farm's names), and Farm's."""
+    env = {name: os.environ[name] for name in KEPT if name in os.environ}
+    env.update({name: value for name, value in job_env.items() if name not in RESERVED})
+    user = account.pw_name if account else pwd.getpwuid(os.geteuid()).pw_name
+    env.update(HOME=str(folder), USER=user, LOGNAME=user, FARM_STATE_DIR=str(folder / "state"),
+               MALLOC_ARENA_MAX=env.get("MALLOC_ARENA_MAX", "2"), PYTHONUNBUFFERED="1")
+    env[NODE_ID_VAR] = node_id
+    env.setdefault("PATH", os.defpath)
+    return env
+
+
+MAX_CODE_BYTES = 1 << 30  # a job's code inflated, at most (the head capped the package it accepted already)
+
+
+def unpack(code: bytes, folder: Path, account: pwd.struct_passwd | None) -> None:
+    """A job's code package into `folder`, owned by the workers' account. Member names are checked (no absolute
+    paths, no `..`), and the bytes inflated are counted."""
+    folder.mkdir(parents=True)
+    total = 0
+    with zipfile.ZipFile(io.BytesIO(code)) as archive:
+        for member in archive.infolist():
+            parts = Path(member.filename).parts
+            if member.filename.startswith("/") or ".." in parts or not parts:
+                raise AgentError(f"the job's code holds a path out of its folder: {member.filename[:80]!r}")
+            target = folder.joinpath(*parts)
+            if member.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(member) as source, open(target, "xb") as out:
+                while chunk := source.read(1 << 20):
+                    total += len(chunk)
+                    if total > MAX_CODE_BYTES:
+                        raise AgentError(f"the job's code inflates past {MAX_CODE_BYTES:,} bytes")
+                    out.write(chunk)
+    if account is not None:
+        for path in [folder, *folder.rglob("*")]:
+            os.lchown(path, account.pw_uid, account.pw_gid)
