@@ -1,5 +1,6 @@
-"""Shared fixtures. `cluster` starts a real head (Ray head, gRPC, SQLite) and two real agents as separate processes
-on 127.0.0.1 with free ports, once per test session."""
+"""Shared fixtures. `cluster` starts a real head (Ray head, gRPC, SQLite) and two real trusted agents (they join the
+head's Ray, as training needs) as separate processes on 127.0.0.1 with free ports, once per test session. Lent
+agents, which never join the head's Ray, are what tests/security starts."""
 
 from __future__ import annotations
 
@@ -104,7 +105,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Itera
             subprocess.Popen(
                 [sys.executable, "-m", "farm.cli.main", "agent", "start", "--head", head.address, "--token",
                  head.join_token, "--ca-hash", head.ca_hash, "--name", name, "--cpus", "1", "--state-dir", str(state),
-                 "--detach", "--max-foreign-cpu", "100"],  # both agents share this host: neither is the other's owner
+                 "--detach", "--max-foreign-cpu", "100",  # both agents share this host: neither is the other's owner
+                 "--trusted"],  # the operator's own (the head's state folder gives the API token): training runs here
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **s3},
             )
             for name in ("agent-a", "agent-b")

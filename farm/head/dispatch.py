@@ -1,22 +1,17 @@
 """The dispatcher: turns the scheduler's placements into assignments on the nodes' work streams, and their results
-into state.
+into state. It knows no job kind: each job's handler (farm.head.kinds) plans, builds and records its shards; results,
+failures and retries take the one path of farm.head.outcomes. Runs on the head's event loop.
 
-It knows no job kind: each job's handler (farm.head.kinds) plans, builds and records its shards; results, failures
-and retries take the one path of farm.head.outcomes. Runs on the head's event loop.
-
-A shard goes to its node over that node's mutual-TLS work stream (farm.head.links) as protobuf, its task as JSON
-(farm.core.wire); the node's agent hands it to its persistent worker for the (job, device), which keeps the model
-loaded between shards. Each attempt gets an upload ticket at launch (random, held here, bound to its job, shard,
-attempt and node), and the worker streams the result or the failure to the head's ResultService with it
-(farm.head.arrivals): Arrow IPC and protobuf. The node then says the attempt ended; one that ended with no result in
-is the node's failure. No Ray is involved: a lent node never holds the head's Ray address or token, and nothing a node
-makes is unpickled here.
+A shard goes to its node over that node's mutual-TLS work stream (farm.head.links), its task as JSON
+(farm.core.wire), to the node's persistent worker for the (job, device). Each attempt gets an upload ticket at launch
+(random, held here, bound to its job, shard, attempt and node): the worker streams the result or the failure to the
+ResultService with it (farm.head.arrivals), as Arrow IPC and protobuf, then its node says the attempt ended; one that
+ended with no result in is the node's failure. No Ray, and nothing a node makes is unpickled here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections import Counter
@@ -24,6 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import ray
 
 from farm.core.energy import marginal_joules
 from farm.core.errors import AuthError, FarmError, SpecError
@@ -35,7 +32,7 @@ from farm.head import arrivals, autoshard, environment, joblog, kinds, node_chec
 from farm.head.arrivals import Arrival, BadUpload, Cut, Void
 from farm.head.attempts import Attempts, Running
 from farm.head.kinds.base import KindHandler, ShardedKind
-from farm.head.links import Links
+from farm.head.links import JobNodes, Links
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
@@ -71,12 +68,10 @@ class Dispatcher:
         self.writing: dict[tuple[str, int], Sample] = {}
         self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray (training's, on trusted nodes)
-        # job id → the nodes given shards of it: they may fetch its code, and hear when it ends (its workers stop)
-        self.job_nodes: dict[str, set[str]] = {}
-        self.code_sha: dict[str, str] = {}
+        self.job_nodes = JobNodes(store)
         self.links = Links()
         self.links.on_ended = self._ended
-        self.links.on_worker = self._worker_started
+        self.links.on_worker = self.job_nodes.worker_started
         self.links.on_change = self.wake.set
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -131,12 +126,8 @@ class Dispatcher:
         self._take_back_from_lost_nodes(holding, self.draining)
 
     def _take_back_from_lost_nodes(self, holding: set[str], draining: set[str]) -> None:
-        """Shards on a node that left, went silent or closed its work stream go back to the queue.
-
-        A draining node keeps its shards while its workers run; once its agent stops them (its owner stayed busy
-        past the agent's grace), they go back to the queue without counting as a failed try: the shard did nothing
-        wrong.
-        """
+        """Shards on a node that left, went silent or closed its work stream go back to the queue; a draining node's
+        (its agent stopped its workers: its owner stayed busy past the grace) without counting as a failed try."""
         for key, running in list(self.attempts.running.items()):
             if running.node_id in holding:
                 continue
@@ -151,11 +142,10 @@ class Dispatcher:
     def schedule(self) -> None:
         """One round per unfinished job, in submission order: earlier jobs take free slots first."""
         jobs = self.store.jobs(states=(JobState.QUEUED, JobState.RUNNING))
-        for gone in (self.specs.keys() | self.code.keys() | self.job_nodes.keys()) - {job.id for job in jobs}:
+        for gone in (self.specs.keys() | self.code.keys() | self.job_nodes.jobs()) - {job.id for job in jobs}:
             self.specs.pop(gone, None)  # a finished job's
             self.code.pop(gone, None)
-            self.code_sha.pop(gone, None)
-            for node_id in self.job_nodes.pop(gone, ()):  # its workers end with it
+            for node_id in self.job_nodes.forget(gone):  # its workers end with it
                 self.links.cancel_job(node_id, gone)
         if not jobs:
             return
@@ -248,18 +238,6 @@ class Dispatcher:
             self.code[job.id] = ray_compat.upload_code(Path(job.code_path).read_bytes())
         return self.code[job.id]
 
-    def _code_sha(self, job: Job) -> str:
-        """The sha256 of the job's code package: nodes cache it by this name."""
-        if job.id not in self.code_sha:
-            self.code_sha[job.id] = hashlib.sha256(Path(job.code_path).read_bytes()).hexdigest()
-        return self.code_sha[job.id]
-
-    def code_for(self, node_id: str, job_id: str) -> Path | None:
-        """A job's code package, for a node the head gave a shard of that job (AgentService.Code)."""
-        if node_id not in self.job_nodes.get(job_id, ()):
-            return None
-        return Path(self.store.job(job_id).code_path)
-
     def holds(self, job_id: str) -> bool:
         """Whether shards of this job are still out (an ended job's, being stopped): their results would come back
         for a job deleted meanwhile."""
@@ -288,10 +266,10 @@ class Dispatcher:
         route = self.attempts.route()
         order = agent_pb2.Assignment(
             ticket=route.ticket, job_id=job.id, shard=shard.index, entry=call.entry, device=assignment.device,
-            task_json=encode_task(call.entry, call.task), code_sha256=self._code_sha(job),
+            task_json=encode_task(call.entry, call.task), code_sha256=self.job_nodes.code_sha(job),
             env=environment.worker_env(spec), result_address=route.address, ca_pem=route.ca_pem,
             name=f"farm:{job.name}:{shard.index}")
-        self.job_nodes.setdefault(job.id, set()).add(node.id)
+        self.job_nodes.add(job.id, node.id)
         if not self.links.send(node.id, agent_pb2.WorkOrder(assign=order)):
             return  # its stream closed since the round began: the shard stays pending, the next round places it
         self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket))
@@ -344,14 +322,6 @@ class Dispatcher:
         if not self.store.job_state(key[0]).finished:  # a finished job's attempts were cancelled
             self._failed(key, running, Failure(True, reason or NO_RESULT))
         self.wake.set()
-
-    def _worker_started(self, node_id: str, started: agent_pb2.WorkerStarted) -> None:
-        """A node started a persistent worker for a job on a device: the job's log says so (one a job's node and
-        device, unless it died and was replaced)."""
-        if started.job_id in self.job_nodes and node_id in self.job_nodes[started.job_id]:
-            node = self.round.nodes.get(node_id)
-            self.store.log(started.job_id, "info", f"worker started on {node.name if node else node_id} "
-                           f"{started.device[:40]!r} (pid {started.pid}): it keeps the model loaded between shards")
 
     async def _settle(self, key: tuple[str, int], running: Running, arrival: Arrival) -> None:
         """A claimed attempt's result: its output written and the shard done, or its failure sorted."""
@@ -423,7 +393,7 @@ class Dispatcher:
     def _cancel_running(self, job_id: str) -> None:
         """Stop a job's attempts and workers on every node it ran on; its attempts end on the head now (their tickets
         void), whatever the nodes still send."""
-        for node_id in self.job_nodes.get(job_id, set()):
+        for node_id in self.job_nodes.of(job_id):
             self.links.cancel_job(node_id, job_id)
         for key in list(self.attempts.of_job(job_id)):
             self.attempts.release(key)

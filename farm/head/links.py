@@ -12,10 +12,13 @@ went away), the dispatcher's next round takes them back (farm.head.dispatch)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from farm.head.store import Job, Store
 from farm.proto.v1 import agent_pb2
 
 log = logging.getLogger("farm.head")
@@ -85,3 +88,47 @@ class Links:
             self.on_ended(link.node_id, report.ended.ticket, report.ended.reason[:MAX_REASON])
         elif which == "worker":
             self.on_worker(link.node_id, report.worker)
+
+
+class JobNodes:
+    """Which nodes the head gave shards of which running job: they alone may fetch its code (AgentService.Code),
+    and they hear when it ends, so that its workers end with it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.nodes: dict[str, set[str]] = {}
+        self.sha: dict[str, str] = {}
+
+    def add(self, job_id: str, node_id: str) -> None:
+        self.nodes.setdefault(job_id, set()).add(node_id)
+
+    def jobs(self) -> set[str]:
+        return set(self.nodes)
+
+    def of(self, job_id: str) -> set[str]:
+        return set(self.nodes.get(job_id, ()))
+
+    def gave(self, node_id: str, job_id: str) -> bool:
+        return node_id in self.nodes.get(job_id, ())
+
+    def forget(self, job_id: str) -> set[str]:
+        """An ended job's nodes, forgotten."""
+        self.sha.pop(job_id, None)
+        return self.nodes.pop(job_id, set())
+
+    def code_sha(self, job: Job) -> str:
+        """The sha256 of the job's code package, read once: a node checks what it fetched against it."""
+        if job.id not in self.sha:
+            self.sha[job.id] = hashlib.sha256(Path(job.code_path).read_bytes()).hexdigest()
+        return self.sha[job.id]
+
+    def worker_started(self, node_id: str, started: agent_pb2.WorkerStarted) -> None:
+        """A node started a persistent worker for a job on a device: the job's log says so (once a node and device,
+        unless a worker died and was replaced)."""
+        if self.gave(node_id, started.job_id):
+            self.store.log(started.job_id, "info", f"worker started on node {node_id} {started.device[:40]!r} "
+                           f"(pid {started.pid}): it keeps the model loaded between shards")
+
+    def code_for(self, node_id: str, job_id: str) -> Path | None:
+        """A job's code package, for a node the head gave a shard of that job."""
+        return Path(self.store.job(job_id).code_path) if self.gave(node_id, job_id) else None

@@ -162,7 +162,7 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
     store.keep_join_token(DEFAULT_JOIN_TOKEN_ID, hash_token(tokens.join))
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(tokens, store, dispatcher.takes_upload)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(store, tokens, settings, dispatcher.wake, tls, dispatcher.links, dispatcher.code_for), server)
+        AgentServicer(store, tokens, settings, dispatcher.wake, tls, dispatcher.links, dispatcher.job_nodes.code_for), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
     job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
     data_pb2_grpc.add_DataServiceServicer_to_server(DataServicer(store, tokens, settings), server)

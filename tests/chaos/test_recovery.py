@@ -108,7 +108,7 @@ def test_a_result_that_arrived_is_claimed_before_its_file_is_written(store: Stor
     farm = dispatcher(store, tmp_path)
 
     async def scenario() -> None:
-        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", None, "ticket-0"))
+        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", "ticket-0"))
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
         await farm.receive("ticket-0", stream(parts([results(0)], ShardFigures(items=2, seconds=0.1))))
         assert ("j-1", 0) not in farm.attempts.running and not farm.attempts.tickets  # claimed as the upload is taken, before its write
@@ -129,7 +129,7 @@ def test_a_result_short_of_its_range_does_not_pass_as_done(store: Store, tmp_pat
     farm = dispatcher(store, tmp_path)
 
     async def scenario() -> None:
-        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", None, "ticket-0"))
+        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", "ticket-0"))
         store.shard_started("j-1", 0, node(store), "cpu", "cpu")
         short = pa.table({"row_id": pa.array([0], pa.int64()), "output": output_column(outputs(0)[:1])})
         await farm.receive("ticket-0", stream(parts([short], ShardFigures(items=2, seconds=0.1))))

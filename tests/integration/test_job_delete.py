@@ -173,7 +173,7 @@ def test_an_ended_job_whose_shards_are_still_out_is_kept_until_they_are_back(tmp
     jobs = Jobs(store, dispatcher, events, settings)
     store.add_job("j-1", "toy", "inference", "name: toy\n", str(tmp_path / "code.zip"), "/out", 10, [(0, 5), (5, 10)])
     store.set_job_state("j-1", JobState.FAILED, "shard 0: ValueError")
-    dispatcher.attempts.running[("j-1", 1)] = Running(node_id="n-1", device="cpu", ref=None)  # shard 1, being stopped
+    dispatcher.attempts.running[("j-1", 1)] = Running(node_id="n-1", device="cpu")  # shard 1, being stopped
     with pytest.raises(ConflictError, match="its last shards are still being stopped"):
         asyncio.run(jobs.delete(["j-1"]))
     assert asyncio.run(jobs.prune(0, [])) == [] and store.job("j-1").state is JobState.FAILED

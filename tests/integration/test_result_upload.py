@@ -47,7 +47,7 @@ def start_attempt(head: Head, index: int, ticket: str) -> None:
 
     def start() -> None:
         farm.store.shard_started("j-1", index, farm.store.nodes()[0], "cpu", "cpu")
-        farm.attempts.start(("j-1", index), Running("n-1", "cpu", None, ticket))
+        farm.attempts.start(("j-1", index), Running("n-1", "cpu", ticket))
 
     head.on_loop(start)
 

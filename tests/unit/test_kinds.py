@@ -260,7 +260,7 @@ def test_the_head_reaches_the_agent_through_one_module_and_the_client_not_at_all
     assert client == []
     labels = [p for p in (*ROOT.rglob("*.py"), *(ROOT.parent / "agents").rglob("*.py"))
               if '"farm.io/node"' in p.read_text()]
-    assert [p.name for p in labels] == ["entry.py"]  # NODE_LABEL defined once
+    assert [p.name for p in labels] == ["ids.py"]  # NODE_LABEL defined once, in farm.core
 
 
 def test_a_shards_energy_above_idle_comes_from_its_devices_idle_draw_on_the_same_meter(store: Store,
@@ -271,9 +271,9 @@ def test_a_shards_energy_above_idle_comes_from_its_devices_idle_draw_on_the_same
     farm_.round = Round({n.id: n for n in store.nodes()})
     counter = Energy(joules=2040.0, seconds=3.0, source=EnergySource.COUNTER, scope=EnergyScope.DEVICE)
     record = ShardRecord(items=1, seconds=3.0, energy=counter)
-    gpu_record = farm_._with_marginal(Running("n-2", "cuda:0", None), record)
+    gpu_record = farm_._with_marginal(Running("n-2", "cuda:0"), record)
     assert gpu_record.marginal_j == pytest.approx(2040.0 - 125.0 * 3.0)
-    assert farm_._with_marginal(Running("n-1", "cpu", None), record).marginal_j is None  # no idle draw on that device
+    assert farm_._with_marginal(Running("n-1", "cpu"), record).marginal_j is None  # no idle draw on that device
 
 
 def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_is_written(
@@ -308,7 +308,7 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
     upload = parts([rows], ShardFigures(items=8, seconds=0.01))
 
     async def collect() -> None:
-        farm_.attempts.start(("j-1", index), Running("n-1", "cpu", None, "ticket-1"))
+        farm_.attempts.start(("j-1", index), Running("n-1", "cpu", "ticket-1"))
         await farm_.receive("ticket-1", stream(upload))  # the upload's reply: the result is in
         await asyncio.to_thread(writing.wait, 10)
         assert farm_.wake.is_set() and ("j-1", index) not in farm_.attempts.running  # the device is free
