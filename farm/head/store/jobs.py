@@ -159,6 +159,12 @@ class JobRecords(Database):
             raise NotFoundError(f"no job {job_id!r}")
         return JobState(row["state"])
 
+    def unfinished_job_ids(self) -> list[str]:
+        """The ids of the jobs queued or running (cheap: no shards read)."""
+        states = [s.value for s in JobState if not s.finished]
+        rows = self._db.execute(f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(states))})", states)
+        return [str(row["id"]) for row in rows.fetchall()]
+
     def job(self, job_id: str) -> Job:
         row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         if row is None:
