@@ -303,8 +303,36 @@ def ray_env(token_path: Path, loopback: bool = False) -> dict[str, str]:
     return env
 
 
-# Not in a folder named `farm`: `python -m farm...` run from the temp folder would import it as the package.
-RAY_START_LOCK = Path(tempfile.gettempdir()) / "farm-locks" / "ray-start.lock"
+RAY_START_LOCK = "ray-start.lock"  # in the caller's own state folder: never a fixed name in a shared /tmp
+RAY_START_WAIT_S = 600.0  # how long a start waits for another Ray node of this user to finish starting
+
+
+def ray_start_lock(timeout: float = RAY_START_WAIT_S) -> int:
+    """The lock that serialises this user's Ray starts (nodes starting side by side race for the same ports), held:
+    a file descriptor to close. In the caller's private state folder (a fixed name in /tmp let another user plant a
+    link, hold the lock forever, or make it root's), opened without following a link; AgentError, in one line, after
+    `timeout` seconds of waiting."""
+    folder = default_state_dir()
+    private_folder(folder)
+    path = folder / RAY_START_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise AgentError(f"cannot open the Ray start lock {path} (a link there is not followed): "
+                         f"{exc.strerror}") from None
+
+    def taken() -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    if not wait_for(taken, timeout, interval=0.2):
+        os.close(fd)
+        raise AgentError(f"another Ray node of this user has been starting for over {timeout:.0f} s (it holds "
+                         f"{path}): stop it, or try again")
+    return fd
 
 
 def ray_temp_dir(node_id: str) -> Path:
@@ -347,18 +375,17 @@ class RayProcess:
         """Start the node and wait until Ray says it runs (or the process dies).
 
         Ray nodes starting side by side on one host race for the same local ports, so starts are serialised by a
-        host-wide lock; once up, a node keeps its ports.
+        lock of this user's (ray_start_lock); once up, a node keeps its ports.
         """
         if self.record is not None:
             clear_left_behind(self.record)
         token_path = self.token_path
         if self.folder is not None:  # after what a killed owner left is ended: its processes used the old one
             self.group = NodeGroup.make(self.folder.name, self.user.pw_uid if self.user else os.geteuid())
-            ray_user.private_folder(self.folder, self.user)
+            self._use_folder(ray_user.private_folder(self.folder, self.user))
             token_path = ray_user.hand_token(self.token_path, self.folder, self.user)
-        RAY_START_LOCK.parent.mkdir(parents=True, exist_ok=True)
-        with open(RAY_START_LOCK, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        lock = ray_start_lock()
+        with os.fdopen(lock, "rb"):  # closing it lets the next start go
             try:
                 if self.stopped:  # stopped before it was spawned: its folder and group are made, and go
                     self.stop()
@@ -384,6 +411,12 @@ class RayProcess:
                     record_session(self.record, self.proc.pid, self.group, self.folder)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _use_folder(self, folder: Path) -> None:
+        """The node's folder as made: another name than asked where someone else took that one (a planted link)."""
+        if folder != self.folder:
+            self.args = [str(folder / "r") if arg == str(self.folder / "r") else arg for arg in self.args]
+            self.folder = folder
 
     def _started(self, offset: int) -> bool:
         with open(self.log, "rb") as handle:

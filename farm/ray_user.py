@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -86,16 +87,38 @@ def _first_closed(target: Path, user: pwd.struct_passwd) -> Path | None:
     return None
 
 
-def private_folder(path: Path, user: pwd.struct_passwd | None) -> None:
-    """A fresh folder for one Ray node, 0700, owned by `user` (None: this process's user). What a previous run left
-    there (old sessions, perhaps another user's) is removed; a link or a folder someone else put there is refused."""
-    if path.is_symlink():
-        raise UserError(f"{path} is a symbolic link: refusing to use it for Ray")
-    if path.exists():
-        shutil.rmtree(path)
-    os.mkdir(path, 0o700)  # fails if someone made it in between
+def private_folder(path: Path, user: pwd.struct_passwd | None) -> Path:
+    """A fresh folder for one Ray node, 0700, owned by `user` (None: this process's user): `path`, or where another
+    user put something there (node ids are public: a link planted at /tmp/farm-ray-<node id> once kept an agent from
+    starting) and this process may not remove it, a new folder of a random name beside it. What a previous run of
+    ours left there (old sessions) is removed; nothing is followed through a link."""
+    ours = {os.geteuid(), user.pw_uid if user is not None else os.geteuid()}
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        found = None
+    if found is not None:
+        if found.st_uid in ours or os.geteuid() == 0:  # ours, or root's to clear (a sticky /tmp lets root)
+            if stat.S_ISDIR(found.st_mode):
+                shutil.rmtree(path)  # never follows links inside (it works from directory descriptors)
+            else:
+                os.unlink(path)
+        else:
+            return _random_folder(path, user)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # someone made it in between
+        return _random_folder(path, user)
     if user is not None:
         os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+def _random_folder(path: Path, user: pwd.struct_passwd | None) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix=path.name + "-", dir=path.parent))  # 0700, a name nobody can guess
+    if user is not None:
+        os.chown(folder, user.pw_uid, user.pw_gid)
+    return folder
 
 
 def hand_token(token_path: Path, folder: Path, user: pwd.struct_passwd | None) -> Path:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -97,10 +99,17 @@ class FarmConfig(BaseSettings):
 
 
 def read_secret_file(path: Path, what: str) -> str:
+    """A token from a file; a file others may read gets a one-line warning on stderr, as ssh warns of a key (the
+    token in it is theirs too)."""
     try:
-        text = path.expanduser().read_text().strip()
+        with path.expanduser().open() as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            text = handle.read().strip()
     except OSError as exc:
         raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        print(f"warning: {what} {path} is readable by other users (mode {stat.S_IMODE(mode):04o}): anyone who can "
+              f"read it holds the token; chmod 600 {path}", file=sys.stderr)
     if not text:
         raise UserError(f"{what} {path} is empty")
     return text

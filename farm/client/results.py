@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from farm.core.dataset import ROW_ID
-from farm.core.errors import UserError
+from farm.core.errors import FarmError, UserError
 from farm.proto.v1 import data_pb2, data_pb2_grpc
 
 if TYPE_CHECKING:
@@ -96,40 +97,83 @@ class Download:
     total: int  # bytes of the listed files
 
 
+class HostileHeadError(FarmError):
+    """The head answered what no Farm head sends (a file name with a path in it, more bytes than it listed)."""
+
+
+def plain_name(name: str) -> str:
+    """A result file's name as the head listed it, refused unless it is a plain name: the head decides what files
+    come, never where they land (a fake or compromised head once sent `../../.bashrc`)."""
+    if (not name or len(name) > 255 or name.startswith(".") or os.path.basename(name) != name or "\\" in name
+            or "\0" in name or not name.isprintable()):
+        raise HostileHeadError(f"the head sent a result file name that is not a plain file name: {name[:80]!r}")
+    return name
+
+
 def download(client: Client, job_id: str, out: Path,
              on_bytes: Callable[[int, int], None] = lambda done, total: None) -> Download:
     """Fetch the job's result files into `out`: those already whole there are kept, a partial one resumes where it
-    stopped. `on_bytes(done, total)` follows the transfer (a progress bar)."""
+    stopped. `on_bytes(done, total)` follows the transfer (a progress bar). Every name is checked before anything
+    is written (all in `out`, none a path), and no file is written through a link."""
     reply = listing(client, job_id)
+    names = [plain_name(f.name) for f in reply.files]
+    if any(f.size < 0 for f in reply.files):
+        raise HostileHeadError("the head listed a result file of negative size")
     out.mkdir(parents=True, exist_ok=True)
     total = sum(f.size for f in reply.files)
     done = fetched = 0
     whole = []
-    for file in reply.files:
-        target = out / file.name
-        if target.is_file() and target.stat().st_size == file.size:
+    for file, name in zip(reply.files, names):
+        target = out / name
+        if _regular_size(target) == file.size:
             done += file.size
             on_bytes(done, total)
             whole.append(target)
             continue
-        partial = out / f".{file.name}.part"
-        offset = partial.stat().st_size if partial.is_file() else 0
-        if offset > file.size:  # a different file of that name: start again
-            offset = 0
-        done += offset
-        with partial.open("r+b" if offset else "wb") as handle:
+        partial = out / f".{name}.part"
+        # Not following a link planted as the partial file (it would write wherever the link points).
+        fd = _open_nofollow(partial)
+        with os.fdopen(fd, "r+b") as handle:
+            offset = os.fstat(fd).st_size
+            if offset > file.size:  # a different file of that name: start again
+                offset = 0
+            done += offset
             handle.seek(offset)
             handle.truncate()
-            for data in chunks(client, job_id, file.name, offset):
+            written = offset
+            for data in chunks(client, job_id, name, offset):
+                written += len(data)
+                if written > file.size:  # what it sends is bounded by what it listed
+                    raise HostileHeadError(f"the head sent more of {name} than the {file.size} bytes it listed")
                 handle.write(data)
                 done += len(data)
                 fetched += len(data)
                 on_bytes(done, total)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(partial, target)
+        os.replace(partial, target)  # replaces a link at `target` itself, never what it points to
         whole.append(target)
     return Download(state=reply.state, files=whole, fetched=fetched, total=total)
+
+
+def _regular_size(path: Path) -> int | None:
+    """The size of `path` if it is a regular file itself (not a link to one)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def _open_nofollow(path: Path) -> int:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise UserError(f"cannot write {path} (a link there is not followed): {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UserError(f"{path} is not a regular file: remove it")
+    return fd
 
 
 def convert(out: Path, fmt: str) -> Path | None:

@@ -30,6 +30,30 @@ from farm.proto.v1 import result_pb2
 
 DEPTH = 8  # parts between the event loop and the writing thread
 MAX_MESSAGE = 4 * 1024  # what the head keeps of a failure's one line from a node
+# Arrow's IPC reader holds a whole message (a batch) before it yields it: a batch over this is refused as its size is
+# read, before its body is. A runner's batch of outputs is far smaller (a node sends each batch as it is made).
+MAX_IPC_MESSAGE = 256 * 1024 * 1024
+# What a shard's table may take per row of its range, on average, and over that: its upload is refused once past
+# range x this (a node once sent 8 billion rows for a range of thousands, each written before any check).
+MAX_ROW_BYTES = 4 * 1024 * 1024
+SLACK_BYTES = 64 * 1024 * 1024  # schemas, stream headers, Arrow's padding
+
+
+class Staging(type(Path())):  # type: ignore[misc]
+    """A staged file's path that also knows the most rows its shard's range takes (a kind's `staging` makes one)."""
+
+    max_rows: int | None = None
+
+
+def bounded(path: Path, max_rows: int) -> Path:
+    """`path`, for a shard whose range takes at most `max_rows` rows (rows, or bytes of lines: a line has one)."""
+    staging = Staging(path)
+    staging.max_rows = max(max_rows, 0)
+    return staging
+
+
+def max_rows(staging: Path | None) -> int | None:
+    return getattr(staging, "max_rows", None)
 
 
 class BadUpload(FarmError):
@@ -104,6 +128,9 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
     writing: asyncio.Future[tuple[Path, int]] | None = None
     file: IO[bytes] | None = None  # a file's bytes instead of a table (a training checkpoint)
     last: result_pb2.UploadPart | None = None
+    rows_cap = max_rows(staging)
+    bytes_cap = None if rows_cap is None else rows_cap * MAX_ROW_BYTES + SLACK_BYTES
+    received = 0
     try:
         async for part in parts:
             if not wanted():
@@ -120,9 +147,13 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
                 await asyncio.to_thread(file.write, part.file)
             elif which == "table":
                 assert staging is not None
+                received += len(part.table)
+                if bytes_cap is not None and received > bytes_cap:
+                    raise BadUpload(f"its table is over {bytes_cap // 2**20} MiB, more than its range of "
+                                    f"{rows_cap} rows takes")
                 if pipe is None:
-                    pipe = Pipe()
-                    writing = asyncio.ensure_future(asyncio.to_thread(stage, pipe, staging))
+                    pipe = Pipe(min(MAX_IPC_MESSAGE, bytes_cap or MAX_IPC_MESSAGE))
+                    writing = asyncio.ensure_future(asyncio.to_thread(stage, pipe, staging, rows_cap))
                 await asyncio.to_thread(pipe.put, part.table)
             else:
                 last = part
@@ -156,10 +187,14 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             pipe.abort()
             try:
                 await writing
+            except BadUpload as refused:  # the writer's reason (past its range) over the reader's (it stopped)
+                exc = refused
             except Exception:
                 pass
         if staging is not None:
             _remove_staged(staging)
+        if isinstance(exc, BadUpload):
+            raise exc from None
         if isinstance(exc, (pa.ArrowException, ValueError, OSError)) and not isinstance(exc, FarmError):
             raise BadUpload(f"its table is not an Arrow IPC stream the head can write: {exc}") from None
         raise
@@ -181,7 +216,8 @@ class Pipe:
 
     closed = False
 
-    def __init__(self) -> None:
+    def __init__(self, max_message: int = MAX_IPC_MESSAGE) -> None:
+        self.max_message = max_message
         self.chunks: queue.Queue[bytes | None] = queue.Queue(DEPTH)
         self.rest = memoryview(b"")
         self.ended = False
@@ -211,7 +247,12 @@ class Pipe:
         return False
 
     def read(self, size: int = -1) -> bytes:
-        """Exactly `size` bytes unless the stream ends first (Arrow's reader takes a short read as a broken stream)."""
+        """Exactly `size` bytes unless the stream ends first (Arrow's reader takes a short read as a broken stream).
+        Arrow reads a message's body in one read of its size, as the message's header gives it: a size over the
+        cap is refused here, before any of the body is held."""
+        if size < 0 or size > self.max_message:
+            raise BadUpload(f"its table is not an Arrow IPC stream the head takes: a message of {size} bytes "
+                            f"(at most {self.max_message})")
         out = bytearray()
         while (size < 0 or len(out) < size) and self._fill():
             take = len(self.rest) if size < 0 else min(size - len(out), len(self.rest))
@@ -239,11 +280,12 @@ def widened(path: Path) -> Path:
     return path.with_name(path.name + "w")
 
 
-def stage(pipe: Pipe, path: Path) -> tuple[Path, int]:
+def stage(pipe: Pipe, path: Path, max_rows: int | None = None) -> tuple[Path, int]:
     """Write the IPC stream(s) from `pipe` to a Parquet file at `path` (or beside it, where a later stream's schema
     widened the file's); the file and its rows. A node starts a new stream where a batch's inferred types differ
     from the last one's (an integer column in one JSON batch, a float one in the next): the file is widened to
-    both, as farm.data.batches.concat widens a shard's tables."""
+    both, as farm.data.batches.concat widens a shard's tables. `max_rows`: the first batch past it is refused, before
+    it is written."""
     writer: pq.ParquetWriter | None = None
     schema = pa.schema([])
     rows = 0
@@ -252,6 +294,8 @@ def stage(pipe: Pipe, path: Path) -> tuple[Path, int]:
             with pa.ipc.open_stream(pipe) as reader:
                 schema = reader.schema
                 for batch in reader:
+                    if max_rows is not None and rows + batch.num_rows > max_rows:
+                        raise BadUpload(f"its table holds more than the {max_rows} rows of its range")
                     if writer is None:
                         writer = pq.ParquetWriter(path, batch.schema)
                     elif batch.schema != writer.schema:

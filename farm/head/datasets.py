@@ -4,6 +4,7 @@ DataService to read a dataset on the head's machine."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -11,9 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from farm.core.dataset import DatasetPlan, DatasetSpec, Location
-from farm.core.errors import SpecError
+from farm.core.errors import NotFoundError, SpecError
 from farm.core.tasks import HeadAccess
 from farm.head.settings import HeadSettings
+from farm.head.store import Store
 
 PLAN = "dataset.json"
 READ_TOKEN = "read-token"
@@ -97,3 +99,39 @@ def describe(spec: DatasetSpec, plan: DatasetPlan) -> str:
                  "model batch by batch (its time and energy count as the shard's; the node reads a few batches ahead "
                  "of the model, so reading overlaps compute)")
     return text
+
+
+class ReadCredentials:
+    """Whether a bearer is a job's read credential: for farm.head.gate, before a DataService call's body (which names
+    the job) is read, so that a caller with any bearer cannot make the head read its messages. DataService then
+    checks the credential against the job the body names, and that the job still runs (saying so when it has ended).
+    Credentials are made at submit and never change: each is read once and kept, by its hash, while its job is on
+    record. Only an unknown bearer makes it look again (a refusal, which the gate counts against the caller)."""
+
+    def __init__(self, state_dir: Path, store: Store) -> None:
+        self.state_dir = state_dir
+        self.store = store
+        self.known: dict[str, str] = {}  # sha256 of a credential → its job
+
+    def admits(self, presented: str) -> bool:
+        digest = hashlib.sha256(presented.encode()).hexdigest()
+        if digest not in self.known:
+            self._refresh()
+        return digest in self.known
+
+    def _refresh(self) -> None:
+        """The unfinished jobs' credentials, and those known of jobs still on record."""
+        live = set(self.store.unfinished_job_ids())
+        kept = {digest: job for digest, job in self.known.items() if job in live or self._on_record(job)}
+        for job_id in live - set(kept.values()):
+            token = read_token(self.state_dir, job_id)
+            if token:
+                kept[hashlib.sha256(token.encode()).hexdigest()] = job_id
+        self.known = kept
+
+    def _on_record(self, job_id: str) -> bool:
+        try:
+            self.store.job_state(job_id)
+        except NotFoundError:
+            return False
+        return True

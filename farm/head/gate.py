@@ -28,7 +28,7 @@ class Needs(Enum):
     READ = "the API token, unless the head was started with --open-read"
     JOIN = "a join token, or a joined node's token and id (a node that joins again)"
     NODE = "the node's token, and its id as farm-node-id"
-    BEARER = "a credential (a job's read credential, checked in full by DataService with the job's id)"
+    BEARER = "a running job's read credential (checked in full by DataService against the job the call names)"
     TICKET = "a running shard attempt's upload ticket"
 
 
@@ -60,12 +60,14 @@ def bearer(metadata: Mapping[str, Any]) -> str:
 
 
 class AuthGate(grpc.aio.ServerInterceptor):
-    def __init__(self, tokens: Tokens, store: Store, takes_upload: Callable[[str], bool] = lambda ticket: False
-                 ) -> None:
-        """`takes_upload`: whether a ticket is a running attempt's that has not uploaded yet (the dispatcher's)."""
+    def __init__(self, tokens: Tokens, store: Store, takes_upload: Callable[[str], bool] = lambda ticket: False,
+                 reads_data: Callable[[str], bool] = lambda credential: False) -> None:
+        """`takes_upload`: whether a ticket is a running attempt's that has not uploaded yet (the dispatcher's).
+        `reads_data`: whether a bearer is an unfinished job's read credential (farm.head.datasets.ReadCredentials)."""
         self.tokens = tokens
         self.store = store
         self.takes_upload = takes_upload
+        self.reads_data = reads_data
 
     async def intercept_service(
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -87,7 +89,7 @@ class AuthGate(grpc.aio.ServerInterceptor):
             stored = self.store.node_token_hash(node_id) if node_id else None
             return bool(stored) and hmac.compare_digest(hash_token(presented), str(stored))
         if needs is Needs.BEARER:
-            return True
+            return self.reads_data(presented)
         if needs is Needs.TICKET:
             return self.takes_upload(presented)
         return self.tokens.open_read and needs is Needs.READ or \

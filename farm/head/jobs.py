@@ -47,8 +47,9 @@ class Jobs:
         spec = parse_spec(spec_yaml, "spec")
         if len(code_zip) > self.settings.max_code_mb * 1024 * 1024:
             raise SpecError(f"the job's code is over {self.settings.max_code_mb} MB zipped")
-        submission = Submission(code_zip, code_archive.names(code_zip, self.settings.max_unzipped_code_mb), items,
-                                dataset_location)
+        # Inflates the whole archive to check it (its declared sizes may lie): in a thread, off the event loop.
+        members = await asyncio.to_thread(code_archive.names, code_zip, self.settings.max_unzipped_code_mb)
+        submission = Submission(code_zip, members, items, dataset_location)
         handler = self.dispatcher.handlers[spec.kind]
         plan = await asyncio.to_thread(handler.plan, spec, submission)
         if plan.items < 1 or not (plan.ranges or handler.sizes_shards(spec)):

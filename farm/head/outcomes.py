@@ -13,6 +13,7 @@ from ray import exceptions as ray_errors
 from farm.core.energy import Energy
 from farm.core.errors import DataError, FarmError
 from farm.core.models import JobState, Node, ShardState
+from farm.head import output_place
 from farm.head.output import manifest, write_manifest
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -169,6 +170,7 @@ class Outcomes:
                                      f"their data; shard {failed[0].index}: {failed[0].error}")
             self.notify(job_id)
             return True
+        output_place.recheck(job.output, self.settings)  # a link swapped in since submit: not written through
         fields = handler.finish(job, spec, metrics)
         write_manifest(job.output, manifest(job, metrics, fields, handler.shard_file))
         self.store.set_job_state(job_id, JobState.SUCCEEDED)

@@ -19,7 +19,7 @@ import ray
 
 from farm import __version__, ray_user
 from farm.core.errors import UserError
-from farm.head import uploads
+from farm.head import datasets, uploads
 from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
 from farm.head.data_service import DataServicer
 from farm.head.result_service import ResultServicer
@@ -160,7 +160,8 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
         tls = head_tls(settings)
     tokens = tokens.for_server(settings)
     store.keep_join_token(DEFAULT_JOIN_TOKEN_ID, hash_token(tokens.join))
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(tokens, store, dispatcher.takes_upload)])
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(
+        tokens, store, dispatcher.takes_upload, datasets.ReadCredentials(settings.state_dir, store).admits)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
         AgentServicer(store, tokens, settings, dispatcher.wake, tls, dispatcher.links, dispatcher.job_nodes.code_for), server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)

@@ -17,7 +17,7 @@ from farm.core.dataset import ROW_ID, Unit
 from farm.core.tasks import DataTask, ShardTask, Tuning
 from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
-from farm.head import autoshard, datasets, shard_check
+from farm.head import arrivals, autoshard, datasets, output_place, shard_check
 from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
@@ -82,7 +82,9 @@ class Inference(ShardedKind[InferenceSpec]):
         return ShardCall("run_shard", shard_task(job, spec, shard, assignment, spec.tune_budget_s, data))
 
     def staging(self, job: Job, index: int) -> Path:
-        return Results(job.output).staging(index)
+        output_place.recheck(job.output, self.settings)  # a link swapped in since submit: not written through
+        shard = job.shards[index]  # its upload is refused past its range's rows (farm.head.arrivals)
+        return arrivals.bounded(Results(job.output).staging(index), shard.stop - shard.start)
 
     def check_result(self, job: Job, spec: InferenceSpec, shard: Shard, result: Arrival) -> None:
         rows, ids = (result.table.rows, result.table.column(ROW_ID)) if result.table else (0, None)
@@ -93,6 +95,7 @@ class Inference(ShardedKind[InferenceSpec]):
         return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes)
 
     def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: Arrival) -> ShardRecord:
+        output_place.recheck(job.output, self.settings)
         results = Results(job.output)
         if result.table is None:  # no rows (a byte range holding no line start): an empty file all the same
             results.write_table(shard.index, concat([]))

@@ -19,7 +19,7 @@ from farm.core.kernels import (
 from farm.core.models import BackendName, Shard
 from farm.core.spec import JobKind, KernelEvalSpec
 from farm.data.results import Results
-from farm.head import shard_check
+from farm.head import arrivals, output_place, shard_check
 from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission
 from farm.head.outcomes import ShardRecord
@@ -62,7 +62,9 @@ class KernelEval(ShardedKind[KernelEvalSpec]):
 
     def staging(self, job: Job, index: int) -> Path:
         """Its rows arrive as a table (farm_agent.kernel_eval.rows_table), staged hidden in the job's folder."""
-        return Results(job.output).staging(index)
+        output_place.recheck(job.output, self.settings)  # a link swapped in since submit: not written through
+        shard = job.shards[index]  # its upload is refused past its range's rows (farm.head.arrivals)
+        return arrivals.bounded(Results(job.output).staging(index), shard.stop - shard.start)
 
     def record(self, job: Job, spec: KernelEvalSpec, shard: Shard, result: Arrival) -> ShardRecord:
         """Its rows, named by the node that measured them."""
@@ -76,6 +78,7 @@ class KernelEval(ShardedKind[KernelEvalSpec]):
         finally:
             result.table.discard()
         shard_check.check(shard, found.items, len(rows))
+        output_place.recheck(job.output, self.settings)
         write_rows(Path(job.output), shard.index, rows, shard.node_name)
         return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from farm.core.energy import Energy
 from farm.core.errors import ConflictError, NotFoundError
+from farm.core.redact import redact
 from farm.core.frozen import Frozen
 from farm.core.models import JobState, Node, Shard, ShardState
 from farm.core.spec import JobKind
@@ -159,6 +160,12 @@ class JobRecords(Database):
             raise NotFoundError(f"no job {job_id!r}")
         return JobState(row["state"])
 
+    def unfinished_job_ids(self) -> list[str]:
+        """The ids of the jobs queued or running (cheap: no shards read)."""
+        states = [s.value for s in JobState if not s.finished]
+        rows = self._db.execute(f"SELECT id FROM jobs WHERE state IN ({','.join('?' * len(states))})", states)
+        return [str(row["id"]) for row in rows.fetchall()]
+
     def job(self, job_id: str) -> Job:
         row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
         if row is None:
@@ -197,7 +204,8 @@ class JobRecords(Database):
                 )
             else:
                 db.execute(
-                    "UPDATE jobs SET state=?, error=?, finished_at=? WHERE id=?", (state.value, error, now, job_id)
+                    "UPDATE jobs SET state=?, error=?, finished_at=? WHERE id=?",
+                    (state.value, redact(error), now, job_id)
                 )
             if state is JobState.CANCELLED or state is JobState.FAILED:
                 db.execute(
@@ -346,8 +354,9 @@ class JobRecords(Database):
 
     @staticmethod
     def _log(db: sqlite3.Connection, job_id: str, level: str, message: str, shard: int | None = None) -> None:
+        # A dataset URL's user and password never reach the log (it is shown to whoever reads jobs).
         db.execute("INSERT INTO job_logs (job_id, ts, level, message, shard) VALUES (?, ?, ?, ?, ?)",
-                   (job_id, time.time(), level, message, shard))
+                   (job_id, time.time(), level, redact(message), shard))
 
     def logs(self, job_id: str, shard: int | None = None, after: int = 0) -> list[dict[str, Any]]:
         """The job's log lines in order, each with its id (`after` an id: only the lines written since it); with
