@@ -282,10 +282,22 @@ def ray_start_command(args: Sequence[str], loopback: bool) -> list[str]:
     return [ray_executable(), "start", *args]
 
 
-def ray_env(token_path: Path, loopback: bool = False) -> dict[str, str]:
-    """The environment for Ray processes and drivers: token authentication, with Farm's own token file; for a node
-    on loopback, Ray's local-only mode (RAY_START_ON_LOOPBACK says why)."""
-    env = dict(os.environ)
+# What a Ray node Farm starts keeps of its starter's environment (scrubbed_env): never the rest, where the head's and
+# the agent's secrets are (FARM_TOKEN, a cloud's keys), since every task on that node could read it.
+RAY_NODE_KEEPS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+RAY_NODE_KEEPS_PREFIXES = ("RAY_", "NCCL_", "MALLOC_")
+
+
+def scrubbed_env() -> dict[str, str]:
+    """This process's environment as a Ray node it starts may see it (RAY_NODE_KEEPS)."""
+    return {name: value for name, value in os.environ.items()
+            if name in RAY_NODE_KEEPS or name.startswith(RAY_NODE_KEEPS_PREFIXES)}
+
+
+def ray_env(token_path: Path, loopback: bool = False, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for Ray processes and drivers (`base`, default this process's): token authentication, with
+    Farm's own token file; for a node on loopback, Ray's local-only mode (RAY_START_ON_LOOPBACK says why)."""
+    env = dict(os.environ if base is None else base)
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("FARM_JOIN_TOKEN", None)  # `farm agent start`'s: Ray's processes, job code among them, get none of it
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: Ray 2.60 refuses worker nodes on macOS without it (the default on Linux).
@@ -391,7 +403,7 @@ class RayProcess:
                     self.stop()
                     return
                 offset = self.log.stat().st_size if self.log.exists() else 0
-                env = ray_env(token_path, loopback=self.loopback)
+                env = ray_env(token_path, loopback=self.loopback, base=scrubbed_env())
                 if self.folder is not None:
                     env["HOME"] = str(self.folder)
                     # Farm's own state in the workers (the kernel tuner's cache, Core ML conversions) where the node's

@@ -39,7 +39,10 @@ from farm_agent.work.host import FD_VAR
 
 log = logging.getLogger("farm.agent")
 
-# Variables of the agent's environment a worker keeps; everything else (credentials above all) stays behind.
+# Variables of the agent's environment a worker keeps; everything else (the join token, the operator's own secrets)
+# stays behind. A bucket's credentials (AWS_*: farm.data.locations.s3) are the node's to lend: its workers read
+# datasets with them.
+KEPT_PREFIXES = ("AWS_",)
 KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TMPDIR",
         "FARM_REQUIREMENTS_CACHE", "FARM_TEST_WORKER_DELAY_S")
 # Variables a job's `env:` may not set in its workers (they are Farm's).
@@ -214,7 +217,7 @@ class Workers:
 def worker_env(folder: Path, account: pwd.struct_passwd | None, node_id: str, job_env: dict[str, str]
                ) -> dict[str, str]:
     """A worker's whole environment: a few of the agent's, the job's own (not Farm's names), and Farm's."""
-    env = {name: os.environ[name] for name in KEPT if name in os.environ}
+    env = {name: value for name, value in os.environ.items() if name in KEPT or name.startswith(KEPT_PREFIXES)}
     env.update({name: value for name, value in job_env.items() if name not in RESERVED})
     user = account.pw_name if account else pwd.getpwuid(os.geteuid()).pw_name
     env.update(HOME=str(folder), USER=user, LOGNAME=user, FARM_STATE_DIR=str(folder / "state"),
