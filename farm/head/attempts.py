@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,29 @@ class Running:
     node_id: str
     device: str
     ticket: str = ""
+    warm: bool = False  # its worker ran a shard of the job before: its overhead is a warm shard's
     started: float = field(default_factory=time.monotonic)
     receiving: bool = False  # its upload has begun: the ticket takes no second one
+
+
+class Overheads:
+    """Each device's per-shard overhead as the head sees it: a warm worker's attempt from its launch to its result
+    claimed, less the time the node says the shard computed (the assignment's trip, the first batch read before the
+    shard's window, the result's trip, the round). The median of the last KEEP, for sizing (farm.scheduler.sizing)."""
+
+    KEEP = 15
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str], deque[float]] = {}
+
+    def record(self, running: Running, computed_s: float) -> None:
+        if running.warm:
+            wall = time.monotonic() - running.started
+            self.seen.setdefault((running.node_id, running.device), deque(maxlen=self.KEEP)).append(
+                max(wall - computed_s, 0.0))
+
+    def medians(self) -> dict[tuple[str, str], float]:
+        return {key: statistics.median(values) for key, values in self.seen.items()}
 
 
 @dataclass

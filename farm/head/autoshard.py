@@ -74,16 +74,18 @@ def meter_steps(nodes: Sequence[Node]) -> dict[tuple[str, str], float]:
 def size(job: Job, spec: Any, backends: tuple[BackendName, ...], nodes: Sequence[Node],
          busy: Mapping[tuple[str, str], int], started: Mapping[int, float], store: Store,
          deadline_s: float | None, in_bytes: bool = False,
-         writing: Sequence[calibration.Sample] = ()) -> SizedRound:
+         writing: Sequence[calibration.Sample] = (),
+         overheads: Mapping[tuple[str, str], float] | None = None) -> SizedRound:
     """This round's cuts for an auto-sized job. `started`: its running shards' launch times (time.monotonic());
-    `writing`: what its shards whose outputs are being written measured (not in the store until written)."""
+    `writing`: what its shards whose outputs are being written measured (not in the store until written);
+    `overheads`: each device's measured per-shard overhead (farm.head.attempts.Overheads)."""
     peaks = {BackendName(b): n for b, n in store.peak_memory(job.model_key).items()}
     request = ShardRequest(job_id=job.id, index=0, items=0, backends=backends, policy=spec.policy, peak_bytes=peaks,
                            model_bytes=job.model_bytes)
     ratio = units_per_item(job, in_bytes)
     rates = calibration.rates([*store.samples(job.model_key), *writing], meter_steps(nodes), spec.energy)
     return size_round(request, nodes, busy, running_by_device(job, started, ratio), rates, pool(job, set(started)),
-                      spec.batch_size, deadline_s, units_per_item=ratio)
+                      spec.batch_size, deadline_s, units_per_item=ratio, overheads=overheads)
 
 
 def apply(store: Store, job: Job, cut: Cut) -> int:

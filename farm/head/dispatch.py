@@ -30,7 +30,7 @@ from farm.core.tasks import ResultRoute
 from farm.core.wire import encode_task
 from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat
 from farm.head.arrivals import Arrival, BadUpload, Cut, Void
-from farm.head.attempts import Attempts, Running
+from farm.head.attempts import Attempts, Overheads, Running
 from farm.head.kinds.base import KindHandler, ShardedKind
 from farm.head.links import JobNodes, Links
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
@@ -63,6 +63,7 @@ class Dispatcher:
         self.notify = notify
         self.wake = asyncio.Event()
         self.attempts = Attempts(settings)
+        self.overheads = Overheads()
         # Shards whose result is in and whose output is being written: what they measured, for sizing and scoring
         # (the store has it only once the output is written, exactly once; the device is free meanwhile).
         self.writing: dict[tuple[str, int], Sample] = {}
@@ -198,7 +199,7 @@ class Dispatcher:
         nodes, busy = self.round.nodes, self.round.busy
         decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), busy, started, self.store,
                                  self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec),
-                                 writing=self._writing(job))
+                                 writing=self._writing(job), overheads=self.overheads.medians())
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
             return
@@ -269,10 +270,10 @@ class Dispatcher:
             task_json=encode_task(call.entry, call.task), code_sha256=self.job_nodes.code_sha(job),
             env=environment.worker_env(spec), result_address=route.address, ca_pem=route.ca_pem,
             name=f"farm:{job.name}:{shard.index}")
-        self.job_nodes.add(job.id, node.id)
+        warm = self.job_nodes.warm(job.id, node.id, assignment.device)
         if not self.links.send(node.id, agent_pb2.WorkOrder(assign=order)):
             return  # its stream closed since the round began: the shard stays pending, the next round places it
-        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket))
+        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket, warm))
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
 
@@ -307,13 +308,14 @@ class Dispatcher:
             arrival.discard()
             raise Void("the attempt was taken back while its result arrived")
         self.attempts.release(key)  # claimed before any await: losing the node now must not hand the shard to another
+        if arrival.figures is not None:
+            self.overheads.record(running, arrival.figures.seconds)
         settling = asyncio.create_task(self._settle(key, running, arrival))
         self.tasks.add(settling)
         settling.add_done_callback(self.tasks.discard)
 
     def _ended(self, node_id: str, ticket: str, reason: str) -> None:
-        """A node says an attempt ended. One whose result is in was released already; one still held ended with no
-        result: the node's failure (its worker died, it could not reach the head), and the shard runs again."""
+        """A node says an attempt ended: one still held (no result in) is the node's failure; the shard runs again."""
         holder = self.attempts.holder(ticket)
         if holder is None or holder[1].node_id != node_id:  # claimed already, or another node's: nothing to do
             return
@@ -391,8 +393,7 @@ class Dispatcher:
         self.notify(job_id)
 
     def _cancel_running(self, job_id: str) -> None:
-        """Stop a job's attempts and workers on every node it ran on; its attempts end on the head now (their tickets
-        void), whatever the nodes still send."""
+        """Stop a job's attempts and workers on its nodes; its tickets void now, whatever the nodes still send."""
         for node_id in self.job_nodes.of(job_id):
             self.links.cancel_job(node_id, job_id)
         for key in list(self.attempts.of_job(job_id)):

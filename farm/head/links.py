@@ -97,10 +97,17 @@ class JobNodes:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.nodes: dict[str, set[str]] = {}
+        self.devices: dict[str, set[tuple[str, str]]] = {}  # job → (node, device) given a shard already
         self.sha: dict[str, str] = {}
 
-    def add(self, job_id: str, node_id: str) -> None:
+    def warm(self, job_id: str, node_id: str, device: str) -> bool:
+        """Note a shard of the job going to this node's device; whether one went there before (its worker is up,
+        unless it died)."""
         self.nodes.setdefault(job_id, set()).add(node_id)
+        seen = self.devices.setdefault(job_id, set())
+        before = (node_id, device) in seen
+        seen.add((node_id, device))
+        return before
 
     def jobs(self) -> set[str]:
         return set(self.nodes)
@@ -114,6 +121,7 @@ class JobNodes:
     def forget(self, job_id: str) -> set[str]:
         """An ended job's nodes, forgotten."""
         self.sha.pop(job_id, None)
+        self.devices.pop(job_id, None)
         return self.nodes.pop(job_id, set())
 
     def code_sha(self, job: Job) -> str:

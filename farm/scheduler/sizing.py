@@ -6,8 +6,9 @@ range of rows, sized so that the shard lasts `target_s` on that device:
 - long enough for its energy meter: at least METER_STEPS of the meter's steps (NVML's counter steps every 100 ms on
   the H200, so 2 s there; a figure from fewer steps measures the meter, not the work); a model-estimate meter has
   no step;
-- long enough for the per-shard overhead (Ray's dispatch, the result's trip, the head's write and record) to vanish:
-  SHARD_OVERHEAD_S is at most OVERHEAD_SHARE of a shard;
+- long enough for the per-shard overhead (the assignment's trip, the first batch read, the result's trip, the head's
+  record) to vanish: the overhead each device shows, measured by the head on its warm worker's shards (before any,
+  SHARD_OVERHEAD_S), is at most OVERHEAD_SHARE of a shard;
 - starting small while a device is being measured (FIRST_BATCHES batches: its first shard on a model is its
   calibration) and growing at most GROWTH-fold over the largest shard it has finished, so that one optimistic first
   measurement cannot hand a device a shard it takes minutes over;
@@ -37,10 +38,10 @@ from farm.scheduler.filters import DEFAULT_FILTERS
 from farm.scheduler.plan import DeviceRate, plan
 from farm.scheduler.types import Rate, ShardRequest
 
-# The fixed cost of one shard: Ray's task dispatch to a warm worker, its dataset and model from the worker's caches,
-# the result's trip back, the head's atomic write and SQLite record, the next round. Measured on the local cluster
-# (a head and one agent on this 2-core box) by `benchmarks/shard_overhead.py`: 37 ms median over 3 runs of 100
-# shards (33-44 ms), 2026-12-03; rounded up.
+# The fixed cost of one shard until a device has shown its own (farm.head.attempts.Overheads): the assignment's trip
+# to a warm worker, its model from the worker's cache, the result's trip back, the head's record, the next round.
+# Measured with Ray tasks on the local cluster (a head and one agent on this 2-core box) by
+# `benchmarks/shard_overhead.py`: 37 ms median over 3 runs of 100 shards (33-44 ms), 2026-12-03; rounded up.
 SHARD_OVERHEAD_S = 0.04
 # The share of a shard's time the overhead may take: 1 %, so a job of auto shards runs within ~1 % of one long shard.
 OVERHEAD_SHARE = 0.01
@@ -58,6 +59,13 @@ class SizingRules(Frozen):
     overhead_share: float = Field(default=OVERHEAD_SHARE, gt=0, le=1)
     first_batches: int = Field(default=FIRST_BATCHES, ge=1)
     growth: float = Field(default=GROWTH, gt=1)
+    overhead_measured: bool = False  # shard_overhead_s is the device's own, as the head measured it
+
+    def for_device(self, overhead_s: float | None) -> SizingRules:
+        """These rules with a device's measured per-shard overhead (None: not measured yet: the default's)."""
+        if overhead_s is None:
+            return self
+        return self.model_copy(update={"shard_overhead_s": overhead_s, "overhead_measured": True})
 
     def target_s(self, meter_step_s: float) -> tuple[float, str]:
         """How long a shard should last on a device whose meter steps every `meter_step_s` (0: no step), and why."""
@@ -65,7 +73,9 @@ class SizingRules(Frozen):
         overhead_s = self.shard_overhead_s / self.overhead_share
         if meter_s > overhead_s:
             return meter_s, f"{self.meter_steps} steps of its meter's {meter_step_s * 1000:g} ms"
-        why = f"{self.shard_overhead_s * 1000:g} ms per-shard overhead at most {self.overhead_share:.0%} of a shard"
+        why = (f"{self.shard_overhead_s * 1000:.0f} ms per-shard overhead "
+               f"({'measured on this device' if self.overhead_measured else 'assumed: not measured here yet'}) "
+               f"at most {self.overhead_share:.0%} of a shard")
         if meter_step_s > 0:
             why += f"; its meter's {self.meter_steps} steps take {meter_s:g} s"
         return overhead_s, why
@@ -177,6 +187,7 @@ def size_round(
     deadline_s: float | None = None,
     rules: SizingRules = SizingRules(),
     units_per_item: float | None = None,
+    overheads: Mapping[tuple[str, str], float] | None = None,
 ) -> SizedRound:
     """One round of an auto-sized job. `job`: what every shard of it asks for (backends, policy, memory; its index
     and items are unused); `busy`: running shards per device over all jobs; `running`: this job's running shards
@@ -228,7 +239,8 @@ def size_round(
     wanted = {key for key, count in chosen.quotas.items() if count}
     infeasible = chosen.why if not chosen.feasible and measured and len(measured) == len(candidates) else ""
     steps = {(node.id, offer.device): offer.meter_step_s for node, offer in candidates}
-    floors = {key: rules.floor_s(steps[key]) for key in wanted}
+    overheads = overheads or {}
+    floors = {key: rules.for_device(overheads.get(key)).floor_s(steps[key]) for key in wanted}
     lines: list[str] = []
     if measured and chosen.quotas:
         lines.append(f"plan ({job.policy.value}) for {_rows(left_rows, units_per_item)} left: "
@@ -252,7 +264,7 @@ def size_round(
         if rate is None and running.get(key):
             lines.append(f"{label}: its first shard is measuring it")
             continue
-        rows, why = size_for(rate, offer.meter_step_s, batch_size, rules)
+        rows, why = size_for(rate, offer.meter_step_s, batch_size, rules.for_device(overheads.get(key)))
         if rate is not None and rate.items_per_s > 0:
             finish, shares = tail_share({k: speeds[k] for k in wanted}, busy_s, floors, left_rows)
             share = shares.get(key, 0.0)

@@ -67,7 +67,7 @@ def store(tmp_path: Path) -> Store:
 
 
 def dispatcher(store: Store, tmp_path: Path) -> Dispatcher:
-    return Dispatcher(store, HeadSettings(state_dir=tmp_path), notify=lambda job_id: None)
+    return Dispatcher(store, HeadSettings(state_dir=tmp_path / "state"), notify=lambda job_id: None)
 
 
 def test_every_kind_has_a_handler_and_a_spec() -> None:
