@@ -53,7 +53,7 @@ from typing import Any
 
 import psutil
 import uvloop
-from farm_agent.backoff import Backoff
+from farm_agent.daemon.backoff import Backoff
 from rich.console import Console
 from rich.table import Table
 

@@ -203,7 +203,7 @@ def main() -> None:
             farms.append(farm)
             farm.__enter__()
         try:
-            from farm_agent.jobcode import load_dataset
+            from farm_agent.work.jobcode import load_dataset
 
             items = len(load_dataset(parsed.dataset, ROOT)[0])
             info = farm.head_json()

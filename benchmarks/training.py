@@ -90,7 +90,7 @@ def time_to_target(farm: LocalFarm, spec_path: Path, target: float) -> dict[str,
 
 def heterogeneous_pair(steps: int) -> list[dict[str, Any]]:
     from farm.scheduler.training import batch_shares
-    from farm_agent.trainer import TrainWorker
+    from farm_agent.work.kinds.training import TrainWorker
 
     work = Path(tempfile.mkdtemp(prefix="farm-bench-train-"))
     shutil.copytree(ROOT / "examples" / "digits", work / "examples" / "digits",

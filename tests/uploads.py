@@ -1,4 +1,4 @@
-"""A shard's upload as its node's entry point sends it (farm_agent.upload's own encoding), for tests that drive the
+"""A shard's upload as its node's entry point sends it (farm_agent.work.upload's own encoding), for tests that drive the
 head's side in this process: the table's Arrow IPC stream in parts, then the figures or the failure."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from farm.head import arrivals
 from farm.head.arrivals import Arrival
 from farm.proto.convert import figures_to_pb
 from farm.proto.v1 import result_pb2
-from farm_agent.upload import TableParts
+from farm_agent.work.upload import TableParts
 
 
 def parts(tables: Iterable[pa.Table] = (), figures: ShardFigures | None = None,
@@ -45,7 +45,7 @@ def arrive(staging: Path | None, tables: Iterable[pa.Table] = (), **fields: obje
 
 def run_here(task: ShardTask) -> tuple[object, pa.Table]:
     """The node's runner in this process: its figures and the table it would stream."""
-    from farm_agent.runner import run_shard
+    from farm_agent.work.kinds.inference import run_shard
 
     tables: list[pa.Table] = []
     result = run_shard(task, tables.append)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 def probe(cpus: int) -> dict[str, object]:
     from farm_agent import backends
-    from farm_agent.hardware import detect, nvidia_gpus
+    from farm_agent.daemon.hardware import detect, nvidia_gpus
 
     hardware = detect()
     return {
@@ -86,8 +86,8 @@ def main() -> None:
         parser.error("--head, --name and --state-dir are required")
 
     from farm.ray_user import chosen as chosen_ray_user
-    from farm_agent.main import serve
-    from farm_agent.settings import AgentSettings
+    from farm_agent.daemon.main import serve
+    from farm_agent.daemon.settings import AgentSettings
 
     admin_token = ""
     if args.admin_token_file:

@@ -4,7 +4,7 @@ farm.head.remote). Light on purpose: the work's modules (torch through them) loa
 call.
 
 A shard's entry point sends its result (or its failure) to the head itself, over the head's channel with the
-attempt's upload ticket (farm_agent.upload), and returns None: the head never reads anything a node made but
+attempt's upload ticket (farm_agent.work.upload), and returns None: the head never reads anything a node made but
 protobuf, Arrow IPC and safetensors."""
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ if TYPE_CHECKING:
 
 def run_shard(task: ShardTask, route: ResultRoute) -> None:
     """A model over one shard's rows (inference): its outputs to the head batch by batch, then its figures."""
-    from farm_agent.runner import run_shard as run
-    from farm_agent.upload import figures, send
+    from farm_agent.work.kinds.inference import run_shard as run
+    from farm_agent.work.upload import figures, send
 
     send(route, lambda upload: figures(run(task, upload.write)))
 
 
 def run_kernel_shard(task: KernelEvalTask, route: ResultRoute) -> None:
     """One problem's candidates through the hardened evaluator (kernel-eval): its rows as the table."""
-    from farm_agent.kernel_eval import rows_table, run_kernel_shard as run
-    from farm_agent.upload import Upload, figures, send
+    from farm_agent.work.kinds.kernel_eval import rows_table, run_kernel_shard as run
+    from farm_agent.work.upload import Upload, figures, send
 
     def work(upload: Upload) -> ShardFigures:
         result = run(task)
@@ -39,8 +39,8 @@ def run_kernel_shard(task: KernelEvalTask, route: ResultRoute) -> None:
 
 def run_evaluate_shard(task: EvaluateTask, route: ResultRoute) -> None:
     """A model over one shard's rows, scored against their labels (evaluate): its figures and mean loss alone."""
-    from farm_agent.evaluate import evaluate_shard
-    from farm_agent.upload import figures, send
+    from farm_agent.work.kinds.evaluate import evaluate_shard
+    from farm_agent.work.upload import figures, send
 
     def work(upload: object) -> ShardFigures:
         result = evaluate_shard(task)
@@ -51,7 +51,7 @@ def run_evaluate_shard(task: EvaluateTask, route: ResultRoute) -> None:
 
 def train_worker() -> type:
     """The training worker's class, a Ray actor on one device (training)."""
-    from farm_agent.trainer import TrainWorker
+    from farm_agent.work.kinds.training import TrainWorker
 
     return TrainWorker
 

@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD:$PWD/agents
 mkdir -p /tmp/bin && printf '#!/bin/bash\nexec python3 -m ray.scripts.scripts "$@"\n' > /tmp/bin/ray && chmod +x /tmp/bin/ray
 export PATH=/tmp/bin:$PATH FARM_STATE_DIR=/tmp/farm-state
-python3 -c "import ray, pyarrow, farm.head.server, farm.data, farm_agent.main, pynvml, torch; print('imports ok', ray.__version__, pyarrow.__version__, torch.__version__)" || exit 3
+python3 -c "import ray, pyarrow, farm.head.server, farm.data, farm_agent.daemon.main, pynvml, torch; print('imports ok', ray.__version__, pyarrow.__version__, torch.__version__)" || exit 3
 B=benchmarks/gpu/auto_shards.py
 python3 $B data /tmp/bench-data --rows ${ROWS:-400000} | tail -1
 python3 $B raw /tmp/bench-data --batch-size ${BATCH:-512} | tee $OUT/raw.json

@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD:$PWD/agents HF_HUB_OFFLINE=1
 mkdir -p /tmp/bin && printf '#!/bin/bash\nexec python3 -m ray.scripts.scripts "$@"\n' > /tmp/bin/ray && chmod +x /tmp/bin/ray
 export PATH=/tmp/bin:$PATH FARM_STATE_DIR=/tmp/farm-state
-python3 -c "import ray, farm.head.server, farm.cli.head, farm_agent.main, farm_agent.tuner.tune, torch; print('imports ok', ray.__version__, torch.__version__)" || exit 3
+python3 -c "import ray, farm.head.server, farm.cli.head, farm_agent.daemon.main, farm_agent.tuner.tune, torch; print('imports ok', ray.__version__, torch.__version__)" || exit 3
 F="python3 -m farm.cli.main"
 $F head start --host 127.0.0.1 --port 7710 --detach 2>&1 | tail -2
 JOIN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])")

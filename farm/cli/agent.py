@@ -18,8 +18,8 @@ from farm.core.models import BackendName
 from farm.local import python_command, read_json, recorded_alive, spawn_detached, terminate, wait_for, write_private
 
 if TYPE_CHECKING:
-    from farm_agent.service import Plan
-    from farm_agent.settings import AgentSettings
+    from farm_agent.daemon.service import Plan
+    from farm_agent.daemon.settings import AgentSettings
 
 app = typer.Typer(help="Run a node agent that offers this machine to a head.", no_args_is_help=True)
 
@@ -75,8 +75,8 @@ def start(
     """Register this machine with a head and run shards for it. Started again (after a stop, a reboot), a node
     that joined before needs neither --head nor the join token: it joins its head again on its own credentials."""
     from farm.ray_user import chosen as chosen_ray_user
-    from farm_agent.main import private_state_dir, ray_account, serve
-    from farm_agent.settings import AgentSettings
+    from farm_agent.daemon.main import private_state_dir, ray_account, serve
+    from farm_agent.daemon.settings import AgentSettings
 
     name = name or socket.gethostname()
     joined = read_json(agent_dir(state_dir(state), name) / "node.json") or {}
@@ -139,7 +139,7 @@ def _lent_backends(backends: str | None) -> frozenset[BackendName] | None:
 def _trust_head(settings: AgentSettings, ca: Path | None) -> None:
     """Pin the head's CA (kept in the agent's folder) now, in the foreground."""
     from farm.tls_pin import ca_hash, parse_ca_hash
-    from farm_agent.client import pin_head_ca
+    from farm_agent.daemon.client import pin_head_ca
 
     if settings.insecure and (settings.ca_hash or ca):
         raise UserError("--insecure trusts no CA: give it without --ca-hash and --ca")
@@ -280,7 +280,7 @@ def install(
     import pwd
 
     from farm import ray_user as ray_users
-    from farm_agent import service
+    from farm_agent.daemon import service
 
     join_token = _join_token(token, token_file)
     if ":" not in head:
@@ -313,7 +313,7 @@ def install(
     agent_as_root = (run_as in (None, "root")) if not user else os.geteuid() == 0
     chosen = (ray_users.DEFAULT if asked is None else asked) if agent_as_root else ""
     if chosen not in ("", "root") and not dry_run:  # the service's agent will run its Ray as this user: made now
-        from farm_agent.main import worker_packages
+        from farm_agent.daemon.main import worker_packages
 
         ray_users.check_reachable(ray_users.ensure(chosen), worker_packages())
     platform = _service_platform()
@@ -328,7 +328,7 @@ def install(
 @app.command()
 def uninstall(user: User = False, dry_run: DryRun = False) -> None:
     """Stop the agent's service and remove it and its token file (the node's identity stays)."""
-    from farm_agent import service
+    from farm_agent.daemon import service
 
     platform = _service_platform()
     path = service.service_path(platform, user, Path.home())
@@ -346,7 +346,7 @@ def status(user: Annotated[bool, typer.Option("--user", help="Only the per-user 
     started by hand from the state folder: running or not, pid, head, node id."""
     import json
 
-    from farm_agent import service
+    from farm_agent.daemon import service
 
     platform = _service_platform()
     found = [service.query(platform, scope, Path.home(), os.getuid()) for scope in ([True] if user else [False, True])]
@@ -377,7 +377,7 @@ def _running(agent: dict[str, object] | None) -> str:
 
 
 def _service_platform() -> Literal["linux", "darwin"]:
-    from farm_agent.service import current_platform
+    from farm_agent.daemon.service import current_platform
 
     try:
         return current_platform()
@@ -386,7 +386,7 @@ def _service_platform() -> Literal["linux", "darwin"]:
 
 
 def _carry_out(plan: Plan, dry_run: bool) -> None:
-    from farm_agent.service import apply, describe
+    from farm_agent.daemon.service import apply, describe
 
     if dry_run:
         print("\n".join(describe(plan)))

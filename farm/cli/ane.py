@@ -51,7 +51,7 @@ def convert(
         from farm_agent.coreml.convert import convert as convert_model
     except ImportError as exc:
         raise UserError(f"coremltools is not installed ({exc}): pip install 'farm[apple]'") from None
-    from farm_agent.jobcode import build_model, load_dataset
+    from farm_agent.work.jobcode import build_model, load_dataset
 
     root = workdir.resolve()
     inputs, _ = load_dataset(job.dataset, root)

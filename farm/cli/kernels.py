@@ -234,7 +234,7 @@ def propose_command(
     """Ask an external code model for faster implementations, round after round, each judged by the hardened
     evaluator and fed back to it; the fastest correct one wins (kept in the winner cache when evaluated here)."""
     from farm.client.proposer import Endpoint, fleet_evaluator, propose
-    from farm_agent.local_eval import local_evaluator, local_winner_cache
+    from farm_agent.work.local_eval import local_evaluator, local_winner_cache
 
     if not problem.is_file():
         raise NotFoundError(f"problem file {problem} not found")

@@ -1,4 +1,4 @@
-"""The preflight's look at a job before it leaves this machine, in a child process (farm_agent.check) that gets the
+"""The preflight's look at a job before it leaves this machine, in a child process (farm_agent.work.check) that gets the
 job's environment as a node gives it (its `env:` variables, its `requirements:` installed in this machine's cache):
 the dataset loaded (its length is the job's item count), and the model built and run on CPU over the dataset's first
 rows, so that a dtype or shape a node would fail on is one line here. Bounded in time and memory."""
@@ -41,7 +41,7 @@ def check_job(spec: ModelJobSpec, workdir: Path, check: bool = True, timeout_s: 
     env = {**os.environ, **spec.env}
     if spec.requirements and check:  # without the check, the dataset loads with what this machine has
         env[REQUIREMENTS_VAR] = json.dumps({"requirements": list(spec.requirements), "find_links": spec.find_links})
-    child = subprocess.Popen([sys.executable, "-m", "farm_agent.check", args], cwd=workdir, env=env,
+    child = subprocess.Popen([sys.executable, "-m", "farm_agent.work.check", args], cwd=workdir, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     began = time.monotonic()
     try:

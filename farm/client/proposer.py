@@ -5,7 +5,7 @@ OpenAI-compatible chat endpoint (POST {url}/chat/completions) that the user name
 Each round the model sees one conversation: the problem's source and the hardware first, then, for every earlier
 round, its own reply and the evaluator's feedback on it (compiled?, correct?, the error line, the speedups). The code
 block of each reply is a candidate (a file defining ModelNew) and goes through the same hardened evaluator as every
-other candidate: here (farm_agent.local_eval.local_evaluator, with the CLI) or on the fleet as a kernel-eval job
+other candidate: here (farm_agent.work.local_eval.local_evaluator, with the CLI) or on the fleet as a kernel-eval job
 (`fleet_evaluator`). The fastest correct proposal wins; a local run keeps it in the optimizer's winner cache for this
 device.
 """
@@ -140,7 +140,7 @@ def propose(problem: Path, endpoint: Endpoint, evaluate: Evaluator, *, rounds: i
             remember: Callable[[Path, KernelResult, str], str | None] | None = None) -> Proposal:
     """Ask for a candidate `rounds` times, each round told how the earlier ones did; evaluate each; return every
     round and the winner (the fastest correct one). `remember(problem, row, source)` keeps the winner (the winner
-    cache: see farm_agent.local_eval.local_winner_cache) and returns where."""
+    cache: see farm_agent.work.local_eval.local_winner_cache) and returns where."""
     if rounds < 1:
         raise UserError("rounds must be at least 1")
     source = problem.read_text()

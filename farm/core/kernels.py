@@ -170,4 +170,4 @@ class KernelEvalShardResult:
     node_ray_id: str = ""
     energy: Energy | None = None
     peak_memory_bytes: int = 0
-    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.capture fills it in
+    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.work.capture fills it in

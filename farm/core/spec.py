@@ -143,7 +143,7 @@ class SpecBase(Frozen):
     output: str | None = None  # a folder on the head's machine; or a bucket (s3://) where the kind writes one
     bucket_output: ClassVar[bool] = False
     # The job's environment on the nodes: variables of its processes, and pip requirements installed on each node
-    # once per distinct set (farm_agent.environment), from `find_links` alone when given (a folder on every node
+    # once per distinct set (farm_agent.work.environment), from `find_links` alone when given (a folder on every node
     # or an http(s) URL of wheels: nodes without the internet), else from the node's own pip configuration.
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ENV)
     requirements: tuple[str, ...] = Field(default=(), max_length=MAX_REQUIREMENTS)

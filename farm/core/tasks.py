@@ -12,11 +12,11 @@ from farm.core.dataset import DatasetPlan, DatasetSpec
 from farm.core.energy import Energy
 
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
-# traceback (farm_agent.capture sets them; the shard's upload sends them to the head with its failure).
+# traceback (farm_agent.work.capture sets them; the shard's upload sends them to the head with its failure).
 SHARD_LOG_ATTR = "farm_log"
 SHARD_TRACEBACK_ATTR = "farm_traceback"
 # The worker environment variable through which the head hands a job's pip requirements to its shards' workers:
-# JSON {"requirements": [...], "find_links": str | null} (farm_agent.environment installs them).
+# JSON {"requirements": [...], "find_links": str | null} (farm_agent.work.environment installs them).
 REQUIREMENTS_VAR = "FARM_REQUIREMENTS"
 # A task's bytes (a CA's PEM) as base64 in its JSON (farm.core.wire).
 _BYTES_AS_BASE64 = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
@@ -52,7 +52,7 @@ class HeadAccess:
 class ResultRoute:
     """Where and how a shard's attempt sends its result: the head's address and CA, and the attempt's upload ticket
     (a random token the head issued for this job, shard, attempt and node, void once the attempt ends). Results
-    travel over the head's channel as Arrow IPC and protobuf (farm_agent.upload), never as a Ray return value,
+    travel over the head's channel as Arrow IPC and protobuf (farm_agent.work.upload), never as a Ray return value,
     which the head would have to unpickle."""
 
     __pydantic_config__: ClassVar[ConfigDict] = _BYTES_AS_BASE64
@@ -103,7 +103,7 @@ class ShardResult:
     node_ray_id: str
     energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell
     peak_memory_bytes: int = 0  # the most memory the shard took on its device (0: not measured)
-    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.capture fills it in
+    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.work.capture fills it in
 
 
 @dataclass(frozen=True)
@@ -137,4 +137,4 @@ class EvaluateResult:
     node_ray_id: str
     energy: Energy | None
     peak_memory_bytes: int = 0
-    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.capture fills it in
+    log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.work.capture fills it in

@@ -1,4 +1,4 @@
-"""A shard's result as it arrives from its node (farm_agent.upload): the table's Arrow IPC stream written to a Parquet
+"""A shard's result as it arrives from its node (farm_agent.work.upload): the table's Arrow IPC stream written to a Parquet
 file as its parts come in (a staged file, hidden, beside the shard's final one: nothing holds the whole table), then
 its figures or its failure, last. Arrow's IPC reader and protobuf are the only readers of a node's bytes here: nothing
 a node sends is unpickled.

@@ -71,7 +71,7 @@ def test_a_head_killed_alone_starts_again_at_once(tmp_path: Path) -> None:
                          env={"FARM_STATE_DIR": str(cluster.state)}, timeout=200)
         assert submitted.returncode == 0, submitted.stderr + submitted.stdout
         # The same agent process came back (nothing here restarts agents): it tried the head again after waits
-        # that grew and were drawn at random below their bounds (agents/farm_agent/backoff.py), not every 2 s.
+        # that grew and were drawn at random below their bounds (agents/farm_agent/daemon/backoff.py), not every 2 s.
         assert cluster.agent_pid("chaos-a") == agent
         log = (cluster.state / "agents" / "chaos-a" / "agent.log").read_text()
         waits = [float(w) for w in re.findall(r"heartbeat stream lost \(\w+\); retrying in ([0-9.]+) s", log)]

@@ -24,7 +24,7 @@ from farm.local import free_port
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import new_node_key
-from farm_agent.client import credentials
+from farm_agent.daemon.client import credentials
 
 T = TypeVar("T")
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)

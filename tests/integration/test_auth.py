@@ -35,7 +35,7 @@ from farm.local import ray_temp_dir, read_json
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import HeadTLS, ca_hash, fetch_ca, join_command
-from farm_agent.client import credentials
+from farm_agent.daemon.client import credentials
 from tests.conftest import ROOT, Cluster
 from tests.integration.inprocess_head import HW, Head, running_head
 

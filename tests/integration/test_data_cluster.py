@@ -50,7 +50,7 @@ def expected_predictions() -> np.ndarray:
     import torch
 
     from examples.digits.data import test_set
-    from farm_agent.jobcode import build_model
+    from farm_agent.work.jobcode import build_model
 
     with torch.inference_mode():
         return build_model("examples.digits.model:build", "examples/digits/weights.pt", ROOT)(

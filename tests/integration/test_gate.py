@@ -19,7 +19,7 @@ from farm.core.errors import UserError
 from farm.local import free_port
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc, job_pb2, job_pb2_grpc
-from farm_agent.client import credentials
+from farm_agent.daemon.client import credentials
 from tests.conftest import ROOT
 from tests.integration.inprocess_head import HW, running_head
 

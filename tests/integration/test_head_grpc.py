@@ -16,7 +16,7 @@ from farm.core.models import BackendName, BackendOffer
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import new_node_key
-from farm_agent.client import credentials
+from farm_agent.daemon.client import credentials
 from tests.integration.inprocess_head import HW, Head, running_head
 
 SPEC = "name: toy\nmodel: toyjob:doubler\nweights: w.pt\ndataset: toyjob:numbers\nshards: 3\n"

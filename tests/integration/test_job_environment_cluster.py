@@ -78,7 +78,7 @@ def test_env_and_requirements_reach_the_jobs_code(cluster: Cluster, tmp_path: Pa
         assert "pip could not install the job's requirements on node n-" in job["error"]
         assert f"No matching distribution found for {package}==9.9" in job["error"]
     finally:
-        from farm_agent.environment import cache_root
+        from farm_agent.work.environment import cache_root
 
         for folder in cache_root().glob("*"):  # this test's sets: the one that has its package
             if any(folder.rglob(f"{package}*")):

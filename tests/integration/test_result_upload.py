@@ -23,7 +23,7 @@ from farm.head.attempts import Running
 from farm.head.dispatch import NO_RESULT, Dispatcher
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm_agent.upload import Upload, UploadFailed, send
+from farm_agent.work.upload import Upload, UploadFailed, send
 from tests.integration.inprocess_head import HW, Head, running_head
 
 SPEC = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 2\n"

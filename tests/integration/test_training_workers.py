@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import ray
 
-from farm_agent.trainer import TrainWorker
+from farm_agent.work.kinds.training import TrainWorker
 from tests.conftest import FIXTURES
 
 pytestmark = pytest.mark.slow

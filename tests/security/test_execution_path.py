@@ -74,7 +74,7 @@ def test_a_lent_node_never_gets_the_heads_ray_address_or_token(lent_farm: Cluste
     assert status["trusted"] is False and status["ray_pid"] == 0  # no Ray node of any kind
     assert not (agent / "ray.token").exists()
     # What Register answers any holder of a join token (the lender's own modified agent included)
-    from farm_agent.client import HeadClient
+    from farm_agent.daemon.client import HeadClient
 
     async def register() -> tuple[str, str]:
         client = HeadClient(lent_farm.head.address, lent_farm.head.ca_pem)

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from farm_agent.main import private_state_dir
+from farm_agent.daemon.main import private_state_dir
 
 from farm.core.errors import UserError
 

@@ -26,9 +26,9 @@ from farm.tls_pin import ca_hash
 DAEMON_PATH = """
 import asyncio, json, sys
 from pathlib import Path
-import farm_agent.main, farm_agent.client
-from farm_agent.client import HeadClient, pin_head_ca
-from farm_agent.settings import AgentSettings
+import farm_agent.daemon.main, farm_agent.daemon.client
+from farm_agent.daemon.client import HeadClient, pin_head_ca
+from farm_agent.daemon.settings import AgentSettings
 from farm.tls_pin import ca_hash, fetch_ca, parse_ca_hash
 
 head, ca_file, state = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
@@ -37,7 +37,7 @@ fetched = fetch_ca(head, wanted)
 settings = AgentSettings(head=head, token="t", name="n", state_dir=state, ca_hash=wanted)
 pinned = pin_head_ca(settings)  # fetched from the head, then kept in the state folder
 kept = pin_head_ca(settings)  # read back from the state folder
-client = HeadClient(head, pinned, state / farm_agent.client.NODE_KEY_FILE)
+client = HeadClient(head, pinned, state / farm_agent.daemon.client.NODE_KEY_FILE)
 asyncio.run(client.close())
 print(json.dumps({"hash": wanted, "same": fetched == pinned == kept == ca_file.read_bytes(),
                   "loaded": sorted(m for m in sys.modules if m.split(".")[0] == "cryptography")}))
@@ -121,7 +121,7 @@ def test_the_csr_child_says_in_one_line_why_it_cannot_write_the_key(tmp_path: Pa
 def test_the_farm_cli_loads_no_cryptography_until_a_head_starts() -> None:
     """An installed agent service runs `farm agent start` in the foreground: the CLI it runs in lives as long."""
     done = subprocess.run(
-        [sys.executable, "-c", "import sys, farm.cli.main, farm.cli.agent, farm_agent.main; "
+        [sys.executable, "-c", "import sys, farm.cli.main, farm.cli.agent, farm_agent.daemon.main; "
                                "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography'))"],
         capture_output=True, text=True, timeout=120, check=False,
     )

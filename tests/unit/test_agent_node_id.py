@@ -11,8 +11,8 @@ import pytest
 
 from farm.core.errors import AgentError
 from farm.core.models import Hardware
-from farm_agent.main import Agent
-from farm_agent.settings import AgentSettings
+from farm_agent.daemon.main import Agent
+from farm_agent.daemon.settings import AgentSettings
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 

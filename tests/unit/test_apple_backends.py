@@ -164,7 +164,7 @@ def test_running_the_ane_backend_off_macos_says_why() -> None:
 
 
 def digits() -> tuple[object, np.ndarray, np.ndarray]:
-    from farm_agent.jobcode import build_model
+    from farm_agent.work.jobcode import build_model
 
     from examples.digits.data import test_set
 

@@ -1,4 +1,4 @@
-"""macOS idle signals (farm_agent.idle_mac), parsed from recorded tool outputs; the live read needs a Mac."""
+"""macOS idle signals (farm_agent.daemon.idle_mac), parsed from recorded tool outputs; the live read needs a Mac."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 import pytest
-from farm_agent.idle_mac import (
+from farm_agent.daemon.idle_mac import (
     ASSERTIONS_ARGS,
     BATTERY_ARGS,
     HID_IDLE_ARGS,

@@ -78,7 +78,7 @@ def test_a_worker_ended_by_ray_is_its_nodes_failure_not_the_jobs() -> None:
     as the job's failure, it failed the chaos test's whole job after a head kill. The node's: the shard runs again."""
     from farm.core.errors import DataError
     from farm.proto.v1 import result_pb2
-    from farm_agent.upload import failure_of
+    from farm_agent.work.upload import failure_of
 
     assert failure_of(SystemExit(1)).kind == result_pb2.ShardFailure.NODE
     assert failure_of(ValueError("bad")).kind == result_pb2.ShardFailure.JOB

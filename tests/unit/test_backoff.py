@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import statistics
 
-from farm_agent.backoff import CAP_S, Backoff
+from farm_agent.daemon.backoff import CAP_S, Backoff
 
 
 def test_the_bounds_double_from_the_base_up_to_the_cap() -> None:

@@ -1,4 +1,4 @@
-"""farm_agent.capture: what a shard printed and its traceback travel to the head with its result or its error."""
+"""farm_agent.work.capture: what a shard printed and its traceback travel to the head with its result or its error."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
-from farm_agent.capture import BoundedText, job_shard
+from farm_agent.work.capture import BoundedText, job_shard
 from tests.conftest import FIXTURES
 
 
@@ -102,7 +102,7 @@ def train_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_training_worker_hands_what_it_printed_over_with_each_stretch(train_dir: Path) -> None:
-    from farm_agent.trainer import TrainWorker
+    from farm_agent.work.kinds.training import TrainWorker
 
     worker = TrainWorker(TRAIN_SPEC % "cross_entropy", "j", 0, 1, "g", "cpu", 1, None)
     worker.join()
@@ -115,7 +115,7 @@ def test_a_training_worker_hands_what_it_printed_over_with_each_stretch(train_di
 
 
 def test_a_training_worker_that_fails_carries_its_output_and_traceback(train_dir: Path) -> None:
-    from farm_agent.trainer import TrainWorker
+    from farm_agent.work.kinds.training import TrainWorker
 
     worker = TrainWorker(TRAIN_SPEC % "noisytrain:failing_loss", "j", 0, 1, "g", "cpu", 1, None)
     with pytest.raises(ValueError) as caught:
@@ -129,7 +129,7 @@ def test_a_training_worker_that_fails_carries_its_output_and_traceback(train_dir
 
 def test_a_shard_gives_the_memory_it_freed_back_when_it_ends_or_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker outlives its shards on a lender's machine: glibc's arenas are trimmed after each, a failed one too."""
-    from farm_agent import memory
+    from farm_agent.work import memory
 
     trims = []
     monkeypatch.setattr(memory, "give_back", lambda: trims.append(1))

@@ -41,7 +41,7 @@ def test_a_node_s_checkpoint_cannot_run_code_in_the_head(tmp_path: Path) -> None
 
 
 def test_a_worker_s_checkpoint_gives_the_final_model(tmp_path: Path) -> None:
-    from farm_agent.trainer import checkpoint_bytes
+    from farm_agent.work.kinds.training import checkpoint_bytes
 
     output = tmp_path / "out"
     store = Store(tmp_path / "state.db")

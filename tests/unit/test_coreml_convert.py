@@ -24,7 +24,7 @@ from farm_agent.coreml.convert import (
     model_hash,
 )
 from farm_agent.coreml.package_info import read_package
-from farm_agent.jobcode import build_model
+from farm_agent.work.jobcode import build_model
 
 from tests.conftest import FIXTURES, ROOT
 

@@ -14,7 +14,7 @@ from farm.head.liveness import NodeLiveness, derive_state
 from farm.head.store import Store
 from farm.scheduler import ShardRequest, place
 from farm.scheduler.filters import node_ready
-from farm_agent.idle import IdlePolicy
+from farm_agent.daemon.idle import IdlePolicy
 
 HW = Hardware(hostname="h", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=2, memory_bytes=2**30)
 CPU = BackendOffer(name=BackendName.CPU, device="cpu", threads=2, slots=1)

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from farm.core.models import Gpu, Hardware
-from farm_agent import hardware
-from farm_agent.hardware import (
+from farm_agent.daemon import hardware
+from farm_agent.daemon.hardware import (
     apple_chip_from_brand,
     cpu_model_from_cpuinfo,
     cpuinfo_fields,
@@ -342,7 +342,7 @@ def test_the_daemon_module_stays_light() -> None:
     # torch must never load in the agent daemon, and pynvml only when GPUs are probed.
     code = (
         "import sys\n"
-        "import farm_agent.hardware as h\n"
+        "import farm_agent.daemon.hardware as h\n"
         "assert 'pynvml' not in sys.modules, 'pynvml imported at module import'\n"
         "h.detect()\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
@@ -388,8 +388,8 @@ def test_the_agent_daemon_never_imports_torch() -> None:
 
     code = (
         "import sys\n"
-        "from farm_agent import backends, main\n"
-        "from farm_agent.hardware import detect\n"
+        "from farm_agent import backends\nfrom farm_agent.daemon import main\n"
+        "from farm_agent.daemon.hardware import detect\n"
         "hw = detect()\n"
         "backends.offers(hw, 1)\n"
         "print('torch' in sys.modules)\n"

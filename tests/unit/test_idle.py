@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from farm_agent.idle import OWNER_SIGNALS_EVERY, WINDOW, IdlePolicy, MachineCpu, farm_cpu_percent
+from farm_agent.daemon.idle import OWNER_SIGNALS_EVERY, WINDOW, IdlePolicy, MachineCpu, farm_cpu_percent
 
 
 def policy(machine: list[float], farm: list[float], limit: float = 90.0) -> IdlePolicy:

@@ -1,4 +1,4 @@
-"""A job's environment on a node (farm_agent.environment): pip requirements installed once per node and distinct set,
+"""A job's environment on a node (farm_agent.work.environment): pip requirements installed once per node and distinct set,
 from a local wheel folder (no index, no internet), then importable; a failed install is one clear line."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from farm.core.spec import parse_spec
 from farm.head.environment import runtime_env
-from farm_agent.environment import RequirementsError, add_to_path, ensure_installed
+from farm_agent.work.environment import RequirementsError, add_to_path, ensure_installed
 from tests.wheels import make_wheel
 
 pytestmark = pytest.mark.slow  # pip runs

@@ -11,7 +11,7 @@ import torch
 
 from farm.client.preflight import prepare, zip_code
 from farm.core.errors import SpecError
-from farm_agent.jobcode import load_dataset, load_model
+from farm_agent.work.jobcode import load_dataset, load_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

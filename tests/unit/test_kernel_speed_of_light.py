@@ -14,7 +14,7 @@ from rich.console import Console
 from farm.cli.kernels import kernel_results_table, results_table, row
 from farm.core.kernels import KernelResult, RewardMode
 from farm.core.speed_of_light import device_peaks, speed_of_light
-from farm_agent.kernel_eval import row as kernel_row
+from farm_agent.work.kinds.kernel_eval import row as kernel_row
 from farm_agent.tuner.flops import flop_counter
 from farm_agent.tuner.evaluator import Result
 from farm_agent.tuner.tune import Trial, TuneReport, format_table, summarize, table_row

@@ -28,7 +28,7 @@ from farm.head.attempts import Running
 from farm.head.dispatch import Dispatcher, Round
 from farm.head.kinds.base import Submission
 from farm.data.batches import output_column
-from farm_agent.kernel_eval import rows_table
+from farm_agent.work.kinds.kernel_eval import rows_table
 from tests.uploads import arrive, parts, stream
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
 from farm.head.settings import HeadSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from farm.core.models import BackendName, BackendOffer
-from farm_agent.main import lent_offers
+from farm_agent.daemon.main import lent_offers
 from tests.conftest import farm
 
 OFFERS = [

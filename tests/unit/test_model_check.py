@@ -1,4 +1,4 @@
-"""The submit preflight's model check (farm.client.check → farm_agent.check in a child process): the model runs on
+"""The submit preflight's model check (farm.client.check → farm_agent.work.check in a child process): the model runs on
 CPU over the dataset's first rows, and what a node would fail on is one line at submit, within time and memory."""
 
 from __future__ import annotations

@@ -856,7 +856,7 @@ def test_the_agent_reports_each_offers_meter_step_and_idle_draw() -> None:
     import asyncio
 
     from farm.core.models import BackendName, BackendOffer
-    from farm_agent.main import with_meter_facts
+    from farm_agent.daemon.main import with_meter_facts
 
     offers = [BackendOffer(name=BackendName.CPU, device="cpu", threads=2),
               BackendOffer(name=BackendName.CUDA, device="cuda:0", available=False, reason="no GPU")]
@@ -868,7 +868,7 @@ def test_the_agent_reports_each_offers_meter_step_and_idle_draw() -> None:
 def test_a_gpu_meter_reads_its_memory_for_the_heartbeat() -> None:
     """NVML's nvmlDeviceGetMemoryInfo, as the lent H200 answered it, goes into the heartbeat's gpu_memory; a device
     whose meter reads no memory (the CPU's, a GPU where NVML cannot say) sends none."""
-    from farm_agent.main import gpu_memory
+    from farm_agent.daemon.main import gpu_memory
 
     answered = json.loads((FIXTURES.parent / "hardware" / "nvml-h200.json").read_text())
     meter, _ = counter_meter(fixture("nvml-h200-steps.json"), 0.0)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from farm.core.errors import DataError
-from farm_agent.prefetch import prefetch
+from farm_agent.work.prefetch import prefetch
 
 
 def _readers() -> list[threading.Thread]:

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from farm.client.proposer import Endpoint, extract_code, propose
-from farm_agent.local_eval import local_evaluator, local_winner_cache
+from farm_agent.work.local_eval import local_evaluator, local_winner_cache
 from farm.core.errors import UserError
 from farm.local import free_port
 from farm_agent.tuner.cache import WinnerCache, make_key

@@ -5,7 +5,7 @@ import torch
 
 from farm.core.tasks import ShardTask, Tuning
 from farm_agent import backends
-from farm_agent.runner import _warm_up
+from farm_agent.work.kinds.inference import _warm_up
 
 
 class Recorder(torch.nn.Module):

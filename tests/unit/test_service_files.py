@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from farm_agent import service
-from farm_agent.service import AgentService, Plan
+from farm_agent.daemon import service
+from farm_agent.daemon.service import AgentService, Plan
 
 from farm.cli.agent import _join_token
 from farm.core.errors import UserError

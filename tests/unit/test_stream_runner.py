@@ -50,7 +50,7 @@ def test_a_parquet_range_streams_through_preprocess_and_model(digits: Path) -> N
     assert result.items == 200 and result.correct is not None and result.correct / 200 > 0.9
     outputs = column_to_numpy(table.column("output"), "output", list(range(200)), "")
     from examples.digits.data import test_set
-    from farm_agent.jobcode import load_model
+    from farm_agent.work.jobcode import load_model
 
     import torch
 

@@ -1,4 +1,4 @@
-"""The surroundings every job's shard runs in: the job's requirements importable (farm_agent.environment), and what
+"""The surroundings every job's shard runs in: the job's requirements importable (farm_agent.work.environment), and what
 the shard printed and why it failed — its stdout and stderr (as they interleaved, bounded) and its full traceback —
 sent to the head with its result or its error, so that `farm logs` shows them.
 
@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
-from farm_agent import memory
-from farm_agent.environment import prepare_from_environment
+from farm_agent.work import memory
+from farm_agent.work.environment import prepare_from_environment
 
 # Kept of a shard's output: its first and last KEEP_BYTES each (the start says what it set out to do, the end what
 # went wrong), with a line saying how much was dropped in between.
@@ -100,7 +100,7 @@ def captured(stream: BoundedText) -> Iterator[None]:
 
 def job_shard(run: Callable[P, R]) -> Callable[P, R]:
     """Run a shard in its job's environment with its stdout and stderr captured, and the memory it freed given back
-    when it ends (farm_agent.memory). Its result gets the output in its `log` field; an exception it raises gets the
+    when it ends (farm_agent.work.memory). Its result gets the output in its `log` field; an exception it raises gets the
     output and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR) and goes on up."""
 
     @functools.wraps(run)

@@ -101,7 +101,7 @@ def current_platform() -> Platform:
 
 def template(relative: str) -> str:
     """A service template: from the source tree (agents/), or from where the wheel installs it (PREFIX/share/farm)."""
-    for root in (Path(__file__).resolve().parents[1], Path(sys.prefix) / "share" / "farm"):
+    for root in (Path(__file__).resolve().parents[2], Path(sys.prefix) / "share" / "farm"):
         if (root / relative).is_file():
             return (root / relative).read_text()
     raise FileNotFoundError(f"service template {relative} is missing from this installation")

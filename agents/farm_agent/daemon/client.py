@@ -23,7 +23,7 @@ from farm.local import python_command, write_private
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls_pin import ca_hash, fetch_ca, parse_ca_hash
-from farm_agent.settings import AgentSettings
+from farm_agent.daemon.settings import AgentSettings
 
 
 def pin_head_ca(settings: AgentSettings) -> bytes | None:

@@ -3,7 +3,7 @@
 The agent reports the verdict with every heartbeat and the scheduler gives a busy node no new shards. The rule here
 everywhere is the owner's CPU load, the one signal every platform has: the machine's CPU use minus Farm's own (the
 agent and the processes under it: its Ray node and the workers running shards), averaged over a short window so
-that a burst does not flap the node in and out. On macOS the owner's own signals join it (farm_agent.idle_mac:
+that a burst does not flap the node in and out. On macOS the owner's own signals join it (farm_agent.daemon.idle_mac:
 seconds since the last input, battery, thermal pressure, user-activity assertions), read every few beats since each
 read runs a few system tools. A busy file (AgentSettings.busy_file), while it exists, makes the node busy outright:
 an operator's switch, and the tests' honest way to make an owner busy.
@@ -25,7 +25,7 @@ OWNER_SIGNALS_EVERY = 5
 
 
 def mac_owner_signals() -> str:
-    from farm_agent.idle_mac import mac_busy_reason, read_mac_signals
+    from farm_agent.daemon.idle_mac import mac_busy_reason, read_mac_signals
 
     return mac_busy_reason(read_mac_signals())
 

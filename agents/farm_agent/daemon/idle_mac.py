@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import TypeVar
 
-from farm_agent.hardware import Runner, run_command
+from farm_agent.daemon.hardware import Runner, run_command
 
 HID_IDLE_ARGS = ("ioreg", "-c", "IOHIDSystem")
 BATTERY_ARGS = ("pmset", "-g", "batt")

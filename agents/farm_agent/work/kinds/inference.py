@@ -25,10 +25,10 @@ from farm.data.batches import column_to_numpy, model_inputs, numpy_batch, output
 from farm.data.results import OUTPUT
 from farm_agent import backends
 from farm_agent.backends.base import Backend
-from farm_agent.capture import job_shard
-from farm_agent.jobcode import load_dataset, load_model, resolve
+from farm_agent.work.capture import job_shard
+from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
-from farm_agent.prefetch import prefetch
+from farm_agent.work.prefetch import prefetch
 
 if TYPE_CHECKING:
     import torch
@@ -42,7 +42,7 @@ _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] 
 def run_shard(task: ShardTask, out: Callable[[pa.Table], None]) -> ShardResult:
     """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
     the device's energy window; each batch's results (row_id, passthrough columns, `output`) go to `out` as they are
-    made (to the head's upload: farm_agent.upload), and the shard's figures are returned.
+    made (to the head's upload: farm_agent.work.upload), and the shard's figures are returned.
 
     The preprocess runs inside the window, interleaved with the model: streaming keeps a worker's memory at a few
     batches whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on

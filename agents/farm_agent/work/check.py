@@ -1,4 +1,4 @@
-"""The submit preflight, in a child process of `farm submit` (`python -m farm_agent.check JSON`), in the job's
+"""The submit preflight, in a child process of `farm submit` (`python -m farm_agent.work.check JSON`), in the job's
 environment: load the dataset as a node would and, unless told not to, build the model and run it on CPU over the
 dataset's first rows, saying in one line what a node would have failed on (a dtype the model does not take, outputs
 that are not one row per input). Prints one JSON object: {"items": N, "model_bytes": M} or {"error": "..."}. The
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from farm.core.errors import FarmError
-from farm_agent.environment import prepare_from_environment
+from farm_agent.work.environment import prepare_from_environment
 
 ROWS = 2  # a small batch: enough to see the model's batch dimension, cheap on any model
 
@@ -24,7 +24,7 @@ def preflight(model: str, weights: str | None, dataset: str | None, root: Path, 
               run_model: bool = True, preprocess: str | None = None) -> dict[str, Any]:
     """`dataset` None: a dataset by location, which the head plans and counts; the model is built (not run: its
     inputs are the preprocess's, on rows only the nodes read) and the preprocess imported."""
-    from farm_agent.jobcode import build_model, load_dataset, resolve
+    from farm_agent.work.jobcode import build_model, load_dataset, resolve
 
     if dataset is None:
         if preprocess:
@@ -43,7 +43,7 @@ def preflight(model: str, weights: str | None, dataset: str | None, root: Path, 
 def check(model: str, weights: str | None, inputs: np.ndarray, root: Path, rows: int = ROWS) -> dict[str, Any]:
     import torch
 
-    from farm_agent.jobcode import build_model
+    from farm_agent.work.jobcode import build_model
 
     module = build_model(model, weights, root)
     model_bytes = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))

@@ -18,7 +18,7 @@ from farm.core.errors import FarmError
 from farm.core.kernels import (
     COLUMNS, KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, RewardMode, reward, speedup,
 )
-from farm_agent.capture import job_shard
+from farm_agent.work.capture import job_shard
 from farm_agent.power import meter_for
 
 if TYPE_CHECKING:

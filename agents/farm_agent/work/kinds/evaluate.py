@@ -12,10 +12,10 @@ from farm.core.errors import SpecError
 from farm.core.tasks import EvaluateResult, EvaluateTask
 from farm.data.batches import concat
 from farm.data.results import outputs_array
-from farm_agent.capture import job_shard
-from farm_agent.jobcode import load_dataset
-from farm_agent.runner import run_shard
-from farm_agent.trainer import loss_function
+from farm_agent.work.capture import job_shard
+from farm_agent.work.jobcode import load_dataset
+from farm_agent.work.kinds.inference import run_shard
+from farm_agent.work.kinds.training import loss_function
 
 
 @job_shard

@@ -1,5 +1,5 @@
 """The node agent daemon: register, heartbeat, take the head's work over the node's work stream and run it in
-persistent workers (farm_agent.workers), leave cleanly. A trusted node (the head operator's own) also joins the
+persistent workers (farm_agent.daemon.workers), leave cleanly. A trusted node (the head operator's own) also joins the
 head's Ray cluster as a worker node, for training; a lent node never learns that cluster's address or token.
 
 When the owner needs the machine (the idle policy says busy) the node drains: the head gives it no new shards
@@ -37,13 +37,13 @@ from farm.local import (
     write_private,
 )
 from farm.proto.v1 import agent_pb2, common_pb2
-from farm_agent.backoff import Backoff
-from farm_agent.client import NODE_KEY_FILE, HeadClient, pin_head_ca
+from farm_agent.daemon.backoff import Backoff
+from farm_agent.daemon.client import NODE_KEY_FILE, HeadClient, pin_head_ca
 from farm.core.ids import NODE_LABEL
-from farm_agent.idle import IdlePolicy
+from farm_agent.daemon.idle import IdlePolicy
 from farm_agent.power import PowerMeter, ReadsMemory, idle_power, meter_for
-from farm_agent.settings import AgentSettings
-from farm_agent.workers import Workers
+from farm_agent.daemon.settings import AgentSettings
+from farm_agent.daemon.workers import Workers
 
 log = logging.getLogger("farm.agent")
 

@@ -25,7 +25,7 @@ from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR, ResultRoute, S
 from farm.data.locations.head import channel
 from farm.proto.convert import figures_to_pb
 from farm.proto.v1 import result_pb2, result_pb2_grpc
-from farm_agent.capture import bounded
+from farm_agent.work.capture import bounded
 
 CHUNK = 1024 * 1024  # bytes of the table in one part (the head refuses larger messages)
 DEPTH = 8  # parts waiting for the gRPC thread: the shard waits when the head takes them slower than it makes them

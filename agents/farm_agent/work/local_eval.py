@@ -21,7 +21,7 @@ def local_evaluator(device: str, *, reward: RewardMode = RewardMode.SPEEDUP, run
     compile_baseline is False (compiling takes a while on a CPU)."""
 
     def evaluate(problem: Path, sources: Sequence[str]) -> list[KernelResult]:
-        from farm_agent.kernel_eval import baseline_times, row
+        from farm_agent.work.kinds.kernel_eval import baseline_times, row
         from farm_agent.tuner.evaluator import COMPILE_DEFAULT, Candidate
         from farm_agent.tuner.evaluator import evaluate as run
 

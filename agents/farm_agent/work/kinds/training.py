@@ -13,7 +13,7 @@ calls `train` for each stretch of steps between checkpoints. Every worker walks 
 Collectives go through Ray's collective API: gloo (torch.distributed over TCP) for CPU tensors, NCCL when every
 worker is on CUDA. Torch is imported inside the actor only: the head imports this module without it.
 
-The head calls a worker through `call`, which sends the result back by the call's upload ticket (farm_agent.upload):
+The head calls a worker through `call`, which sends the result back by the call's upload ticket (farm_agent.work.upload):
 figures as protobuf, a stretch's losses as an Arrow table, the checkpoint as a safetensors file. Never a Ray return
 value, which the head would have to unpickle; and a checkpoint holds tensors and plain numbers, never a pickle.
 """
@@ -33,11 +33,11 @@ import pyarrow as pa
 from farm.core.errors import AgentError, SpecError
 from farm.core.spec import JobSpec, Optimizer, SyncMode, parse_spec
 from farm.core.tasks import ResultRoute, ShardFigures
-from farm_agent.capture import take_output, worker_call
-from farm_agent.environment import prepare_from_environment
-from farm_agent.jobcode import build_model, load_dataset, resolve
+from farm_agent.work.capture import take_output, worker_call
+from farm_agent.work.environment import prepare_from_environment
+from farm_agent.work.jobcode import build_model, load_dataset, resolve
 from farm_agent.power import meter_for
-from farm_agent.upload import Upload, send
+from farm_agent.work.upload import Upload, send
 
 if TYPE_CHECKING:
     import torch
@@ -48,7 +48,7 @@ PROBE_STEPS = 5
 
 
 class TrainWorker:
-    """Each method the head calls runs with the job code's output captured (farm_agent.capture.worker_call): what the
+    """Each method the head calls runs with the job code's output captured (farm_agent.work.capture.worker_call): what the
     worker printed since the last stretch, its model's construction and speed probe included, goes to the head with
     the next stretch's result, and a failure carries it with its traceback."""
 
