@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Annotated
 
-import typer
+# gRPC's C++ core logs a failed TLS handshake on stderr beside the one line Farm prints about it (farm.client.api):
+# a command line is quiet, unless the user asks (GRPC_VERBOSITY). Read when grpc is imported: before the imports below.
+# The long-running servers (`farm head start`, `farm agent start`) keep gRPC's default.
+if sys.argv[1:3] not in (["head", "start"], ["agent", "start"]):
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-import farm
-from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, profiles, results, top
-from farm.cli.options import Selected
-from farm.cli.render import fail
-from farm.core.errors import FarmError
+import inspect  # noqa: E402
+from typing import Annotated  # noqa: E402
+
+import typer  # noqa: E402
+from typer.core import TyperCommand, TyperGroup, TyperOption  # noqa: E402
+
+import farm  # noqa: E402
+from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, profiles, results, top  # noqa: E402
+from farm.cli.options import Selected  # noqa: E402
+from farm.cli.render import fail  # noqa: E402
+from farm.core.errors import FarmError  # noqa: E402
 
 app = typer.Typer(
     help="Farm: idle Macs and NVIDIA boxes as one compute farm.", no_args_is_help=True,
@@ -51,9 +61,35 @@ def root(
     Selected.profile = profile
 
 
+def command() -> TyperGroup:
+    """`app` as the click command it runs as, its help made to read well (see `tidy_help`)."""
+    built = typer.main.get_command(app)
+    if not isinstance(built, TyperGroup):  # the app has subcommands: typer makes a group of it
+        raise TypeError(f"farm's command is a {type(built).__name__}")
+    tidy_help(built)
+    return built
+
+
+def tidy_help(command: TyperCommand | TyperGroup) -> None:
+    """Help as people read it, for this command and those under it: a docstring's paragraphs flow as paragraphs
+    (typer's rich help keeps a docstring's line ends, which cut sentences in the middle), and a flag shows no
+    `<bool>` placeholder (it takes no value)."""
+    for attribute in ("help", "short_help"):
+        text = getattr(command, attribute)
+        if text:
+            paragraphs = inspect.cleandoc(text).split("\n\n")
+            setattr(command, attribute, "\n\n".join(" ".join(p.split()) for p in paragraphs))
+    help_option = command.get_help_option(typer.Context(command))  # made once, cached by the command
+    for param in [*command.params, help_option]:
+        if isinstance(param, TyperOption) and param.is_flag:
+            param.metavar = ""
+    for sub in command.commands.values() if isinstance(command, TyperGroup) else ():
+        tidy_help(sub)  # type: ignore[arg-type]  # typer builds only its own command classes
+
+
 def main() -> None:
     try:
-        app(prog_name="farm")
+        command()(prog_name="farm")
     except FarmError as exc:
         fail(exc.message, exc.exit_code)
     except KeyboardInterrupt:

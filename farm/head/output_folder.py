@@ -18,6 +18,15 @@ RESULT_PATTERNS = ("shard-*", ".shard-*", "manifest.json", ".manifest.json.*", "
                    "model.pt", "*.parquet")
 
 
+def check_free(output: Path) -> None:
+    """ConflictError when `output` holds another job's results (what `claim` refuses without --overwrite). Also read by
+    a client on the head's machine, before its model check: a refusal then takes no seconds."""
+    results = _results(output)
+    if results:
+        raise ConflictError(f"output {output} already holds another job's results ({results[0].name}, ...): choose "
+                            "another output, or overwrite them (farm submit --overwrite)")
+
+
 def claim(output: Path, overwrite: bool) -> None:
     """Let a new job write into `output`: ConflictError when it holds results and `overwrite` is off; with it, they
     are removed."""
@@ -25,8 +34,7 @@ def claim(output: Path, overwrite: bool) -> None:
     if not results:
         return
     if not overwrite:
-        raise ConflictError(f"output {output} already holds another job's results ({results[0].name}, ...): choose "
-                            "another output, or overwrite them (farm submit --overwrite)")
+        check_free(output)
     try:
         for path in results:
             path.unlink(missing_ok=True)
