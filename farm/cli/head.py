@@ -180,7 +180,7 @@ def status(state: StateDir = None, as_json: Json = False) -> None:
     if as_json:
         print(json.dumps(facts, indent=2))
     elif not running:
-        console.print(f"no head running from {directory}", highlight=False)
+        console.print(f"no head running from {directory}", highlight=False, soft_wrap=True)
     else:
         def counted(counter: Counter[str]) -> str:
             return ", ".join(f"{n:,} {word}" for word, n in sorted(counter.items())) or "none"
