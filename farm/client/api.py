@@ -257,9 +257,12 @@ def _unavailable(head: HeadInfo, details: str) -> str:
     """Why a head is out of reach, in one line: a TLS trust failure (gRPC's details name the handshake's error) is not
     a head that does not answer, and is fixed otherwise."""
     trusted = "the CA it was given (--ca, FARM_CA or the profile's ca_file)" if head.ca_pem else "the system's roots"
-    if "CERTIFICATE_VERIFY_FAILED" in details or "handshake failed" in details.lower():
+    if "CERTIFICATE_VERIFY_FAILED" in details:
         return (f"TLS trust failure: the head at {head.address} answers, but its certificate is not signed by "
                 f"{trusted}; pass --ca (or set FARM_CA) with the head's tls/ca.pem")
+    if "handshake failed" in details.lower():  # not a certificate: a head without TLS, say
+        return (f"the TLS handshake with the head at {head.address} failed (a head started with --insecure takes "
+                "FARM_INSECURE=1, or a profile added with --insecure)")
     if "not in peer certificate" in details:
         return (f"TLS trust failure: the head's certificate does not name {head.address.rsplit(':', 1)[0]}; connect "
                 "to a name it has, or start the head with --tls-name for this one")
