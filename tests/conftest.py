@@ -9,6 +9,7 @@ import os
 import ssl
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # farm-ray, who may not reach a Python installed under /root, as on the test machines); test_ray_user.py runs a head
 # with its Ray as farm-ray.
 os.environ.setdefault("FARM_RAY_USER", "root")
+# The tests choose their heads themselves: a user's profiles (~/.config/farm/config.toml, farm.client.config) and
+# FARM_HEAD, FARM_PROFILE, ... would send their commands elsewhere. FARM_CONFIG names a file of the tests' own (none
+# there: no profile); a test of profiles points it at its own file.
+TEST_CONFIG = Path(tempfile.gettempdir()) / f"farm-tests-{os.getuid()}" / "config.toml"
+os.environ["FARM_CONFIG"] = str(TEST_CONFIG)
+for _name in ("FARM_HEAD", "FARM_PROFILE", "FARM_TOKEN", "FARM_TOKEN_FILE", "FARM_CA", "FARM_INSECURE"):
+    os.environ.pop(_name, None)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 

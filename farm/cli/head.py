@@ -1,4 +1,4 @@
-"""`farm head start|stop|forget-node` and `farm head token create|list|revoke|rotate-ray`."""
+"""`farm head start|stop|status|forget-node` and `farm head token create|list|revoke|rotate-ray`."""
 
 from __future__ import annotations
 
@@ -131,6 +131,9 @@ def _start_detached(directory: Path, argv: list[str]) -> None:
     info = read_json(directory / "head.json") or {}
     console.print(f"head running (pid {proc.pid}), state in {directory}, log in {log}")
     console.print(f"dashboard at {info.get('dashboard', '-')}", highlight=False)
+    if not sys.stdout.isatty():  # the join line holds a join token: on a terminal only, never into a file or a pipe
+        console.print("join other machines with the line `farm head token create` prints", highlight=False)
+        return
     console.print("join other machines with:")
     console.print(f"  {join_command(info['address'], info['join_token'], info.get('ca_hash', ''))}", highlight=False,
                   soft_wrap=True)  # a join line is pasted whole: never wrapped
@@ -145,6 +148,50 @@ def stop(state: StateDir = None) -> None:
         raise UserError(f"no head running from {directory}")
     terminate(int(info["pid"]))
     console.print(f"head {info['pid']} stopped")
+
+
+@app.command()
+def status(state: StateDir = None, as_json: Json = False) -> None:
+    """Whether a head runs from the state folder: its pid, address and dashboard, and its nodes and jobs by state.
+    Exits 1 when none runs."""
+    import json
+    from collections import Counter
+
+    from farm.cli.render import node_state
+    from farm.client import Client, find_head
+    from farm.core.errors import FarmError
+
+    directory = state_dir(state)
+    info = read_json(directory / "head.json") or {}
+    running = bool(info) and recorded_alive(info)
+    facts: dict[str, object] = {"running": running, "state_dir": str(directory)}
+    nodes: Counter[str] = Counter()
+    jobs: Counter[str] = Counter()
+    error = ""
+    if running:
+        facts.update({key: info.get(key) for key in ("pid", "address", "dashboard", "tls")})  # never its tokens
+        try:
+            with Client(find_head(state_dir=directory), timeout=10.0) as client:
+                nodes.update(node_state(n) for n in client.nodes())
+                jobs.update(j.state for j in client.list_jobs())
+            facts.update(nodes=dict(nodes), jobs=dict(jobs))
+        except FarmError as exc:  # running, but not answering (starting, or stuck): say so rather than fail
+            error = facts["error"] = exc.message
+    if as_json:
+        print(json.dumps(facts, indent=2))
+    elif not running:
+        console.print(f"no head running from {directory}", highlight=False, soft_wrap=True)
+    else:
+        def counted(counter: Counter[str]) -> str:
+            return ", ".join(f"{n:,} {word}" for word, n in sorted(counter.items())) or "none"
+
+        console.print(f"head running (pid {info['pid']}) at {info['address']}, state in {directory}\n"
+                      f"dashboard at {info.get('dashboard') or '-'}\n"
+                      + (f"does not answer: {error}" if error
+                         else f"nodes: {counted(nodes)}\njobs (the latest 100): {counted(jobs)}"),
+                      highlight=False, soft_wrap=True)
+    if not running:
+        raise typer.Exit(1)
 
 
 @app.command("forget-node")

@@ -9,18 +9,20 @@ from typing import Annotated, NoReturn
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from farm.cli.options import Head, Json, Token, connect, duration, reattach_prefix
+from farm.cli.options import Ca, Head, Json, Token, TokenFile, connect, duration, reattach_prefix
 from farm.cli.render import (
-    console, errors, items_done, job_header, job_json, jobs_table, log_line_json, print_json, print_log_line,
-    print_whole, shards_table, sizes_by_device, summary_table,
+    console, count, errors, figure, items_done, job_header, job_json, jobs_table, log_line_json, print_json,
+    print_log_line, print_whole, shards_table, show, sizes_by_device, summary_table,
 )
 from farm.client import Client
 from farm.client.api import through_restarts
 from farm.client.preflight import prepare
+from farm.core.errors import UserError
+from farm.core.models import JobState
 from farm.proto import convert
 from farm.proto.v1 import job_pb2
 
-JobId = Annotated[str, typer.Argument(help="The job's id (j-...).")]
+JobId = Annotated[str, typer.Argument(help="The job's id (j-...), or the start of it.")]
 RECONNECT_S = 120.0  # how long `--wait` and `--follow` wait for a head that went away
 
 
@@ -48,38 +50,54 @@ def submit(
     json: Json = False,
     head: Head = None,
     token: Token = None,
+    ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Submit a job; prints its id."""
-    with connect(head, token) as client:
-        prepared = prepare(spec, workdir, check=not no_check)
+    with connect(head, token, ca, token_file) as client:
+        prepared = prepare(spec, workdir, check=not no_check,
+                           before_check=None if overwrite else lambda output: _output_free(client, output))
         job_id = client.submit_prepared(prepared, overwrite=overwrite)
         if not wait:
             print_json({"job_id": job_id}) if json else console.print(job_id)
             return
         final = follow(client, job_id, quiet=json)
-    end_of_wait(final, json, head, token)
+    end_of_wait(final, json, head, token, ca, token_file)
 
 
-def end_of_wait(final: job_pb2.Job, json: bool, head: str | None, token: str | None) -> None:
+def _output_free(client: Client, output: Path | str) -> None:
+    """Refuse a job whose output folder holds another job's results before its model check (seconds), as the head
+    would after it: where the folder can be seen, on the local head's machine (a remote head's folder is its own)."""
+    if client.head.pid and isinstance(output, Path):
+        from farm.head.output_folder import check_free
+
+        check_free(output)
+
+
+def end_of_wait(final: job_pb2.Job, json: bool, head: str | None, token: str | None, ca: Path | None,
+                token_file: Path | None) -> None:
     """What `--wait` prints once the job ended; exit 1 unless it succeeded."""
     if json:
         print_json(job_json(final))
     else:
         show_summary(final)
         if final.state == "succeeded" and final.kind in RESULTS:
-            RESULTS[final.kind](final.id, head, token)
+            RESULTS[final.kind](final.id, head, token, ca, token_file)
     if final.state != "succeeded":
         raise typer.Exit(1)
 
 
-def _kernel_results(job_id: str, head: str | None, token: str | None) -> None:
+def _kernel_results(job_id: str, head: str | None, token: str | None, ca: Path | None, token_file: Path | None
+                    ) -> None:
     from farm.cli.kernels import results_command
 
-    results_command(job_id, json=False, head=head, token=token)
+    results_command(job_id, json=False, head=head, token=token, ca=ca, token_file=token_file)
 
 
-# What `farm submit --wait` prints after the summary of a job that succeeded, for kinds with a results table.
-RESULTS: dict[str, Callable[[str, str | None, str | None], None]] = {"kernel-eval": _kernel_results}
+# What `farm submit --wait` prints after the summary of a job that succeeded, for kinds with a results table (given
+# the job's id and the options that reach its head).
+RESULTS: dict[str, Callable[[str, str | None, str | None, Path | None, Path | None], None]] = {
+    "kernel-eval": _kernel_results}
 
 
 def follow(client: Client, job_id: str, quiet: bool = False) -> job_pb2.Job:
@@ -121,9 +139,11 @@ def show_summary(job: job_pb2.Job) -> None:
     wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
     trained = "step" in metrics and "loss" in metrics  # a training job's progress
     done = items_done(job)
-    facts = [f"{job.items} items in {wall:.2f} s" if done == job.items else f"{done} of {job.items} items done"]
+    facts = [f"{count(job.items)} items in {wall:.2f} s" if done == job.items
+             else f"{count(done)} of {count(job.items)} items done"]
     if trained:
-        facts[0] = f"{metrics['step']:.0f} steps, {job.items} samples in {wall:.2f} s; final loss {metrics['loss']:.4f}"
+        facts[0] = (f"{metrics['step']:,.0f} steps, {count(job.items)} samples in {wall:.2f} s; final loss "
+                    f"{metrics['loss']:.4f}")
     if job.energy_sources:
         above = f", {job.marginal_j:,.2f} J above idle" if job.HasField("marginal_j") else ""
         facts.append(f"{job.energy_j:,.2f} J ({', '.join(job.energy_sources)}){above}")
@@ -143,13 +163,14 @@ jobs_app = typer.Typer(help="List recent jobs; `delete` and `prune` forget finis
 
 
 @jobs_app.callback()
-def list_jobs(ctx: typer.Context, json: Json = False, head: Head = None, token: Token = None) -> None:
+def list_jobs(ctx: typer.Context, json: Json = False, head: Head = None, token: Token = None, ca: Ca = None,
+              token_file: TokenFile = None) -> None:
     """List recent jobs."""
     if ctx.invoked_subcommand is not None:
         return
-    with connect(head, token) as client:
+    with connect(head, token, ca, token_file) as client:
         jobs = client.list_jobs()
-    print_json([job_json(j) for j in jobs]) if json else console.print(jobs_table(jobs))
+    print_json([job_json(j) for j in jobs]) if json else show(jobs_table(jobs))
 
 
 Outputs = Annotated[bool, typer.Option("--outputs", help="Remove their results too (not where another job on "
@@ -158,11 +179,12 @@ Outputs = Annotated[bool, typer.Option("--outputs", help="Remove their results t
 
 @jobs_app.command("delete")
 def delete_jobs(job_ids: Annotated[list[str], typer.Argument(help="The jobs' ids (j-...).")], outputs: Outputs = False,
-                json: Json = False, head: Head = None, token: Token = None) -> None:
+                json: Json = False, head: Head = None, token: Token = None, ca: Ca = None,
+                token_file: TokenFile = None) -> None:
     """Forget finished jobs: their records, logs, code and files on the head (a queued or running one is refused:
     nothing is deleted then)."""
-    with connect(head, token) as client:
-        deleted = client.delete_jobs(job_ids, outputs)
+    with connect(head, token, ca, token_file) as client:
+        deleted = client.delete_jobs([client.resolve_job(j) for j in job_ids], outputs)
     _print_deleted(deleted, json)
 
 
@@ -174,11 +196,12 @@ def prune_jobs(
     state: Annotated[list[str] | None, typer.Option(
         "--state", help="Only jobs that ended so: succeeded, failed or cancelled (repeatable; default: all three).")
     ] = None,
-    outputs: Outputs = False, json: Json = False, head: Head = None, token: Token = None,
+    outputs: Outputs = False, json: Json = False, head: Head = None, token: Token = None, ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Delete every finished job (of these states, that ended long enough ago), as `farm jobs delete` does."""
     seconds = duration(older_than, "--older-than") if older_than else 0.0
-    with connect(head, token) as client:
+    with connect(head, token, ca, token_file) as client:
         deleted = client.prune_jobs(seconds, state or [], outputs)
     _print_deleted(deleted, json)
 
@@ -202,23 +225,26 @@ def job(
     json: Json = False,
     head: Head = None,
     token: Token = None,
+    ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Show one job and its shards."""
     if wait:
-        with connect(head, token) as client:
-            final = follow(client, job_id, quiet=json)
-        end_of_wait(final, json, head, token)
+        with connect(head, token, ca, token_file) as client:
+            final = follow(client, client.resolve_job(job_id), quiet=json)
+        end_of_wait(final, json, head, token, ca, token_file)
         return
-    with connect(head, token) as client:
-        record = client.job(job_id)
-        lines = client.logs(job_id) if explain else []
+    with connect(head, token, ca, token_file) as client:
+        record = client.job(client.resolve_job(job_id))
+        lines = client.logs(record.id) if explain else []
     if json:
         print_json(job_json(record))
         return
     console.print(job_header(record), highlight=False)
-    console.print(shards_table(record))
+    show(shards_table(record))
     if record.metrics:
-        console.print("metrics: " + ", ".join(f"{k} {v:,.4g}" for k, v in sorted(record.metrics.items())))
+        console.print("metrics: " + ", ".join(f"{k} {figure(v)}" for k, v in sorted(record.metrics.items())),
+                      highlight=False)
     if explain:
         if record.explanation:
             console.print("[bold]last scheduling round[/] (the plan, each candidate's figures, what waits and why)")
@@ -248,9 +274,14 @@ def logs(
     json: Json = False,
     head: Head = None,
     token: Token = None,
+    ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Print a job's log: its events, and what each shard printed (stdout, stderr, tracebacks)."""
-    with connect(head, token) as client:
+    with connect(head, token, ca, token_file) as client:
+        job_id = client.resolve_job(job_id)
+        if shard is not None:
+            _check_shard(client.job(job_id), shard, follow_)
         if not follow_:
             lines = client.logs(job_id, shard)
             print_json([log_line_json(line) for line in lines]) if json else [print_log_line(x) for x in lines]
@@ -265,8 +296,19 @@ def logs(
             detach(client, job_id)
 
 
-def cancel(job_id: JobId, json: Json = False, head: Head = None, token: Token = None) -> None:
+def _check_shard(record: job_pb2.Job, shard: int, following: bool) -> None:
+    """A --shard the job has, or one line saying which it has. A running job that cuts its shards as it runs may
+    make that shard later: following it, wait for it."""
+    if any(s.index == shard for s in record.shards) or (following and not JobState(record.state).finished):
+        return
+    indexes = sorted(s.index for s in record.shards)
+    has = f"shards {indexes[0]}-{indexes[-1]}" if indexes else "no shards yet"
+    raise UserError(f"--shard {shard}: job {record.id} has no shard {shard} ({has})")
+
+
+def cancel(job_id: JobId, json: Json = False, head: Head = None, token: Token = None, ca: Ca = None,
+           token_file: TokenFile = None) -> None:
     """Cancel a queued or running job."""
-    with connect(head, token) as client:
-        record = client.cancel(job_id)
+    with connect(head, token, ca, token_file) as client:
+        record = client.cancel(client.resolve_job(job_id))
     print_json(job_json(record)) if json else console.print(f"{record.id} {record.state}")

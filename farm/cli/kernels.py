@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from farm.cli.options import Head, Json, Token, connect
+from farm.cli.options import Ca, Head, Json, Token, TokenFile, connect
 from farm.cli.render import console, print_json, print_whole
 from farm.core.errors import NotFoundError, UserError
 
@@ -173,13 +173,16 @@ def results_command(
     json: Json = False,
     head: Head = None,
     token: Token = None,
+    ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """A kernel-eval job's results table: per (problem, candidate) compiled, correct, errors, time, speedups, reward.
     Read from the job's output folder on the head's machine (results.jsonl; results.csv beside it)."""
     from farm.client.kernels import read_results
 
-    with connect(head, token) as client:
-        job = client.job(job_id)
+    with connect(head, token, ca, token_file) as client:
+        job = client.job(client.resolve_job(job_id))
+    job_id = job.id
     if job.kind != "kernel-eval":
         raise UserError(f"job {job_id} is a {job.kind} job, not kernel-eval")
     if job.state != "succeeded":
@@ -230,6 +233,8 @@ def propose_command(
     json: Json = False,
     head: Head = None,
     token: Token = None,
+    ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """Ask an external code model for faster implementations, round after round, each judged by the hardened
     evaluator and fed back to it; the fastest correct one wins (kept in the winner cache when evaluated here)."""
@@ -246,7 +251,7 @@ def propose_command(
     if fleet:
         if backend not in ("cuda", "cpu"):
             raise UserError(f"--backend {backend}: use cuda or cpu")
-        with connect(head, token) as client:
+        with connect(head, token, ca, token_file) as client:
             offers = {o.detail or o.device for n in client.nodes() for o in n.backends if o.name == backend and o.available}
             hardware = ", ".join(sorted(offers)) or backend
             proposal = propose(problem, chat, fleet_evaluator(client, backends=[backend], runs=runs,

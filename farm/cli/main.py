@@ -2,20 +2,60 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Annotated
 
-import typer
+# gRPC's C++ core logs a failed TLS handshake on stderr beside the one line Farm prints about it (farm.client.api):
+# a command line is quiet, unless the user asks (GRPC_VERBOSITY). Read when grpc is imported: before the imports below.
+# The long-running servers (`farm head start`, `farm agent start`) keep gRPC's default.
+if sys.argv[1:3] not in (["head", "start"], ["agent", "start"]):
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-import farm
-from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, profiles, results, top
-from farm.cli.options import Selected
-from farm.cli.render import fail
-from farm.core.errors import FarmError
+import inspect  # noqa: E402
+from typing import Annotated, Any  # noqa: E402
+
+import typer  # noqa: E402
+from typer.core import TyperCommand, TyperGroup, TyperOption  # noqa: E402
+
+import farm  # noqa: E402
+from farm.cli import agent, ane, demo, head, jobs, kernels, nodes, profiles, results, top  # noqa: E402
+from farm.cli.options import Selected  # noqa: E402
+from farm.cli.render import fail  # noqa: E402
+from farm.core.errors import FarmError  # noqa: E402
+
+def tidy_help(command: TyperCommand | TyperGroup) -> None:
+    """Help as people read it, for this command and those under it: a docstring's paragraphs flow as paragraphs
+    (typer's rich help keeps a docstring's line ends, which cut sentences in the middle), and a flag shows no
+    `<bool>` placeholder (it takes no value). Idempotent."""
+    for attribute in ("help", "short_help"):
+        text = getattr(command, attribute)
+        if text:
+            paragraphs = inspect.cleandoc(text).split("\n\n")
+            setattr(command, attribute, "\n\n".join(" ".join(p.split()) for p in paragraphs))
+    help_option = command.get_help_option(typer.Context(command))  # made once, cached by the command
+    for param in [*command.params, help_option]:
+        if isinstance(param, TyperOption) and param.is_flag:
+            param.metavar = ""
+    for sub in command.commands.values() if isinstance(command, TyperGroup) else ():
+        tidy_help(sub)  # type: ignore[arg-type]  # typer builds only its own command classes
+
+
+class TidyGroup(TyperGroup):
+    """The `farm` group: typer builds every command under it first, so its help is tidied here for all of them
+    (`tidy_help`); again when shown, for the options typer adds after (--install-completion, ...)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        tidy_help(self)
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        tidy_help(self)
+        super().format_help(ctx, formatter)
+
 
 app = typer.Typer(
     help="Farm: idle Macs and NVIDIA boxes as one compute farm.", no_args_is_help=True,
-    pretty_exceptions_enable=False,
+    pretty_exceptions_enable=False, cls=TidyGroup,
 )
 app.add_typer(head.app, name="head")
 app.add_typer(agent.app, name="agent")

@@ -9,13 +9,21 @@ from typing import Annotated
 
 import typer
 
+from farm.cli.render import errors
 from farm.client import Client, find_head
+from farm.client.config import read_secret_file
 from farm.core.errors import UserError
 from farm.local import default_state_dir, python_command, spawn_detached, terminate, wait_for
 
 Json = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 Head = Annotated[str | None, typer.Option("--head", help="HOST:PORT of the head; default: the local head.")]
-Token = Annotated[str | None, typer.Option("--token", help="API token for --head (or FARM_TOKEN).", show_default=False)]
+Token = Annotated[str | None, typer.Option(
+    "--token", help="API token for --head (shows in `ps`: prefer --token-file or FARM_TOKEN).", show_default=False)]
+TokenFile = Annotated[Path | None, typer.Option(
+    "--token-file", help="A file holding the API token (or FARM_TOKEN_FILE).", show_default=False)]
+Ca = Annotated[Path | None, typer.Option(
+    "--ca", help="The head's CA certificate, its tls/ca.pem (or FARM_CA; default: the profile's, else the system's "
+                 "roots).", show_default=False)]
 StateDir = Annotated[
     Path | None, typer.Option("--state-dir", help="Farm's state directory (default: $FARM_STATE_DIR or ~/.farm).")
 ]
@@ -44,8 +52,17 @@ class Selected:
     profile: str | None = None
 
 
-def connect(head: str | None, token: str | None) -> Client:
-    return Client(find_head(head, token, profile=Selected.profile))
+def connect(head: str | None, token: str | None, ca: Path | None = None, token_file: Path | None = None) -> Client:
+    """A client of the head these options (and the profile, the environment, the local state folder) name."""
+    if token is not None and token_file is not None:
+        raise UserError("give the API token with one of --token and --token-file, not both")
+    if token_file is not None:
+        token = read_secret_file(token_file, "--token-file")
+    found = find_head(head, token, ca=ca, profile=Selected.profile)
+    if token is not None and token_file is None:  # once the input checked out, as `farm agent start` warns
+        errors.print("warning: --token shows in `ps` to every user of this machine; give it with FARM_TOKEN=... or "
+                     "--token-file", style="yellow", highlight=False, soft_wrap=True)
+    return Client(found)
 
 
 def reattach_prefix(client: Client) -> tuple[str, str]:

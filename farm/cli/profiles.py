@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from farm.cli.options import Json
-from farm.cli.render import console, print_json
+from farm.cli.render import console, print_json, show
 from farm.client.config import FarmConfig, Profile, config_path, remove_profile, save_profile, set_default
 from farm.core.errors import UserError
 
@@ -73,7 +73,7 @@ def list_profiles(json: Json = False) -> None:
         name = f"{row['name']} [bold](default)[/]" if row["default"] else row["name"]
         ca = "none (no TLS)" if row["insecure"] else row["ca_file"] or "system roots"
         table.add_row(name, row["address"], row["token_file"] or "-", ca)
-    console.print(table)
+    show(table)
 
 
 @app.command()

@@ -9,7 +9,7 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 
 from farm.core.models import cpu_split
@@ -19,7 +19,7 @@ from farm.proto.v1 import fleet_pb2, job_pb2
 console = Console()
 
 
-def print_whole(table: Table) -> None:
+def print_whole(table: RenderableType) -> None:
     """Print a table at its natural width, never elided to the console's (80 columns in a pipe): its names and figures
     are the point; a narrower terminal wraps the rows instead."""
     natural = console.measure(table, options=console.options.update_width(10_000)).maximum
@@ -28,6 +28,38 @@ def print_whole(table: Table) -> None:
         console.print(table)
     finally:
         console.width = width
+
+
+def show(table: RenderableType) -> None:
+    """A table on a terminal fits its width (ids whole all the same: their columns never shrink, see `id_column`);
+    into a pipe or a file, at its natural width: no screen to fit there, and what reads it wants every figure whole."""
+    if console.is_terminal:
+        console.print(table)
+    else:
+        print_whole(table)
+
+
+ID_WIDTH = 10  # j-xxxxxxxx, n-xxxxxxxx (farm.core.ids)
+
+
+def id_column(table: Table, header: str = "ID") -> None:
+    """A column of ids: never wrapped, elided or shrunk below an id's width, whatever the console's."""
+    table.add_column(header, no_wrap=True, min_width=ID_WIDTH)
+
+
+def count(n: int) -> str:
+    """A count of things (rows, items, shards): 200,000."""
+    return f"{n:,}"
+
+
+def figure(value: float) -> str:
+    """A measured figure, in one format across the CLI: thousands separated and no exponent (151,439 · 39,540 ·
+    12.5 · 0.9778)."""
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if abs(value) >= 1e-4 or value == 0 else f"{value:.2e}"
+
+
 errors = Console(stderr=True)
 
 
@@ -83,7 +115,8 @@ def node_state(node: fleet_pb2.Node) -> str:
 
 def nodes_table(nodes: list[fleet_pb2.Node]) -> Table:
     table = Table(title="Nodes", title_justify="left")
-    for column in ("ID", "NAME", "STATE", "BACKENDS", "CPU", "MEMORY", "POWER", "HEARTBEAT"):
+    id_column(table)
+    for column in ("NAME", "STATE", "BACKENDS", "CPU", "MEMORY", "POWER", "HEARTBEAT"):
         table.add_column(column)
     colours = {"ready": "green", "joining": "yellow", "draining": "yellow", "drained": "yellow", "offline": "red"}
     for node in nodes:
@@ -144,13 +177,14 @@ def items_done(job: job_pb2.Job) -> int:
 
 def jobs_table(jobs: list[job_pb2.Job]) -> Table:
     table = Table(title="Jobs", title_justify="left")
-    for column in ("ID", "NAME", "KIND", "STATE", "PROGRESS", "ITEMS/S", "SUBMITTED"):
+    id_column(table)
+    for column in ("NAME", "KIND", "STATE", "PROGRESS", "ITEMS/S", "SUBMITTED"):
         table.add_column(column)
     for job in jobs:
         rate = job.metrics.get("items_per_s")
         table.add_row(
-            job.id, job.name, job.kind, job.state, f"{items_done(job)}/{job.items}",
-            f"{rate:,.0f}" if rate else "-", ago(job.created_at),
+            job.id, job.name, job.kind, job.state, f"{count(items_done(job))}/{count(job.items)}",
+            figure(rate) if rate else "-", ago(job.created_at),
         )
     return table
 
@@ -162,7 +196,7 @@ def shards_table(job: job_pb2.Job) -> Table:
         table.add_column(column)
     for s in sorted(job.shards, key=lambda s: s.start):  # auto-sized shards are cut as the job runs: rows' order
         table.add_row(
-            str(s.index), s.state, s.node_name or "-", s.device or s.backend or "-", f"{s.stop - s.start}",
+            str(s.index), s.state, s.node_name or "-", s.device or s.backend or "-", count(s.stop - s.start),
             f"{s.seconds:.3f}" if s.seconds else "-", joules(s.energy_j, s.energy_source),
             marginal(s, s.energy_source),
             f"{s.peak_memory_bytes / 2**20:,.0f} MiB" if s.peak_memory_bytes else "-", str(s.attempts), s.error,
@@ -172,7 +206,7 @@ def shards_table(job: job_pb2.Job) -> Table:
 
 def job_header(job: job_pb2.Job) -> str:
     lines = [f"[bold]{job.id}[/]  {job.name}  ({job.kind})  state: [bold]{job.state}[/]",
-             f"items: {items_done(job)}/{job.items}   output: {job.output}"]
+             f"items: {count(items_done(job))}/{count(job.items)}   output: {job.output}"]
     if job.energy_sources:
         above = f"; above idle {job.marginal_j:,.3f} J" if job.HasField("marginal_j") else ""
         lines.append(f"energy: {job.energy_j:,.3f} J ({', '.join(job.energy_sources)}){above}")
@@ -206,11 +240,11 @@ def summary_table(job: job_pb2.Job) -> Table:
     for name, row in sorted(per_node.items()):
         rate = row["items"] / row["seconds"] if row["seconds"] else 0.0
         source = next(iter(row["sources"])) if len(row["sources"]) == 1 else ""
-        per_joule = f"{row['items'] / row['joules']:,.1f}" if source and row["joules"] else "-"
+        per_joule = figure(row["items"] / row["joules"]) if source and row["joules"] else "-"
         above = source if row["known"] else ""
-        per_marginal = f"{row['items'] / row['marginal']:,.1f}" if above and row["marginal"] else "-"
-        table.add_row(name, ", ".join(sorted(row["backends"])), str(row["shards"]), str(row["items"]),
-                      f"{row['seconds']:.3f}", f"{rate:,.0f}", joules(row["joules"], source), per_joule,
+        per_marginal = figure(row["items"] / row["marginal"]) if above and row["marginal"] else "-"
+        table.add_row(name, ", ".join(sorted(row["backends"])), count(row["shards"]), count(row["items"]),
+                      f"{row['seconds']:.3f}", figure(rate), joules(row["joules"], source), per_joule,
                       joules(row["marginal"], above), per_marginal)
     return table
 

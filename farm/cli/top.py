@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Group
@@ -13,8 +13,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from farm.cli.options import Head, Token, connect
-from farm.cli.render import ago, console, items_done
+from farm.cli.options import Ca, Head, Token, TokenFile, connect
+from farm.cli.render import ago, console, figure, id_column, items_done, job_json, node_json, print_json, show
 from farm.core.models import cpu_split
 from farm.client import Client
 from farm.proto.v1 import common_pb2, fleet_pb2, job_pb2
@@ -29,13 +29,20 @@ STATE_COLOURS = {"ready": "green", "joining": "yellow", "draining": "yellow", "o
 def top(
     once: Annotated[bool, typer.Option("--once", help="Print one frame and exit.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.", min=0.2)] = 1.0,
+    json: Annotated[bool, typer.Option("--json", help="Print one frame as JSON (the nodes, the latest jobs) and exit."
+                                       )] = False,
     head: Head = None,
     token: Token = None,
+    ca: Ca = None,
+    token_file: TokenFile = None,
 ) -> None:
     """A live view of the fleet: nodes, their load and power, and the latest jobs (Ctrl-C to leave)."""
-    with connect(head, token) as client:
+    with connect(head, token, ca, token_file) as client:
+        if json:
+            print_json(frame_json(client))
+            return
         if once:
-            console.print(frame(client))
+            show(frame(client))
             return
         with Live(frame(client), console=console, auto_refresh=False, screen=False) as live:
             while True:
@@ -49,6 +56,13 @@ def frame(client: Client) -> Group:
     running = Counter(s.node_id for j in jobs for s in j.shards if s.state == "running")
     return Group(fleet_line(nodes, running), Text(), nodes_table(nodes, running), Text(),
                  jobs_table(jobs[:JOBS_SHOWN]))
+
+
+def frame_json(client: Client) -> dict[str, Any]:
+    """What a frame shows, for scripts: the nodes as `farm nodes --json` gives them, the latest jobs as `farm jobs
+    --json` does."""
+    return {"time": time.time(), "nodes": [node_json(n) for n in client.nodes()],
+            "jobs": [job_json(j) for j in client.list_jobs(limit=JOBS_SHOWN)]}
 
 
 def fleet_line(nodes: list[fleet_pb2.Node], running: Counter[str]) -> Text:
@@ -84,9 +98,10 @@ def nodes_table(nodes: list[fleet_pb2.Node], running: Counter[str]) -> Table:
 def jobs_table(jobs: list[job_pb2.Job]) -> Table:
     table = Table(title=f"Jobs (latest {JOBS_SHOWN})", title_justify="left", box=None, pad_edge=False,
                   header_style="bold underline")
-    for column in ("ID", "NAME", "STATE", "PROGRESS", "SHARDS", "ENERGY", "ITEMS/J"):
+    id_column(table)  # whole, never elided: the id is what `farm job` takes
+    for column in ("NAME", "STATE", "PROGRESS", "SHARDS", "ENERGY", "ITEMS/J"):
         table.add_column(column, no_wrap=True, overflow="ellipsis", max_width=24 if column == "NAME" else None,
-                         justify="left" if column in ("ID", "NAME", "STATE", "PROGRESS") else "right")
+                         justify="left" if column in ("NAME", "STATE", "PROGRESS") else "right")
     for job in jobs:
         done = items_done(job)
         shards_done = sum(1 for s in job.shards if s.state == "succeeded")
@@ -97,7 +112,7 @@ def jobs_table(jobs: list[job_pb2.Job]) -> Table:
             meter(100 * done / job.items if job.items else 0.0, width=5),
             f"{shards_done}/{len(job.shards)}",
             f"{job.energy_j:,.1f} J{EST if estimate else ''}" if job.energy_sources else "-",
-            f"{per_joule:,.{0 if per_joule >= 100 else 1}f}{EST if estimate else ''}" if per_joule else "-",
+            f"{figure(per_joule)}{EST if estimate else ''}" if per_joule else "-",
         )
     return table
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import grpc
 
 from farm.client.preflight import PreparedJob
 from farm.core.kernels import KernelResult
-from farm.core.errors import ERRORS_BY_STATUS, FarmError, HeadUnavailableError, UserError
+from farm.core.errors import ERRORS_BY_STATUS, FarmError, HeadUnavailableError, NotFoundError, UserError
 from farm.local import default_state_dir, read_json, recorded_alive
 from farm.proto.v1 import fleet_pb2, fleet_pb2_grpc, job_pb2, job_pb2_grpc
 
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 MAX_MESSAGE = 256 * 1024 * 1024
 INLINE_CODE = 1024 * 1024  # a job's code up to this goes in its Submit; more in chunks of this (UploadCode)
+PREFIX_SEARCH = 500  # a job named by the start of its id is looked for among this many of the latest
+FULL_JOB_ID = re.compile(r"j-[0-9a-f]{8}")  # farm.core.ids.new_id("j")
 LOCAL_PROFILE = "local"  # the head running from the local state directory
 T = TypeVar("T")
 
@@ -44,7 +47,7 @@ def find_head(head: str | None = None, token: str | None = None, state_dir: Path
     file's default profile (farm.client.config), else the head running from the local state directory (`state_dir`
     given, or the profile `local`: that head, whatever the environment says). A token (`token`, FARM_TOKEN,
     FARM_TOKEN_FILE) and a CA file (`ca`, FARM_CA) override the profile's."""
-    from farm.client.config import FarmConfig, read_secret_file
+    from farm.client.config import FarmConfig, config_path, read_secret_file
 
     config = FarmConfig.load()
     token = token or config.token or (read_secret_file(config.token_file, "FARM_TOKEN_FILE")
@@ -63,7 +66,8 @@ def find_head(head: str | None = None, token: str | None = None, state_dir: Path
     if name and name != LOCAL_PROFILE:
         chosen = config.named(name)
         if not token and chosen.token_file is None:
-            raise UserError(f"profile {name!r} names no token_file: pass --token or set FARM_TOKEN")
+            raise UserError(f"profile {name!r} in {config_path()} names no token_file: pass --token-file or set "
+                            "FARM_TOKEN")
         token = token or read_secret_file(chosen.token_file, f"profile {name!r}'s token_file")  # type: ignore[arg-type]
         ca = ca or chosen.ca_file
         return HeadInfo(address=chosen.address, api_token=token, tls=not (chosen.insecure or config.insecure),
@@ -128,14 +132,23 @@ class Client:
 
     def _error(self, exc: grpc.RpcError) -> FarmError:
         code = exc.code()  # type: ignore[attr-defined]
+        details = str(exc.details())  # type: ignore[attr-defined]
         if code is grpc.StatusCode.UNAVAILABLE:
-            return HeadUnavailableError(f"the head at {self.head.address} does not answer" + (
-                " (or its TLS certificate is not trusted: FARM_CA names the head's tls/ca.pem)" if self.head.tls
-                and self.head.ca_pem is None else ""))
+            return HeadUnavailableError(_unavailable(self.head, details) + self._through())
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            return HeadUnavailableError(f"the head at {self.head.address} did not answer in time")
+            return HeadUnavailableError(f"the head at {self.head.address} did not answer in time{self._through()}")
         error_class = ERRORS_BY_STATUS.get(code.name, FarmError)
-        return error_class(str(exc.details()))  # type: ignore[attr-defined]
+        through = self._through() if code is grpc.StatusCode.UNAUTHENTICATED else ""
+        return error_class(details + through)
+
+    def _through(self) -> str:
+        """Where this head was found, when a profile named it: a head that does not answer or refuses the token is
+        then that profile's to fix."""
+        if not self.head.profile:
+            return ""
+        from farm.client.config import config_path
+
+        return f" (profile {self.head.profile!r} in {config_path()})"
 
     def submit(self, spec_yaml: str, code_zip: bytes, items: int, output: str, model_bytes: int = 0,
                overwrite: bool = False, dataset_location: str = "") -> str:
@@ -162,6 +175,22 @@ class Client:
 
     def job(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Get, job_pb2.GetJobRequest(job_id=job_id))  # type: ignore[return-value]
+
+    def resolve_job(self, ref: str) -> str:
+        """The id of the job `ref` names: its whole id, or the start of one (with or without `j-`) that only one of
+        the latest PREFIX_SEARCH jobs has. NotFoundError if none has it, UserError if several do."""
+        if FULL_JOB_ID.fullmatch(ref):
+            return ref
+        ids = [j.id for j in self.list_jobs(limit=PREFIX_SEARCH)]
+        return _unique_prefix("job", ref, ids, [i.removeprefix("j-") for i in ids])
+
+    def resolve_node(self, ref: str) -> str:
+        """What names the node `ref` names to the head: `ref` itself when it is a node's whole id or its name, else
+        the id that `ref` starts (with or without `n-`), when only one node's does."""
+        nodes = self.nodes()
+        if any(ref in (n.id, n.name) for n in nodes):
+            return ref
+        return _unique_prefix("node", ref, [n.id for n in nodes], [n.id.removeprefix("n-") for n in nodes])
 
     def list_jobs(self, limit: int = 100) -> list[job_pb2.Job]:
         return list(self._call(self.jobs.List, job_pb2.ListJobsRequest(limit=limit)).jobs)  # type: ignore[attr-defined]
@@ -222,6 +251,33 @@ class Client:
             yield from self.jobs.Watch(job_pb2.WatchJobRequest(job_id=job_id), metadata=self.metadata)
         except grpc.RpcError as exc:
             raise self._error(exc) from None
+
+
+def _unavailable(head: HeadInfo, details: str) -> str:
+    """Why a head is out of reach, in one line: a TLS trust failure (gRPC's details name the handshake's error) is not
+    a head that does not answer, and is fixed otherwise."""
+    trusted = "the CA it was given (--ca, FARM_CA or the profile's ca_file)" if head.ca_pem else "the system's roots"
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return (f"TLS trust failure: the head at {head.address} answers, but its certificate is not signed by "
+                f"{trusted}; pass --ca (or set FARM_CA) with the head's tls/ca.pem")
+    if "handshake failed" in details.lower():  # not a certificate: a head without TLS, say
+        return (f"the TLS handshake with the head at {head.address} failed (a head started with --insecure takes "
+                "FARM_INSECURE=1, or a profile added with --insecure)")
+    if "not in peer certificate" in details:
+        return (f"TLS trust failure: the head's certificate does not name {head.address.rsplit(':', 1)[0]}; connect "
+                "to a name it has, or start the head with --tls-name for this one")
+    return f"the head at {head.address} does not answer"
+
+
+def _unique_prefix(what: str, ref: str, ids: list[str], bare: list[str]) -> str:
+    """The one id of `ids` that starts with `ref` (or whose `bare` form does); else one line saying why not."""
+    matches = [i for i, b in zip(ids, bare, strict=True) if ref and (i.startswith(ref) or b.startswith(ref))]
+    if not matches:
+        raise NotFoundError(f"no {what} {ref!r}")
+    if len(matches) > 1:
+        shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+        raise UserError(f"{what} id {ref!r} is ambiguous: {len(matches)} {what}s start so ({shown}); give more of it")
+    return matches[0]
 
 
 def through_restarts(open_stream: Callable[[], Iterator[T]], patience_s: float = 120.0,

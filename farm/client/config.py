@@ -9,7 +9,8 @@
 
 Read through pydantic-settings: the environment (FARM_HEAD, FARM_TOKEN, FARM_TOKEN_FILE, FARM_CA, FARM_INSECURE,
 FARM_PROFILE) overrides the file. Which head, first match wins: `--head`, `--profile`, FARM_HEAD, FARM_PROFILE or the
-file's `profile`, else the head running from the local state folder (FARM_STATE_DIR, default ~/.farm).
+file's `profile` (set only by `farm profile add --default` or `farm profile use`), else the head running from the
+local state folder (FARM_STATE_DIR, default ~/.farm).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def save_profile(name: str, profile: Profile, make_default: bool = False) -> Pat
     path = config_path()
     data = _read_file(path)
     data.setdefault("profiles", {})[name] = profile.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-    if make_default or "profile" not in data:
+    if make_default:  # never silently: a default profile takes over every command that names no head
         data["profile"] = name
     _write_file(path, data)
     return path

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,10 +51,12 @@ def read_spec(spec_path: Path, workdir: Path) -> tuple[str, JobSpec]:
     return spec_yaml, spec
 
 
-def prepare(spec_path: Path, workdir: Path, check: bool = True) -> PreparedJob:
+def prepare(spec_path: Path, workdir: Path, check: bool = True,
+            before_check: Callable[[Path | str], None] | None = None) -> PreparedJob:
     """Parse the spec, zip the working directory, and load the dataset and build and run the model on a small batch
     as a node would, in the job's environment (farm.client.check; the model not with `check` off) — unless this
-    machine did so before for the same code, spec and Python environment."""
+    machine did so before for the same code, spec and Python environment. `before_check(output)` may refuse the job
+    first, on what takes no seconds to know (its output folder)."""
     spec_yaml, spec = read_spec(spec_path, workdir)
     if not isinstance(spec, ModelJobSpec):  # no model nor dataset: kernel-eval's folders of problems and candidates
         from farm.client.kernels import prepare_kernel_eval
@@ -61,6 +64,8 @@ def prepare(spec_path: Path, workdir: Path, check: bool = True) -> PreparedJob:
         return prepare_kernel_eval(spec, spec_yaml, workdir)
     workdir = workdir.resolve()
     output: Path | str = spec.output_dir if "://" in spec.output_dir else (workdir / spec.output_dir).resolve()
+    if before_check is not None:
+        before_check(output)
     skip = [output] if isinstance(output, Path) else []
     location = ""
     located = spec.located_dataset

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
-from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
 
 from farm.core import yaml_strict
 from farm.core.backends import BACKENDS
@@ -216,6 +217,12 @@ class SpecBase(Frozen):
                 raise ValueError(f"{value!r} names no bucket")
         return value
 
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _one_backend(cls, value: Any) -> Any:
+        """`backends: cpu` is a list of one."""
+        return (value,) if isinstance(value, str) else value
+
     @field_validator("backends")
     @classmethod
     def _backends(cls, value: tuple[BackendName, ...]) -> tuple[BackendName, ...]:
@@ -423,23 +430,67 @@ def parse_spec(text: str, source: str = "spec") -> JobSpec:
     try:
         return _SPEC.validate_python(data)
     except ValidationError as exc:
-        raise SpecError(f"{source}: {_first_problem(exc)}") from None
+        raise SpecError(f"{source}: {_first_problem(exc, data)}") from None
 
 
-def _first_problem(exc: ValidationError) -> str:
+# What a field of each shape holds, said in words where pydantic names a Python type ("Input should be a valid
+# tuple"): by the error's type; the list's items by field, as a user calls them.
+EXPECTED = {
+    "tuple_type": "a list", "list_type": "a list", "dict_type": "a mapping (name: value lines)",
+    "model_type": "a mapping (name: value lines)", "model_attributes_type": "a mapping (name: value lines)",
+    "int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+    "bool_parsing": "true or false", "string_type": "text",
+}
+LIST_OF = {"backends": "backends (cuda, ane, mps, cpu)", "requirements": "requirements, one a line as pip reads them"}
+
+
+def _first_problem(exc: ValidationError, data: Any = None) -> str:
     error = exc.errors()[0]
     loc = error["loc"][1:] if error["loc"] and error["loc"][0] in KINDS else error["loc"]  # the union's tag first
     loc = tuple(part for part in loc if part not in DATASET_FORMS)
     field = ".".join(str(part) for part in loc) or "spec"
     if error["type"] == "extra_forbidden":
-        return f"unknown field '{field}'"
+        close = difflib.get_close_matches(str(loc[-1]), _known_fields(data, loc), n=1, cutoff=0.6) if loc else []
+        return f"unknown field '{field}'" + (f": did you mean '{close[0]}'?" if close else "")
     if error["type"] == "missing":
         return f"missing required field '{field}'"
     message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] in EXPECTED:  # in words, not pydantic's types
+        expected = EXPECTED[error["type"]]
+        if expected == "a list" and str(loc[-1]) in LIST_OF:
+            expected = f"a list of {LIST_OF[str(loc[-1])]}"
+        message = f"expected {expected}, got {_shown(error.get('input'))}"
+    elif error["type"] == "enum":
+        message = f"must be one of {error.get('ctx', {}).get('expected', '')}, not {_shown(error.get('input'))}"
+    else:
+        message = message.replace("Input should be", "must be")
     more = f" (and {len(exc.errors()) - 1} more problems)" if len(exc.errors()) > 1 else ""
     if error["type"] == "kind":
         return f"field 'kind': {message}{more}"
     return f"field '{field}': {message}{more}" if loc else f"{message}{more}"
+
+
+def _shown(value: Any) -> str:
+    """A value from the spec as the user wrote it, cut short."""
+    text = repr(value) if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip() \
+        if isinstance(value, (dict, list, int, float, bool)) or value is None else type(value).__name__
+    text = text.removesuffix("\n...").strip()
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _known_fields(data: Any, loc: tuple[Any, ...]) -> list[str]:
+    """The fields the spec's model for `data`'s kind has where `loc` ends (a section's, for a nested key)."""
+    kind = _kind_of(data)
+    model: Any = next((get_args(member)[0] for member in get_args(get_args(JobSpec)[0])
+                       if get_args(member)[1].tag == kind), None)
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        if field is None:
+            return []
+        model = next((t for t in (field.annotation, *get_args(field.annotation))
+                      if isinstance(t, type) and issubclass(t, BaseModel)), None)
+    return list(model.model_fields) if model is not None else []
 
 
 def shard_ranges(items: int, shards: int) -> list[tuple[int, int]]:

@@ -24,6 +24,22 @@ RESULT_NAMES = re.compile(r"shard-\d{5,}\.[a-z]+|\.shard-\d{5,}\..+|manifest\.js
 CHECKPOINTS = "checkpoints"
 
 
+def check_free(output: Path) -> None:
+    """ConflictError when `output` holds another job's results (what `claim` refuses without --overwrite). Also read by
+    a client on the head's machine, before its model check: a refusal then takes no seconds."""
+    try:
+        fd = open_folder(output)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # nothing there to refuse
+        return
+    try:
+        results = _results(fd)
+    finally:
+        os.close(fd)
+    if results:
+        raise ConflictError(f"output {output} already holds another job's results ({results[0]}, ...): choose "
+                            "another output, or overwrite them (farm submit --overwrite)")
+
+
 def claim(output: Path, overwrite: bool) -> None:
     """Let a new job write into `output`: ConflictError when it holds results and `overwrite` is off; with it, they
     are removed."""

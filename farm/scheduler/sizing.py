@@ -265,6 +265,7 @@ def size_round(
             lines.append(f"{label}: its first shard is measuring it")
             continue
         rows, why = size_for(rate, offer.meter_step_s, batch_size, rules.for_device(overheads.get(key)))
+        tail = ""  # the tail's reason; its count is the size as cut, known once cut
         if rate is not None and rate.items_per_s > 0:
             finish, shares = tail_share({k: speeds[k] for k in wanted}, busy_s, floors, left_rows)
             share = shares.get(key, 0.0)
@@ -274,27 +275,31 @@ def size_round(
                 continue
             if share < rows:
                 rows = share
-                shown = _rows(share if units_per_item else units(share), units_per_item)
-                why = (f"{shown}: the tail, {_rows(left_rows, units_per_item)} left split by speed so that every "
-                       f"device ends together in about {finish:.2f} s")
-        size = units(rows)
+                tail = (f"the tail, {_rows(left_rows, units_per_item)} left split by speed so that every device "
+                        f"ends together in about {finish:.2f} s")
+        size = intended = units(rows)
         if left - size < units(1):  # no sliver of less than a batch (or a row) left behind for a shard of its own
             size = left
-        if units_per_item is not None:
-            why += f"; {size:,} bytes at {ratio:,.0f} bytes a row"
         taken = _take(free_pool, min(size, left))
         if taken is None:  # what is left is the rest of a pending shard split this round: it waits for the next
             lines.append(f"{label}: waits for the next round")
             continue
         piece, rest = taken
+        got = piece.size
+        # The reason states the size as cut (the placement line beside the cut's range reads it): a tail's share, or
+        # a size cut short by what was left (the last rows, a pending shard's rest).
+        if tail:
+            why = f"{_rows(got / ratio, units_per_item)}: {tail}"
+        elif got != intended:
+            why = f"{got:,} {'bytes' if units_per_item else 'rows'} (what was left); {why}"
+        if units_per_item is not None:
+            why += f"; {got:,} bytes at {ratio:,.0f} bytes a row"
         cuts.append(Cut(node_id=node.id, backend=offer.name, device=offer.device, threads=offer.threads,
                         start=piece.start, stop=piece.stop, index=piece.index, rest=rest, why=why))
-        got = piece.size
         left -= got
         left_rows = left / ratio
         busy_s[key] = got / ratio / speeds[key] if key in speeds else 0.0
-        lines.append(f"{label}: {why}" if got == size else f"{label}: {got:,} {'bytes' if units_per_item else 'rows'} "
-                                                          f"(what was left); {why}")
+        lines.append(f"{label}: {why}")
     return SizedRound(cuts=tuple(cuts), explanation=tuple(lines + rejected), infeasible=infeasible)
 
 

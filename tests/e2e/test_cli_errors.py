@@ -68,8 +68,8 @@ def test_an_unknown_job(cluster: Cluster) -> None:
 
 
 def test_a_wrong_api_token(cluster: Cluster) -> None:
-    result = farm("nodes", "--head", cluster.head.address, "--token", "wrong",
-                  env={"FARM_CA": str(cluster.state_dir / "tls" / "ca.pem")})
+    result = farm("nodes", "--head", cluster.head.address,  # FARM_TOKEN: --token adds a warning line
+                  env={"FARM_CA": str(cluster.state_dir / "tls" / "ca.pem"), "FARM_TOKEN": "wrong"})
     assert_one_line_error(result, 2, "invalid or missing API token")
 
 
@@ -82,7 +82,7 @@ def test_a_wrong_join_token(cluster: Cluster, tmp_path: Path) -> None:
 def test_a_head_that_does_not_answer(tmp_path: Path) -> None:
     from farm.local import free_port
 
-    result = farm("jobs", "--head", f"127.0.0.1:{free_port()}", "--token", "t")
+    result = farm("jobs", "--head", f"127.0.0.1:{free_port()}", env={"FARM_TOKEN": "t"})
     assert_one_line_error(result, 2, "does not answer")
 
 

@@ -48,7 +48,7 @@ def work(tmp_path: Path) -> Path:
 
 def add_lab(user: dict[str, str], head: Head, tmp_path: Path) -> None:
     added = farm("profile", "add", "lab", "--head", head.settings.address, "--token-file",
-                 str(tmp_path / "lab.token"), "--ca-file", str(tmp_path / "lab-ca.pem"), env=user)
+                 str(tmp_path / "lab.token"), "--ca-file", str(tmp_path / "lab-ca.pem"), "--default", env=user)
     assert added.returncode == 0, added.stderr
 
 

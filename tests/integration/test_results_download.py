@@ -103,19 +103,29 @@ def test_farm_results_from_a_head_on_another_machine(head: Head, tmp_path: Path,
     (tmp_path / "ca.pem").write_bytes(head.ca_pem)
     monkeypatch.setenv("FARM_CA", str(tmp_path / "ca.pem"))
     monkeypatch.setenv("FARM_STATE_DIR", str(tmp_path / "elsewhere"))
+    (tmp_path / "token").write_text(head.tokens.api)
     runner = CliRunner()
-    base = ["results", job_id, "--head", head.settings.address, "--token", head.tokens.api]
+    base = ["results", job_id, "--head", head.settings.address, "--token-file", str(tmp_path / "token")]
     fetched = runner.invoke(app, [*base, "--out", str(tmp_path / "a"), "--format", "npy", "--json"])
     assert fetched.exit_code == 0, fetched.output
     reply = json.loads(fetched.output)
     assert reply["state"] == "queued" and reply["shards"] == 2
     assert np.array_equal(np.load(tmp_path / "a" / "results.npy"), outputs[: 2 * ROWS])
     assert np.load(tmp_path / "a" / "row_ids.npy").tolist() == list(range(2 * ROWS))
+    # The passthrough column too, in row order (strings as a fixed-width array: never pickled); no Parquet beside.
+    assert np.load(tmp_path / "a" / "name.npy")[[0, -1]].tolist() == ["r0", f"r{2 * ROWS - 1}"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["name.npy", "results.npy", "row_ids.npy"]
     as_jsonl = runner.invoke(app, [*base, "--out", str(tmp_path / "b"), "--format", "jsonl"])
     assert as_jsonl.exit_code == 0, as_jsonl.output
     first = json.loads((tmp_path / "b" / "results.jsonl").open().readline())
     assert first["row_id"] == 0 and first["name"] == "r0" and len(first["output"]) == 8
-    assert not (tmp_path / "b" / MANIFEST).exists()  # the job has not ended
-    assert pq.read_table(tmp_path / "b" / shard_file(1)).num_rows == ROWS
-    refused = runner.invoke(app, ["results", job_id, "--head", head.settings.address, "--token", "wrong"])
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["results.jsonl"]  # not the Parquet files as well
+    assert sum(1 for _ in (tmp_path / "b" / "results.jsonl").open()) == 2 * ROWS
+    as_parquet = runner.invoke(app, [*base, "--out", str(tmp_path / "c")])
+    assert as_parquet.exit_code == 0, as_parquet.output
+    assert not (tmp_path / "c" / MANIFEST).exists()  # the job has not ended
+    assert pq.read_table(tmp_path / "c" / shard_file(1)).num_rows == ROWS
+    (tmp_path / "wrong").write_text("wrong")
+    refused = runner.invoke(app, ["results", job_id, "--head", head.settings.address, "--token-file",
+                                  str(tmp_path / "wrong")])
     assert isinstance(refused.exception, AuthError)  # main() makes it one line and exit code 2

@@ -83,7 +83,7 @@ def test_profiles_and_clear_errors(head: Head, tmp_path: Path, work: Path, monke
     from farm.client.config import Profile, save_profile
 
     save_profile("lab", Profile(address=head.settings.address, token_file=tmp_path / "token",
-                                ca_file=tmp_path / "ca.pem"))
+                                ca_file=tmp_path / "ca.pem"), make_default=True)
     with farm.Client(profile="lab") as client, farm.Client() as by_default:  # the file's default: lab
         assert client.address == by_default.address == head.settings.address
         with pytest.raises(NotFoundError):

@@ -216,3 +216,17 @@ def test_no_sliver_under_a_batch_is_left_behind_for_a_shard_of_its_own() -> None
     gpu_only = ShardRequest(job_id="j", index=0, items=0, backends=(BackendName.CUDA,))
     decided = size_round(gpu_only, FLEET, {}, {}, MEASURED, uncut(0, 54_016 + 30), 64, rules=RULES)
     assert [c.size for c in decided.cuts] == [54_046]  # not 54,016 and then a shard of 30 rows
+
+
+def test_a_cuts_reason_counts_the_rows_it_cut() -> None:
+    # The placement line reads `rows START-STOP: WHY`: WHY's count is the cut's, not the size the device was offered
+    # (a tail rounded up to whole batches past the last row; a pending shard smaller than the device's size).
+    gpu_only = ShardRequest(job_id="j", index=0, items=0, backends=(BackendName.CUDA,))
+    tail = size_round(gpu_only, FLEET, {}, {}, MEASURED, uncut(184_330, 200_000), 64, rules=RULES)
+    pending = size_round(gpu_only, FLEET, {}, {}, MEASURED, [Range(start=0, stop=1_000, index=3), *uncut(9_000, 99_000)],
+                         64, rules=RULES)
+    for cut in (*tail.cuts, *pending.cuts):
+        assert cut.why.startswith(f"{cut.size:,} rows"), (cut.size, cut.why)
+    assert [c.size for c in tail.cuts] == [15_670] and "the tail" in tail.cuts[0].why
+    assert pending.cuts[0].why.startswith("1,000 rows (what was left); 54,016 rows = 3 s")
+    assert f"h200/cuda:0: {pending.cuts[0].why}" in pending.explanation

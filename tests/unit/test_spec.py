@@ -109,3 +109,30 @@ def test_shards_auto_or_a_number_and_the_energy_basis() -> None:
             parse_spec(f"name: a\nmodel: m:b\ndataset: d.npy\nshards: {bad}\n")
     with pytest.raises(SpecError, match="field 'energy'"):
         parse_spec("name: a\nmodel: m:b\ndataset: d.npy\nenergy: some\n")
+
+
+BASE = "name: x\nmodel: m:build\ndataset: d:rows\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("backends: {cuda: 1}\n", "field 'backends': expected a list of backends (cuda, ane, mps, cpu), got {cuda: 1}"),
+        ("backends: [gpu]\n", "field 'backends.0': must be one of 'cuda', 'ane', 'mps' or 'cpu', not 'gpu'"),
+        ("batch_size: lots\n", "field 'batch_size': expected a whole number, got 'lots'"),
+        ("tolerance: 3\n", "field 'tolerance': expected a mapping (name: value lines), got 3"),
+        ("shardz: 2\n", "unknown field 'shardz': did you mean 'shards'?"),
+        ("batchsize: 2\n", "unknown field 'batchsize': did you mean 'batch_size'?"),
+        ("tolerance: {atl: 1}\n", "unknown field 'tolerance.atl': did you mean 'atol'?"),
+        ("zzz: 1\n", "unknown field 'zzz'"),
+    ],
+)
+def test_spec_errors_are_in_words_not_pydantics(extra: str, message: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        parse_spec(BASE + extra, "job.yaml")
+    assert refused.value.message == f"job.yaml: {message}"
+    assert "Input should be" not in refused.value.message and "valid tuple" not in refused.value.message
+
+
+def test_one_backend_may_be_given_as_a_string() -> None:
+    assert parse_spec(BASE + "backends: cpu\n").backends == (BackendName.CPU,)
