@@ -34,7 +34,7 @@ from farm.local import free_port, ray_temp_dir, read_json, wait_for
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm_agent.daemon.client import NODE_IDENTITY_FILE, credentials
-from farm_agent.entry import NODE_LABEL
+from farm.core.ids import NODE_LABEL
 from farm_agent.daemon.main import worker_packages
 from tests.conftest import ROOT, farm
 from tests.integration.inprocess_head import HW

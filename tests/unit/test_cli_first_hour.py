@@ -213,6 +213,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
 def test_a_tls_trust_failure_is_one_line_that_says_so(tls_server: tuple[str, Path, Path], tmp_path: Path) -> None:
     address, _, other_ca = tls_server
     (tmp_path / "token").write_text("t")
+    (tmp_path / "token").chmod(0o600)  # a private token file: no warning of its mode
     result = subprocess.run([sys.executable, "-m", "farm.cli.main", "nodes", "--head", address, "--ca", str(other_ca),
                              "--token-file", str(tmp_path / "token")], capture_output=True, text=True, timeout=120,
                             cwd=ROOT, env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"})
@@ -237,6 +238,7 @@ def test_a_connection_error_names_the_profile_and_its_file(tmp_path: Path, monke
     config = tmp_path / "config.toml"
     monkeypatch.setenv("FARM_CONFIG", str(config))
     (tmp_path / "token").write_text("t")
+    (tmp_path / "token").chmod(0o600)
     save_profile("lab", Profile(address=f"127.0.0.1:{free_port()}", token_file=tmp_path / "token", insecure=True))
     with Client(find_head(profile="lab"), timeout=10) as client, pytest.raises(HeadUnavailableError) as refused:
         client.nodes()

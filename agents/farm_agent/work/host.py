@@ -52,12 +52,12 @@ def main() -> None:
 
 def run(assignment: agent_pb2.Assignment) -> str:
     """Run one attempt; empty: its result (or its failure) went to the head; else why it could not."""
-    from farm_agent import entry
+    from farm_agent.work.kinds import attempt
 
     try:
         task = decode_task(assignment.entry, assignment.task_json)
         route = ResultRoute(assignment.result_address, assignment.ca_pem, assignment.ticket)
-        entry.ENTRIES[assignment.entry](task, route)
+        attempt(assignment.entry)(task, route)
     except FarmError as exc:
         return exc.message
     except Exception as exc:  # noqa: BLE001 - the worker lives on: the head hears why this attempt ended

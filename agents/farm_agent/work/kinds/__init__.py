@@ -1,2 +1,19 @@
-"""What runs a job's shards on a node, one module per job kind, mirroring farm/head/kinds/: the head names them by
-entry point (farm_agent.entry)."""
+"""What runs a job's shards on a node, one module per job kind, mirroring farm/head/kinds/. Each sharded kind's
+module has `attempt(task, route)`: one attempt in its worker, its result sent to the head by the route's ticket.
+Adding a kind: its module here, and a line in ATTEMPTS (farm.core.wire.ENTRY_TASKS names the task's type)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+# The entry point an Assignment names → the module of this package that runs it (imported at its first attempt:
+# torch and the tuner load in the worker only).
+ATTEMPTS = {"run_shard": "inference", "run_evaluate_shard": "evaluate", "run_kernel_shard": "kernel_eval"}
+
+
+def attempt(entry: str) -> Callable[[Any, Any], None]:
+    """The `attempt` function of the kind that runs `entry` (KeyError: no kind does)."""
+    module = importlib.import_module(f"{__name__}.{ATTEMPTS[entry]}")
+    return module.attempt  # type: ignore[no-any-return]

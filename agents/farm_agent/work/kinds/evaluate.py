@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from farm.core.errors import SpecError
-from farm.core.tasks import EvaluateResult, EvaluateTask
+from farm.core.tasks import EvaluateResult, EvaluateTask, ResultRoute, ShardFigures
 from farm.data.batches import concat
 from farm.data.results import outputs_array
 from farm_agent.work.capture import job_shard
@@ -35,3 +35,14 @@ def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
         value = float(loss(torch.from_numpy(outputs), torch.as_tensor(labels[shard.start : shard.stop])))
     return EvaluateResult(items=ran.items, seconds=ran.seconds, correct=ran.correct, loss=value,
                           node_ray_id=ran.node_ray_id, energy=ran.energy, peak_memory_bytes=ran.peak_memory_bytes)
+
+
+def attempt(task: EvaluateTask, route: ResultRoute) -> None:
+    """A model over one shard's rows scored against their labels, in its worker: its figures and mean loss alone."""
+    from farm_agent.work.upload import figures, send
+
+    def work(upload: object) -> ShardFigures:
+        result = evaluate_shard(task)
+        return figures(result, loss=result.loss)
+
+    send(route, work)

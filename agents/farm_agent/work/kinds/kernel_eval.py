@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from farm.core.errors import FarmError
+from farm.core.tasks import ResultRoute, ShardFigures
 from farm.core.kernels import (
     COLUMNS, KernelEvalShardResult, KernelEvalTask, KernelPair, KernelResult, RewardMode, reward, speedup,
 )
@@ -107,3 +108,15 @@ def _failed(pair: KernelPair, error: str, task: KernelEvalTask) -> KernelResult:
         median_ms=None, eager_ms=None, compile_ms=None, speedup_vs_eager=None, speedup_vs_compile=None,
         reward=reward(task.reward, False, None, None, task.margin), error=error, device=task.device,
     )
+
+
+def attempt(task: KernelEvalTask, route: ResultRoute) -> None:
+    """One problem's candidates through the hardened evaluator, in its worker: its rows as the table."""
+    from farm_agent.work.upload import Upload, figures, send
+
+    def work(upload: Upload) -> ShardFigures:
+        result = run_kernel_shard(task)
+        upload.write(rows_table(result.rows))
+        return figures(result)
+
+    send(route, work)
