@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def attempt(entry: str) -> Callable[[Any, Any], None]:
+def attempt(entry: str) -> Callable[[Any, Any], Any]:
     """The function that runs one attempt of a shard named by `entry` (KeyError: no such entry point)."""
     from farm_agent.work.kinds import attempt as kind_attempt
 

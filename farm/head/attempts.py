@@ -11,7 +11,7 @@ import asyncio
 import secrets
 import statistics
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,26 +30,30 @@ class Running:
     node_id: str
     device: str
     ticket: str = ""
-    warm: bool = False  # its worker ran a shard of the job before: its overhead is a warm shard's
     started: float = field(default_factory=time.monotonic)
     receiving: bool = False  # its upload has begun: the ticket takes no second one
 
 
 class Overheads:
-    """Each device's per-shard overhead as the head sees it: a warm worker's attempt from its launch to its result
-    claimed, less the time the node says the shard computed (the assignment's trip, the first batch read before the
-    shard's window, the result's trip, the round). The median of the last KEEP, for sizing (farm.scheduler.sizing)."""
+    """Each device's per-shard overhead, as its node measured it on a warm worker (WorkEnded.overhead_s): from when
+    the attempt could start (its worker free, it queued) to its end, less its compute: the first batch read before
+    the shard's window, the result's trip and the head's answer. The median of the last KEEP, for sizing
+    (farm.scheduler.sizing). A node's word sizes only its own shards; it is bounded all the same."""
 
     KEEP = 15
+    MAX_S = 600.0
 
     def __init__(self) -> None:
         self.seen: dict[tuple[str, str], deque[float]] = {}
 
-    def record(self, running: Running, computed_s: float) -> None:
-        if running.warm:
-            wall = time.monotonic() - running.started
-            self.seen.setdefault((running.node_id, running.device), deque(maxlen=self.KEEP)).append(
-                max(wall - computed_s, 0.0))
+    MAX_DEVICES = 100_000
+
+    def record(self, node_id: str, device: str, overhead_s: float) -> None:
+        if not device or not 0.0 < overhead_s <= self.MAX_S:
+            return
+        key = (node_id, device[:64])
+        if key in self.seen or len(self.seen) < self.MAX_DEVICES:
+            self.seen.setdefault(key, deque(maxlen=self.KEEP)).append(overhead_s)
 
     def medians(self) -> dict[tuple[str, str], float]:
         return {key: statistics.median(values) for key, values in self.seen.items()}
@@ -77,6 +81,16 @@ class Attempts:
         if self._ca_pem is None:
             self._ca_pem = b"" if self.settings.insecure else (self.settings.tls_dir / "ca.pem").read_bytes()
         return ResultRoute(self.settings.address, self._ca_pem, secrets.token_urlsafe(32))
+
+    def queueing(self, job_id: str, busy: Counter[tuple[str, str]]) -> Counter[tuple[str, str]]:
+        """The round's busy slots (`busy`, every job's) as this job sees them: a device running only this job's
+        shards counts up to queue_depth of them as free, so that its worker holds its next shard before one ends."""
+        mine = Counter((r.node_id, r.device) for r in self.of_job(job_id).values())
+        seen = Counter(busy)
+        for key, count in mine.items():
+            if count == busy[key]:
+                seen[key] = max(count - self.settings.queue_depth, 0)
+        return seen
 
     def start(self, key: ShardKey, running: Running) -> None:
         self.running[key] = running

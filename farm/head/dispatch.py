@@ -27,12 +27,11 @@ from farm.core.errors import AuthError, FarmError, SpecError
 from farm.core.models import BackendName, JobState, Node, ShardState
 from farm.core.spec import JobSpec, parse_spec
 from farm.core.tasks import ResultRoute
-from farm.core.wire import encode_task
 from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat
 from farm.head.arrivals import Arrival, BadUpload, Cut, Void
 from farm.head.attempts import Attempts, Overheads, Running
 from farm.head.kinds.base import KindHandler, ShardedKind
-from farm.head.links import JobNodes, Links
+from farm.head.links import MAX_REASON, JobNodes, Links
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
 from farm.head.settings import HeadSettings
@@ -182,8 +181,8 @@ class Dispatcher:
         nodes, busy = self.round.nodes, self.round.busy
         rates = calibration.rates([*self.store.samples(job.model_key), *self._writing(job)],
                                   autoshard.meter_steps(list(nodes.values())), spec.energy)
-        decided = schedule_round(requests, list(nodes.values()), busy, running_items, rates, self._deadline(job, spec),
-                                 now=time.time())
+        decided = schedule_round(requests, list(nodes.values()), self.attempts.queueing(job.id, busy), running_items, rates,
+                                 self._deadline(job, spec), now=time.time())
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
             return
@@ -197,7 +196,8 @@ class Dispatcher:
         (from the rows that never ran first, then the uncut rest), launched there."""
         started = {index: r.started for index, r in self.attempts.of_job(job.id).items()}
         nodes, busy = self.round.nodes, self.round.busy
-        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), busy, started, self.store,
+        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), self.attempts.queueing(job.id, busy),
+                                 started, self.store,
                                  self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec),
                                  writing=self._writing(job), overheads=self.overheads.medians())
         if decided.infeasible:
@@ -265,15 +265,11 @@ class Dispatcher:
         shard = job.shards[assignment.index]
         call = handler.task(job, spec, shard, assignment)
         route = self.attempts.route()
-        order = agent_pb2.Assignment(
-            ticket=route.ticket, job_id=job.id, shard=shard.index, entry=call.entry, device=assignment.device,
-            task_json=encode_task(call.entry, call.task), code_sha256=self.job_nodes.code_sha(job),
-            env=environment.worker_env(spec), result_address=route.address, ca_pem=route.ca_pem,
-            name=f"farm:{job.name}:{shard.index}")
-        warm = self.job_nodes.warm(job.id, node.id, assignment.device)
-        if not self.links.send(node.id, agent_pb2.WorkOrder(assign=order)):
+        order = self.job_nodes.order(job, node.id, shard.index, call.entry, call.task, assignment.device, route,
+                                     environment.worker_env(spec))
+        if not self.links.send(node.id, order):
             return  # its stream closed since the round began: the shard stays pending, the next round places it
-        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket, warm))
+        self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket))
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
 
@@ -308,15 +304,15 @@ class Dispatcher:
             arrival.discard()
             raise Void("the attempt was taken back while its result arrived")
         self.attempts.release(key)  # claimed before any await: losing the node now must not hand the shard to another
-        if arrival.figures is not None:
-            self.overheads.record(running, arrival.figures.seconds)
         settling = asyncio.create_task(self._settle(key, running, arrival))
         self.tasks.add(settling)
         settling.add_done_callback(self.tasks.discard)
 
-    def _ended(self, node_id: str, ticket: str, reason: str) -> None:
-        """A node says an attempt ended: one still held (no result in) is the node's failure; the shard runs again."""
-        holder = self.attempts.holder(ticket)
+    def _ended(self, node_id: str, ended: agent_pb2.WorkEnded) -> None:
+        """A node says an attempt ended: one still held (no result in) is the node's failure; the shard runs again.
+        What the attempt cost beyond its compute is its device's per-shard overhead (sizing reads it)."""
+        self.overheads.record(node_id, ended.device, ended.overhead_s)
+        holder, reason = self.attempts.holder(ended.ticket), ended.reason[:MAX_REASON]
         if holder is None or holder[1].node_id != node_id:  # claimed already, or another node's: nothing to do
             return
         key, running = holder

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from farm.core.tasks import ResultRoute
+from farm.core.wire import encode_task
 from farm.head.store import Job, Store
 from farm.proto.v1 import agent_pb2
 
@@ -39,8 +41,8 @@ class Link:
 class Links:
     def __init__(self) -> None:
         self.open: dict[str, Link] = {}
-        # The dispatcher's: (node id, ticket, reason) of an attempt its node says ended; reason empty: it uploaded.
-        self.on_ended: Callable[[str, str, str], None] = lambda node_id, ticket, reason: None
+        # The dispatcher's: an attempt its node says ended (the node's id and what it said).
+        self.on_ended: Callable[[str, agent_pb2.WorkEnded], None] = lambda node_id, ended: None
         self.on_worker: Callable[[str, agent_pb2.WorkerStarted], None] = lambda node_id, started: None
         self.on_change: Callable[[], None] = lambda: None
 
@@ -85,7 +87,7 @@ class Links:
         """What the node said on its stream (after its hello)."""
         which = report.WhichOneof("report")
         if which == "ended":
-            self.on_ended(link.node_id, report.ended.ticket, report.ended.reason[:MAX_REASON])
+            self.on_ended(link.node_id, report.ended)
         elif which == "worker":
             self.on_worker(link.node_id, report.worker)
 
@@ -97,17 +99,10 @@ class JobNodes:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.nodes: dict[str, set[str]] = {}
-        self.devices: dict[str, set[tuple[str, str]]] = {}  # job → (node, device) given a shard already
         self.sha: dict[str, str] = {}
 
-    def warm(self, job_id: str, node_id: str, device: str) -> bool:
-        """Note a shard of the job going to this node's device; whether one went there before (its worker is up,
-        unless it died)."""
+    def add(self, job_id: str, node_id: str) -> None:
         self.nodes.setdefault(job_id, set()).add(node_id)
-        seen = self.devices.setdefault(job_id, set())
-        before = (node_id, device) in seen
-        seen.add((node_id, device))
-        return before
 
     def jobs(self) -> set[str]:
         return set(self.nodes)
@@ -118,10 +113,18 @@ class JobNodes:
     def gave(self, node_id: str, job_id: str) -> bool:
         return node_id in self.nodes.get(job_id, ())
 
+    def order(self, job: Job, node_id: str, index: int, entry: str, task: object, device: str, route: ResultRoute,
+              env: dict[str, str]) -> agent_pb2.WorkOrder:
+        """An attempt of shard `index` as its node's order; the node may fetch the job's code from now on."""
+        self.add(job.id, node_id)
+        return agent_pb2.WorkOrder(assign=agent_pb2.Assignment(
+            ticket=route.ticket, job_id=job.id, shard=index, entry=entry, device=device,
+            task_json=encode_task(entry, task), code_sha256=self.code_sha(job), env=env,
+            result_address=route.address, ca_pem=route.ca_pem, name=f"farm:{job.name}:{index}"))
+
     def forget(self, job_id: str) -> set[str]:
         """An ended job's nodes, forgotten."""
         self.sha.pop(job_id, None)
-        self.devices.pop(job_id, None)
         return self.nodes.pop(job_id, set())
 
     def code_sha(self, job: Job) -> str:

@@ -27,6 +27,9 @@ class HeadSettings(BaseModel):
     offline_after_s: float = Field(default=10.0, gt=0)  # silence after which a node counts as offline
     heartbeat_save_s: float = Field(default=2.0, gt=0)  # how often the latest heartbeats are written to the store
     max_attempts: int = Field(default=3, ge=1)  # tries per shard when nodes or workers die under it
+    # Shards a device's worker holds queued behind the ones its slots run, of the job it runs: the next one is there
+    # when one ends. FARM_QUEUE_DEPTH sets it for a head process (0: none, as benchmarks/gpu/workers.py compares).
+    queue_depth: int = Field(default_factory=lambda: int(os.environ.get("FARM_QUEUE_DEPTH", "1")), ge=0, le=8)
     object_store_mb: int = Field(default=512, ge=100)
     max_code_mb: int = Field(default=100, ge=1)
     max_unzipped_code_mb: int = Field(default=400, ge=1)  # what the code may unpack to, all files together

@@ -43,8 +43,8 @@ log = logging.getLogger("farm.agent")
 # stays behind. A bucket's credentials (AWS_*: farm.data.locations.s3) are the node's to lend: its workers read
 # datasets with them.
 KEPT_PREFIXES = ("AWS_",)
-KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "TMPDIR",
-        "FARM_REQUIREMENTS_CACHE", "FARM_TEST_WORKER_DELAY_S")
+KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+        "TMPDIR", "FARM_REQUIREMENTS_CACHE")
 # Variables a job's `env:` may not set in its workers (they are Farm's).
 RESERVED = frozenset({"PATH", "HOME", "USER", "LOGNAME", FD_VAR, NODE_ID_VAR, "FARM_STATE_DIR", "PYTHONPATH",
                       "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONSTARTUP"})
@@ -80,11 +80,16 @@ class Workers:
         # The folder every worker's own folder goes in: random, 0700, the workers' account's (a fixed name in /tmp
         # is one another local user could plant first).
         self.root = Path(tempfile.mkdtemp(prefix="farm-work-"))
-        if account is not None:
-            os.chown(self.root, account.pw_uid, account.pw_gid)
+        # The workers' HOME (torch's and Triton's caches) and Farm's state in them (the kernel tuner's winners),
+        # shared by the node's workers while the agent runs, as a Ray node's folder was.
+        for folder in (self.root, self.root / "home", self.root / "home" / "state"):
+            folder.mkdir(mode=0o700, exist_ok=True)
+            if account is not None:
+                os.chown(folder, account.pw_uid, account.pw_gid)
         self.logs = state_dir / "workers"  # the workers' output: the agent's, out of their reach
         self.logs.mkdir(mode=0o700, exist_ok=True)
         self.jobs_code: dict[str, bytes] = {}  # sha256 → a job's code package
+        self.started = 0  # workers started so far: each one's folder and group are named by it
         self.cancelled: set[str] = set()  # jobs the head cancelled or ended: an order still on its way starts nothing
 
     async def assign(self, assignment: agent_pb2.Assignment) -> None:
@@ -140,20 +145,20 @@ class Workers:
 
     async def _start(self, assignment: agent_pb2.Assignment) -> Worker:
         code = await self._code(assignment)
-        name = f"w{len(os.listdir(self.root))}-{assignment.job_id[-12:]}"
+        self.started += 1
+        name = f"w{self.started}-{assignment.job_id[-12:]}"
         folder = self.root / name
         await asyncio.to_thread(unpack, code, folder / "code", self.account)
         uid = self.account.pw_uid if self.account else os.geteuid()
         group = NodeGroup.make(f"farm-work-{self.node_id}-{name}", uid)
-        env = worker_env(folder, self.account, self.node_id, dict(assignment.env))
+        env = worker_env(self.root / "home", self.account, self.node_id, dict(assignment.env))
         env.update(group.env())
         ours, theirs = socket.socketpair()
         env[FD_VAR] = str(theirs.fileno())
         as_user: dict[str, object] = ({"user": self.account.pw_uid, "group": self.account.pw_gid, "extra_groups": []}
                                       if self.account else {})
-        folder.mkdir(exist_ok=True)
         if self.account is not None:
-            os.chown(folder, self.account.pw_uid, self.account.pw_gid)  # its HOME: caches (torch, Triton) go here
+            os.chown(folder, self.account.pw_uid, self.account.pw_gid)
         log_fd = os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -180,7 +185,8 @@ class Workers:
             while (report := await frames.read(reader, agent_pb2.WorkReport, frames.MAX_REPORT)) is not None:
                 if report.WhichOneof("report") == "ended" and report.ended.ticket in worker.tickets:
                     worker.tickets.remove(report.ended.ticket)
-                    self._ended(report.ended.ticket, report.ended.reason[:2000])
+                    self._ended(report.ended.ticket, report.ended.reason[:2000], worker.device,
+                                report.ended.overhead_s)
         except AgentError as exc:
             log.warning("worker for job %s sent %s: stopping it", worker.job_id, exc.message)
         code = await worker.proc.wait() if not worker.stopping else worker.proc.returncode
@@ -210,17 +216,18 @@ class Workers:
         if worker.reading is not None and worker.reading is not asyncio.current_task():
             worker.reading.cancel()
 
-    def _ended(self, ticket: str, reason: str) -> None:
-        self.report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=ticket, reason=reason)))
+    def _ended(self, ticket: str, reason: str, device: str = "", overhead_s: float = 0.0) -> None:
+        self.report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=ticket, reason=reason, device=device,
+                                                                  overhead_s=overhead_s)))
 
 
-def worker_env(folder: Path, account: pwd.struct_passwd | None, node_id: str, job_env: dict[str, str]
+def worker_env(home: Path, account: pwd.struct_passwd | None, node_id: str, job_env: dict[str, str]
                ) -> dict[str, str]:
     """A worker's whole environment: a few of the agent's, the job's own (not Farm's names), and Farm's."""
     env = {name: value for name, value in os.environ.items() if name in KEPT or name.startswith(KEPT_PREFIXES)}
     env.update({name: value for name, value in job_env.items() if name not in RESERVED})
     user = account.pw_name if account else pwd.getpwuid(os.geteuid()).pw_name
-    env.update(HOME=str(folder), USER=user, LOGNAME=user, FARM_STATE_DIR=str(folder / "state"),
+    env.update(HOME=str(home), USER=user, LOGNAME=user, FARM_STATE_DIR=str(home / "state"),
                MALLOC_ARENA_MAX=env.get("MALLOC_ARENA_MAX", "2"), PYTHONUNBUFFERED="1")
     env[NODE_ID_VAR] = node_id
     env.setdefault("PATH", os.defpath)

@@ -14,10 +14,11 @@ import queue
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 from farm.core.errors import FarmError
-from farm.core.tasks import ResultRoute
+from farm.core.tasks import ResultRoute, ShardFigures
 from farm.core.wire import decode_task
 from farm.proto.v1 import agent_pb2
 from farm_agent.work import frames
@@ -45,24 +46,31 @@ def main() -> None:
         waiting.put(None)
 
     threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
+    ended: float | None = None  # when the last attempt ended: the next one could start from then (it was queued)
     while (assignment := waiting.get()) is not None:
-        reason = run(assignment)
-        report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=assignment.ticket, reason=reason)))
+        ready = time.monotonic() if ended is None else ended  # a first attempt's model load is no per-shard cost
+        reason, figures = run(assignment)
+        overhead = 0.0
+        if ended is not None and figures is not None:
+            overhead = max(time.monotonic() - ready - figures.seconds, 0.0)
+        ended = time.monotonic()
+        report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=assignment.ticket, reason=reason,
+                                                              overhead_s=overhead)))
 
 
-def run(assignment: agent_pb2.Assignment) -> str:
-    """Run one attempt; empty: its result (or its failure) went to the head; else why it could not."""
+def run(assignment: agent_pb2.Assignment) -> tuple[str, ShardFigures | None]:
+    """Run one attempt: empty and its figures where its result (or its failure: None) went to the head; else why
+    it could not."""
     from farm_agent.work.kinds import attempt
 
     try:
         task = decode_task(assignment.entry, assignment.task_json)
         route = ResultRoute(assignment.result_address, assignment.ca_pem, assignment.ticket)
-        attempt(assignment.entry)(task, route)
+        return "", attempt(assignment.entry)(task, route)
     except FarmError as exc:
-        return exc.message
+        return exc.message, None
     except Exception as exc:  # noqa: BLE001 - the worker lives on: the head hears why this attempt ended
-        return f"{type(exc).__name__}: {exc}"[:2000]
-    return ""
+        return f"{type(exc).__name__}: {exc}"[:2000], None
 
 
 if __name__ == "__main__":

@@ -146,9 +146,9 @@ def failure_of(exc: BaseException) -> result_pb2.ShardFailure:
                                    log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))))
 
 
-def send(route: ResultRoute, work: Callable[[Upload], ShardFigures]) -> None:
+def send(route: ResultRoute, work: Callable[[Upload], ShardFigures]) -> ShardFigures | None:
     """Run a shard's `work` (it writes its table to the upload and returns its figures) and send its result, or its
-    failure, to the head. Raises only where the head did not take it."""
+    failure, to the head; its figures (None: it failed). Raises only where the head did not take it."""
     upload = Upload(route)
     try:
         measured = work(upload)
@@ -156,8 +156,9 @@ def send(route: ResultRoute, work: Callable[[Upload], ShardFigures]) -> None:
         raise
     except (Exception, SystemExit) as exc:  # the job's code may call sys.exit
         upload.fail(exc)
-        return
+        return None
     upload.finish(measured)
+    return measured
 
 
 def figures(result: Any, **metrics: float) -> ShardFigures:

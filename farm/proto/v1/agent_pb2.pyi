@@ -116,12 +116,16 @@ class WorkAck(_message.Message):
     def __init__(self, ticket: _Optional[str] = ...) -> None: ...
 
 class WorkEnded(_message.Message):
-    __slots__ = ("ticket", "reason")
+    __slots__ = ("ticket", "reason", "overhead_s", "device")
     TICKET_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     reason: str
-    def __init__(self, ticket: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    overhead_s: float
+    device: str
+    def __init__(self, ticket: _Optional[str] = ..., reason: _Optional[str] = ..., overhead_s: _Optional[float] = ..., device: _Optional[str] = ...) -> None: ...
 
 class WorkerStarted(_message.Message):
     __slots__ = ("job_id", "device", "pid")

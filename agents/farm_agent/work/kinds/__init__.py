@@ -1,5 +1,6 @@
 """What runs a job's shards on a node, one module per job kind, mirroring farm/head/kinds/. Each sharded kind's
-module has `attempt(task, route)`: one attempt in its worker, its result sent to the head by the route's ticket.
+module has `attempt(task, route)`: one attempt in its worker, its result sent to the head by the route's ticket; it
+returns the attempt's figures (None: it failed).
 Adding a kind: its module here, and a line in ATTEMPTS (farm.core.wire.ENTRY_TASKS names the task's type)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 ATTEMPTS = {"run_shard": "inference", "run_evaluate_shard": "evaluate", "run_kernel_shard": "kernel_eval"}
 
 
-def attempt(entry: str) -> Callable[[Any, Any], None]:
+def attempt(entry: str) -> Callable[[Any, Any], Any]:
     """The `attempt` function of the kind that runs `entry` (KeyError: no kind does)."""
     module = importlib.import_module(f"{__name__}.{ATTEMPTS[entry]}")
     return module.attempt  # type: ignore[no-any-return]

@@ -37,7 +37,7 @@ def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
                           node_ray_id=ran.node_ray_id, energy=ran.energy, peak_memory_bytes=ran.peak_memory_bytes)
 
 
-def attempt(task: EvaluateTask, route: ResultRoute) -> None:
+def attempt(task: EvaluateTask, route: ResultRoute) -> ShardFigures | None:
     """A model over one shard's rows scored against their labels, in its worker: its figures and mean loss alone."""
     from farm_agent.work.upload import figures, send
 
@@ -45,4 +45,4 @@ def attempt(task: EvaluateTask, route: ResultRoute) -> None:
         result = evaluate_shard(task)
         return figures(result, loss=result.loss)
 
-    send(route, work)
+    return send(route, work)

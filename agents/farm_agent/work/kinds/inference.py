@@ -19,7 +19,7 @@ import pyarrow as pa
 from farm.core.dataset import ROW_ID, DataFormat, Unit
 from farm.core.energy import Energy
 from farm.core.errors import FarmError
-from farm.core.tasks import ResultRoute, ShardResult, ShardTask, Tuning
+from farm.core.tasks import ResultRoute, ShardFigures, ShardResult, ShardTask, Tuning
 from farm.data import read
 from farm.data.batches import column_to_numpy, model_inputs, numpy_batch, output_column, rebatch
 from farm.data.results import OUTPUT
@@ -164,8 +164,8 @@ def _meter(device: str) -> PowerMeter:
     return meter_for(device)
 
 
-def attempt(task: ShardTask, route: ResultRoute) -> None:
+def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | None:
     """One attempt of an inference shard in its worker: its outputs to the head batch by batch, then its figures."""
     from farm_agent.work.upload import figures, send
 
-    send(route, lambda upload: figures(run_shard(task, upload.write)))
+    return send(route, lambda upload: figures(run_shard(task, upload.write)))

@@ -110,7 +110,7 @@ def _failed(pair: KernelPair, error: str, task: KernelEvalTask) -> KernelResult:
     )
 
 
-def attempt(task: KernelEvalTask, route: ResultRoute) -> None:
+def attempt(task: KernelEvalTask, route: ResultRoute) -> ShardFigures | None:
     """One problem's candidates through the hardened evaluator, in its worker: its rows as the table."""
     from farm_agent.work.upload import Upload, figures, send
 
@@ -119,4 +119,4 @@ def attempt(task: KernelEvalTask, route: ResultRoute) -> None:
         upload.write(rows_table(result.rows))
         return figures(result)
 
-    send(route, work)
+    return send(route, work)
