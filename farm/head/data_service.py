@@ -5,7 +5,10 @@ farm.data.results'; file reads run in threads, off the event loop that carries e
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import re
+import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO
@@ -26,6 +29,45 @@ from farm.proto.v1 import data_pb2, data_pb2_grpc
 
 CHUNK = 1024 * 1024  # bytes a Chunk message carries
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_FILES = 1024  # paths one ReadFiles may name
+READ_AHEAD = 8  # files a ReadFiles call has opened and started reading ahead of the one it sends: its memory is at
+# most READ_AHEAD x CHUNK bytes, whatever the files' sizes
+_FOLLOW_NONE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class LinkRefused(NotFoundError):
+    """A planned file that is now a link (or a link on its way), or not a regular file: never followed."""
+
+
+def open_planned(root: str, path: str) -> int:
+    """A file descriptor of the regular file `path` under the absolute `root`, opened one component at a time from
+    "/" with O_NOFOLLOW (openat on the folder opened before): no link anywhere on the way is followed, so what is
+    opened is the file at that very path, which is below the planned root, whatever was swapped in since planning
+    (a path checked, then opened by name, raced a swap for a link: issue 30). A FIFO or device is refused without
+    blocking on it."""
+    parts = [p for p in root.split("/") if p] + (path.split("/") if path else [])
+    if not root.startswith("/") or any(p in ("", ".", "..") for p in parts) or not parts:
+        raise NotFoundError(f"{path or root!r} is not a plain path under the dataset")
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                following = os.open(part, _FOLLOW_NONE | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+            except OSError as exc:
+                # ELOOP: a link opened with O_NOFOLLOW; ENOTDIR: a link (or a file) where a folder was
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    raise LinkRefused(f"{path or root!r} is now a link (or has one on its way): not followed") from None
+                raise
+            os.close(fd)
+            fd = following
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LinkRefused(f"{path or root!r} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class DataServicer(data_pb2_grpc.DataServiceServicer):
@@ -34,9 +76,9 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         self.tokens = tokens
         self.settings = settings
 
-    def _dataset_file(self, context: grpc.aio.ServicerContext, job_id: str, path: str) -> Path:
-        """The file `path` of job `job_id`'s dataset on this machine, once the job's read credential is checked:
-        only files of the job's plan, only while the job runs, never inside the head's state folder."""
+    def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, frozenset[str]]:
+        """Job `job_id`'s dataset root on this machine and its plan's file paths, once the job's read credential is
+        checked, only while the job runs."""
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
         expected = datasets.read_token(self.settings.state_dir, job_id) if JOB_ID.match(job_id) else None
@@ -47,34 +89,38 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         if saved is None or saved[0].where is not Location.HEAD:
             raise NotFoundError(f"job {job_id} reads no dataset from the head")
         spec, plan = saved
-        if path not in {f.path for f in plan.files}:
+        return spec.location, frozenset(f.path for f in plan.files)
+
+    def _open(self, job_id: str, root: str, paths: frozenset[str], path: str) -> int:
+        """The file `path` of the job's plan, opened without following links (open_planned), never inside the head's
+        state folder (no link followed: its path as planned is where it is)."""
+        if path not in paths or datasets.inside(Path(join(root, path)), self.settings.state_dir):
             raise NotFoundError(f"no file {path!r} in job {job_id}'s dataset")
-        target = Path(join(spec.location, path))
-        if datasets.inside(target, self.settings.state_dir):
-            raise NotFoundError(f"no file {path!r} in job {job_id}'s dataset")
-        return target
+        try:
+            return open_planned(root, path)
+        except LinkRefused:
+            raise
+        except OSError:
+            raise NotFoundError(f"{path!r} of job {job_id}'s dataset is gone") from None
 
     @unary
     async def Stat(self, request: data_pb2.DataFileRequest, context: grpc.aio.ServicerContext
                    ) -> data_pb2.DataFileInfo:
-        path = self._dataset_file(context, request.job_id, request.path)
+        root, paths = self._dataset(context, request.job_id)
+        fd = await asyncio.to_thread(self._open, request.job_id, root, paths, request.path)
         try:
-            size = await asyncio.to_thread(lambda: path.stat().st_size)
-        except OSError:
-            raise NotFoundError(f"{request.path!r} of job {request.job_id}'s dataset is gone") from None
-        return data_pb2.DataFileInfo(size=size)
+            return data_pb2.DataFileInfo(size=os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
 
     @streaming
     async def Read(self, request: data_pb2.ReadRequest, context: grpc.aio.ServicerContext
                    ) -> AsyncIterator[data_pb2.Chunk]:
-        path = self._dataset_file(context, request.job_id, request.path)
+        root, paths = self._dataset(context, request.job_id)
         if request.offset < 0 or not 0 <= request.length <= MAX_READ:
             raise UserError(f"a read is at most {MAX_READ} bytes from an offset of at least 0")
-        try:
-            handle = await asyncio.to_thread(path.open, "rb")
-        except OSError:
-            raise NotFoundError(f"{request.path!r} of job {request.job_id}'s dataset is gone") from None
-        with handle:
+        fd = await asyncio.to_thread(self._open, request.job_id, root, paths, request.path)
+        with os.fdopen(fd, "rb", buffering=0) as handle:
             async for chunk in _chunks(handle, request.offset, request.length):
                 yield chunk
 
