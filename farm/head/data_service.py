@@ -9,7 +9,9 @@ import errno
 import os
 import re
 import stat
+from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -75,6 +77,8 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         self.store = store
         self.tokens = tokens
         self.settings = settings
+        # The files ReadFiles calls read ahead, on a bounded pool off the event loop.
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="farm-data")
 
     def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, frozenset[str]]:
         """Job `job_id`'s dataset root on this machine and its plan's file paths, once the job's read credential is
@@ -124,6 +128,63 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
             async for chunk in _chunks(handle, request.offset, request.length):
                 yield chunk
 
+    @streaming
+    async def ReadFiles(self, request: data_pb2.ReadFilesRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[data_pb2.FileParts]:
+        root, planned = self._dataset(context, request.job_id)
+        if len(request.paths) > MAX_FILES:
+            raise UserError(f"a ReadFiles call names at most {MAX_FILES} files, not {len(request.paths)}")
+        loop = asyncio.get_running_loop()
+
+        def start(path: str) -> tuple[int | None, bytes, str]:
+            """The file opened and its first CHUNK bytes read (on the pool, ahead of its turn); or why not."""
+            try:
+                fd = self._open(request.job_id, root, planned, path)
+            except NotFoundError as exc:
+                return None, b"", exc.message
+            try:
+                data = os.read(fd, CHUNK)
+            except OSError as exc:
+                os.close(fd)
+                return None, b"", f"{path!r} does not read: {exc.strerror}"
+            if len(data) < CHUNK:
+                os.close(fd)
+                return None, data, ""
+            return fd, data, ""
+
+        ahead: deque[asyncio.Future[tuple[int | None, bytes, str]]] = deque()
+        names = iter(request.paths)
+        parts: list[data_pb2.FilePart] = []
+        held = 0
+        fd: int | None = None
+        try:
+            for index in range(len(request.paths)):
+                while len(ahead) < READ_AHEAD and (name := next(names, None)) is not None:
+                    ahead.append(loop.run_in_executor(self.pool, start, name))
+                fd, data, error = await ahead.popleft()
+                while True:
+                    parts.append(data_pb2.FilePart(index=index, data=data, last=fd is None, error=error))
+                    held += len(data)
+                    if held >= CHUNK:  # several small files a message; a large file one CHUNK a message
+                        yield data_pb2.FileParts(parts=parts)
+                        parts, held = [], 0
+                    if fd is None:
+                        break
+                    try:
+                        data = await loop.run_in_executor(self.pool, os.read, fd, CHUNK)
+                    except OSError as exc:
+                        data, error = b"", f"{request.paths[index]!r} does not read: {exc.strerror}"
+                    if len(data) < CHUNK:
+                        os.close(fd)
+                        fd = None
+            if parts:
+                yield data_pb2.FileParts(parts=parts)
+        finally:  # a call ended mid-way (cancelled, broken): the files it opened are closed
+            if fd is not None:
+                os.close(fd)
+            for future in ahead:
+                future.add_done_callback(_close_started)
+
     @unary
     async def ListResults(self, request: data_pb2.ListResultsRequest, context: grpc.aio.ServicerContext
                           ) -> data_pb2.ListResultsReply:
@@ -164,3 +225,8 @@ async def _chunks(handle: IO[bytes], offset: int, length: int | None) -> AsyncIt
         if left is not None:
             left -= len(data)
         yield data_pb2.Chunk(data=data)
+
+
+def _close_started(future: asyncio.Future[tuple[int | None, bytes, str]]) -> None:
+    if not future.cancelled() and future.exception() is None and future.result()[0] is not None:
+        os.close(future.result()[0])  # type: ignore[arg-type]

@@ -28,16 +28,15 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
          batch_rows: int) -> Iterator[pa.RecordBatch]:
     files = [file for file, first, end in pieces if end > first]
+    found = _contents(fs, [join(root, f.path) for f in files])
     for start in range(0, len(files), batch_rows):
         chunk = files[start:start + batch_rows]
-        paths = [join(root, f.path) for f in chunk]
-        try:
-            found = fs.cat(paths, on_error="return") if len(paths) > 1 else {paths[0]: fs.cat_file(paths[0])}
-        except OSError as exc:
-            raise DataError(f"{where(location, chunk[0].path)}: does not read: {exc}") from None
         data = []
-        for file, path in zip(chunk, paths):
-            value = found.get(path)
+        for file in chunk:
+            try:
+                _, value = next(found)
+            except OSError as exc:  # the whole call failed (the head refused it, the connection broke)
+                raise DataError(f"{where(location, file.path)}: does not read: {exc}") from None
             if not isinstance(value, bytes):
                 raise DataError(f"{where(location, file.path)} (row {file.offset}): does not read: {value}")
             data.append(value)
@@ -46,6 +45,29 @@ def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int
             "image": pa.array(data, pa.binary()),
             "path": pa.array([f.path for f in chunk], pa.string()),
         })
+
+
+def _contents(fs, paths: list[str], group: int = 64) -> Iterator[tuple[str, bytes | Exception]]:
+    """Each file's bytes (or its error) in order. The head's files stream in batched calls, read ahead across the
+    model's batches (HeadFileSystem.iter_files); elsewhere fsspec's `cat` a group at a time (concurrent for http and
+    s3)."""
+    from farm.data.locations.head import HeadFileSystem
+
+    if isinstance(fs, HeadFileSystem):
+        yield from fs.iter_files(paths)
+        return
+    for start in range(0, len(paths), group):
+        part = paths[start:start + group]
+        found = fs.cat(part, on_error="return") if len(part) > 1 else {part[0]: _one(fs, part[0])}
+        for path in part:
+            yield path, found.get(path, FileNotFoundError(path))
+
+
+def _one(fs, path: str) -> bytes | Exception:
+    try:
+        return fs.cat_file(path)
+    except OSError as exc:
+        return exc
 
 
 def decode_images(location: str, batch: pa.RecordBatch) -> np.ndarray:
