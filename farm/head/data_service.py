@@ -21,7 +21,7 @@ from farm.core.dataset import Location
 from farm.core.errors import AuthError, NotFoundError, UserError
 from farm.data.locations import join
 from farm.data.locations.head import MAX_READ
-from farm.data.results import MANIFEST, SHARD_FILE, Results
+from farm.data.results import SHARD_FILE, Results, is_result_file
 from farm.head import datasets
 from farm.head.auth import Tokens
 from farm.head.errors import streaming, unary
@@ -204,7 +204,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
                          ) -> AsyncIterator[data_pb2.Chunk]:
         self.tokens.check_api(context)
         job = self.store.job(request.job_id)
-        if not (SHARD_FILE.match(request.name) or request.name == MANIFEST) or request.offset < 0:
+        if not is_result_file(request.name) or request.offset < 0:
             raise NotFoundError(f"job {job.id} has no result file {request.name!r}")
         try:
             handle = await asyncio.to_thread(Results(job.output).open, request.name)

@@ -14,8 +14,8 @@ from farm.data.results import Results
 
 # What a job writes into its folder (every kind's results, the manifest, unfinished writes): found to tell a folder
 # of results, and removed on overwrite. Anything else in the folder is the user's and stays.
-RESULT_PATTERNS = ("shard-*", ".shard-*", "manifest.json", ".manifest.json.*", "results.jsonl", "results.csv",
-                   "model.pt", "*.parquet")
+RESULT_PATTERNS = ("shard-*", ".shard-*", "_manifest.json", "._manifest.json.*", "manifest.json", ".manifest.json.*",
+                   "results.jsonl", "results.csv", "model.pt", "*.parquet")
 
 
 def claim(output: Path, overwrite: bool) -> None:
