@@ -20,7 +20,7 @@ import grpc
 from farm.core.dataset import Location
 from farm.core.errors import AuthError, NotFoundError, UserError
 from farm.data.locations import join
-from farm.data.locations.head import MAX_READ
+from farm.data.locations.head import MAX_READ, tune_malloc
 from farm.data.results import SHARD_FILE, Results, is_result_file
 from farm.head import datasets
 from farm.head.auth import Tokens
@@ -77,6 +77,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         self.store = store
         self.tokens = tokens
         self.settings = settings
+        tune_malloc()  # MiB-sized messages from the heap, not fresh pages each
         # The files ReadFiles calls read ahead, on a bounded pool off the event loop.
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="farm-data")
 
@@ -123,10 +124,32 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         root, paths = self._dataset(context, request.job_id)
         if request.offset < 0 or not 0 <= request.length <= MAX_READ:
             raise UserError(f"a read is at most {MAX_READ} bytes from an offset of at least 0")
-        fd = await asyncio.to_thread(self._open, request.job_id, root, paths, request.path)
-        with os.fdopen(fd, "rb", buffering=0) as handle:
-            async for chunk in _chunks(handle, request.offset, request.length):
-                yield chunk
+        loop = asyncio.get_running_loop()
+        fd = await loop.run_in_executor(self.pool, self._open, request.job_id, root, paths, request.path)
+        try:
+            # The next chunk is read on the pool while this one is sent: the disk and the socket overlap, and the
+            # call holds at most two chunks.
+            offset, end = request.offset, request.offset + request.length
+            reading = loop.run_in_executor(self.pool, os.pread, fd, min(CHUNK, end - offset), offset)
+            while True:
+                try:
+                    data = await reading
+                except OSError as exc:
+                    raise NotFoundError(f"{request.path!r} of job {request.job_id}'s dataset does not read: "
+                                        f"{exc.strerror}") from None
+                offset += len(data)
+                if len(data) == 0:
+                    return
+                if offset < end and len(data) == CHUNK:
+                    reading = loop.run_in_executor(self.pool, os.pread, fd, min(CHUNK, end - offset), offset)
+                yield data_pb2.Chunk(data=data)
+                if offset >= end or len(data) < CHUNK:
+                    return
+        finally:
+            if not reading.done():
+                reading.add_done_callback(lambda _: os.close(fd))
+            else:
+                os.close(fd)
 
     @streaming
     async def ReadFiles(self, request: data_pb2.ReadFilesRequest, context: grpc.aio.ServicerContext
