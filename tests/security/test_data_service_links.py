@@ -27,7 +27,8 @@ def _read(head: Head, job_id: str, token: str, path: str) -> bytes:
     with grpc.secure_channel(head.settings.address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
         stub = data_pb2_grpc.DataServiceStub(channel)
         request = data_pb2.ReadRequest(job_id=job_id, path=path, offset=0, length=1000)
-        return b"".join(c.data for c in stub.Read(request, metadata=(("authorization", f"Bearer {token}"),)))
+        return b"".join(c.data for c in stub.Read(request, metadata=(("authorization", f"Bearer {token}"),),
+                                                  timeout=20))
 
 
 @pytest.mark.parametrize("swap", ["file", "folder"])
