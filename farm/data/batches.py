@@ -3,7 +3,7 @@ arrays the preprocess or the model reads, and the model's outputs back as Arrow 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,11 +38,11 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return table.combine_chunks().to_batches()[0]
 
 
-def column_to_numpy(column: pa.Array | pa.ChunkedArray, name: str, row_ids: list[int], where: str) -> np.ndarray:
+def column_to_numpy(column: pa.Array | pa.ChunkedArray, name: str, row_ids: Sequence[int], where: str) -> np.ndarray:
     """A column as one array: numbers as they are; fixed-size lists and fixed-shape tensors as [N, ...]; lists of
     one length stacked; strings and bytes as an object array (for a preprocess: a tokenizer, a decoder)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    if isinstance(column, pa.ChunkedArray):  # one chunk (a table read whole): its array as it is, not a copy
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if column.null_count:
         first = next(i for i, valid in enumerate(column.is_valid().to_pylist()) if not valid)
         raise DataError(f"{where} (row {row_ids[first]}): column {name!r} is empty (null)")
@@ -52,6 +52,12 @@ def column_to_numpy(column: pa.Array | pa.ChunkedArray, name: str, row_ids: list
         inner = column_to_numpy(column.flatten(), name, row_ids, where)
         return inner.reshape(len(column), column.type.list_size, *inner.shape[1:])
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        lengths = np.diff(column.offsets.to_numpy())
+        flat = column.flatten()
+        if len(lengths) and (lengths == lengths[0]).all() and not flat.null_count:
+            # lists of one length (vectors as Parquet often stores them): read as fixed-size lists, without a copy
+            inner = column_to_numpy(flat, name, row_ids, where)
+            return inner.reshape(len(column), int(lengths[0]), *inner.shape[1:])
         rows = [np.asarray(value) for value in column.to_pylist()]
         shapes = {r.shape for r in rows}
         if len(shapes) > 1:
@@ -62,16 +68,31 @@ def column_to_numpy(column: pa.Array | pa.ChunkedArray, name: str, row_ids: list
     return column.to_numpy(zero_copy_only=False)
 
 
-def numpy_batch(batch: pa.RecordBatch, columns: Iterable[str], fmt: DataFormat, where: str) -> dict[str, np.ndarray]:
-    """The batch's `columns` as NumPy arrays (a preprocess's argument, as Ray Data's map_batches gives it); an image
-    folder's `image` decoded here, on the node."""
-    row_ids = batch.column(ROW_ID).to_pylist()
+class RowIds(Sequence[int]):
+    """A batch's row ids for error messages, read from Arrow only when one is named (not a list made per batch)."""
+
+    def __init__(self, column: pa.Array) -> None:
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.column)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def,override]
+        return self.column[index].as_py() if isinstance(index, int) else self.column[index].to_pylist()
+
+
+def numpy_batch(batch: pa.RecordBatch, columns: Iterable[str], fmt: DataFormat, where: str, workers: int = 1
+                ) -> dict[str, np.ndarray]:
+    """The batch's `columns` as NumPy arrays (a preprocess's argument, as Ray Data's map_batches gives it): numbers,
+    fixed-size lists and tensors without a copy; an image folder's `image` decoded here, on the node, on `workers`
+    threads (the CPUs the node lends this worker)."""
+    row_ids = RowIds(batch.column(ROW_ID))
     arrays = {}
     for name in columns:
         if fmt is DataFormat.IMAGES and name == "image":
             from farm.data.formats.images import decode_images
 
-            arrays[name] = decode_images(where, batch)
+            arrays[name] = decode_images(where, batch, workers)
         else:
             arrays[name] = column_to_numpy(batch.column(name), name, row_ids, where)
     return arrays

@@ -1,5 +1,5 @@
 """A job's results: one Parquet file per shard (row_id, the passthrough columns, the model's `output`) and
-manifest.json once every shard is in, at the job's output location: a folder on the head's machine (the default) or
+_manifest.json once every shard is in, at the job's output location: a folder on the head's machine (the default) or
 an S3-compatible bucket (s3://bucket/prefix, with the head's own credentials from its environment).
 
 Each file is written once, whole: on a disk through a hidden temporary file, fsync and rename; in a bucket as one
@@ -25,13 +25,17 @@ from farm.core.dataset import ROW_ID
 from farm.data.batches import column_to_numpy
 from farm.data.locations import filesystem, is_local, join
 
-MANIFEST = "manifest.json"
+# `_`-prefixed, as dataset readers (pyarrow.dataset, pandas.read_parquet, Spark) skip it: an output folder opens as a
+# Parquet dataset as it is. Outputs written before the rename have OLD_MANIFEST, still read.
+MANIFEST = "_manifest.json"
+OLD_MANIFEST = "manifest.json"
+MANIFESTS = (MANIFEST, OLD_MANIFEST)
 FORMAT = "parquet"
 OUTPUT = "output"  # the model's outputs' column
 SHARD_FILE = re.compile(r"^shard-(\d{5,})\.parquet$")
-# How the temporary files of unfinished writes start (".shard-00007.parquet.k3j_a9", ".manifest.json.x81q"): hidden,
+# How the temporary files of unfinished writes start (".shard-00007.parquet.k3j_a9", "._manifest.json.x81q"): hidden,
 # and never a finished file's name.
-PARTIAL_PREFIXES = (".shard-", f".{MANIFEST}.")
+PARTIAL_PREFIXES = (".shard-", f".{MANIFEST}.", f".{OLD_MANIFEST}.")
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -47,6 +51,10 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def is_result_file(name: str) -> bool:
+    return bool(SHARD_FILE.match(name)) or name in MANIFESTS
 
 
 def shard_file(index: int) -> str:
@@ -123,12 +131,12 @@ class Results:
         found = []
         for entry in entries:
             name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
-            if entry.get("type") == "file" and (SHARD_FILE.match(name) or name == MANIFEST):
+            if entry.get("type") == "file" and is_result_file(name):
                 found.append((name, int(entry["size"])))
         return sorted(found)
 
     def open(self, name: str) -> IO[bytes]:
-        if not (SHARD_FILE.match(name) or name == MANIFEST):
+        if not is_result_file(name):
             raise FileNotFoundError(name)
         return self.fs.open(join(self.root, name), "rb")
 
@@ -153,6 +161,6 @@ def outputs_array(table: pa.Table, where: str = "results") -> np.ndarray:
 def read_predictions(output: Path | str) -> np.ndarray:
     """Every shard's outputs joined back in input order (a job's whole results: its manifest must be there)."""
     results = Results(str(output))
-    with results.open(MANIFEST):
-        pass
+    if not any(name in MANIFESTS for name, _ in results.files()):
+        raise FileNotFoundError(join(results.root, MANIFEST))
     return outputs_array(results.read_table(), str(output))

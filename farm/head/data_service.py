@@ -5,8 +5,13 @@ farm.data.results'; file reads run in threads, off the event loop that carries e
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import re
+import stat
+from collections import deque
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
 
@@ -15,8 +20,8 @@ import grpc
 from farm.core.dataset import Location
 from farm.core.errors import AuthError, NotFoundError, UserError
 from farm.data.locations import join
-from farm.data.locations.head import MAX_READ
-from farm.data.results import MANIFEST, SHARD_FILE, Results
+from farm.data.locations.head import MAX_READ, tune_malloc
+from farm.data.results import SHARD_FILE, Results, is_result_file
 from farm.head import datasets
 from farm.head.auth import Tokens
 from farm.head.errors import streaming, unary
@@ -26,6 +31,45 @@ from farm.proto.v1 import data_pb2, data_pb2_grpc
 
 CHUNK = 1024 * 1024  # bytes a Chunk message carries
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_FILES = 1024  # paths one ReadFiles may name
+READ_AHEAD = 8  # files a ReadFiles call has opened and started reading ahead of the one it sends: its memory is at
+# most READ_AHEAD x CHUNK bytes, whatever the files' sizes
+_FOLLOW_NONE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+class LinkRefused(NotFoundError):
+    """A planned file that is now a link (or a link on its way), or not a regular file: never followed."""
+
+
+def open_planned(root: str, path: str) -> int:
+    """A file descriptor of the regular file `path` under the absolute `root`, opened one component at a time from
+    "/" with O_NOFOLLOW (openat on the folder opened before): no link anywhere on the way is followed, so what is
+    opened is the file at that very path, which is below the planned root, whatever was swapped in since planning
+    (a path checked, then opened by name, raced a swap for a link: issue 30). A FIFO or device is refused without
+    blocking on it."""
+    parts = [p for p in root.split("/") if p] + (path.split("/") if path else [])
+    if not root.startswith("/") or any(p in ("", ".", "..") for p in parts) or not parts:
+        raise NotFoundError(f"{path or root!r} is not a plain path under the dataset")
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                following = os.open(part, _FOLLOW_NONE | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+            except OSError as exc:
+                # ELOOP: a link opened with O_NOFOLLOW; ENOTDIR: a link (or a file) where a folder was
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    raise LinkRefused(f"{path or root!r} is now a link (or has one on its way): not followed") from None
+                raise
+            os.close(fd)
+            fd = following
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LinkRefused(f"{path or root!r} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class DataServicer(data_pb2_grpc.DataServiceServicer):
@@ -33,10 +77,13 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         self.store = store
         self.tokens = tokens
         self.settings = settings
+        tune_malloc()  # MiB-sized messages from the heap, not fresh pages each
+        # The files ReadFiles calls read ahead, on a bounded pool off the event loop.
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="farm-data")
 
-    def _dataset_file(self, context: grpc.aio.ServicerContext, job_id: str, path: str) -> Path:
-        """The file `path` of job `job_id`'s dataset on this machine, once the job's read credential is checked:
-        only files of the job's plan, only while the job runs, never inside the head's state folder."""
+    def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, frozenset[str]]:
+        """Job `job_id`'s dataset root on this machine and its plan's file paths, once the job's read credential is
+        checked, only while the job runs."""
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
         expected = datasets.read_token(self.settings.state_dir, job_id) if JOB_ID.match(job_id) else None
@@ -47,36 +94,119 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         if saved is None or saved[0].where is not Location.HEAD:
             raise NotFoundError(f"job {job_id} reads no dataset from the head")
         spec, plan = saved
-        if path not in {f.path for f in plan.files}:
+        return spec.location, frozenset(f.path for f in plan.files)
+
+    def _open(self, job_id: str, root: str, paths: frozenset[str], path: str) -> int:
+        """The file `path` of the job's plan, opened without following links (open_planned), never inside the head's
+        state folder (no link followed: its path as planned is where it is)."""
+        if path not in paths or datasets.inside(Path(join(root, path)), self.settings.state_dir):
             raise NotFoundError(f"no file {path!r} in job {job_id}'s dataset")
-        target = Path(join(spec.location, path))
-        if datasets.inside(target, self.settings.state_dir):
-            raise NotFoundError(f"no file {path!r} in job {job_id}'s dataset")
-        return target
+        try:
+            return open_planned(root, path)
+        except LinkRefused:
+            raise
+        except OSError:
+            raise NotFoundError(f"{path!r} of job {job_id}'s dataset is gone") from None
 
     @unary
     async def Stat(self, request: data_pb2.DataFileRequest, context: grpc.aio.ServicerContext
                    ) -> data_pb2.DataFileInfo:
-        path = self._dataset_file(context, request.job_id, request.path)
+        root, paths = self._dataset(context, request.job_id)
+        fd = await asyncio.to_thread(self._open, request.job_id, root, paths, request.path)
         try:
-            size = await asyncio.to_thread(lambda: path.stat().st_size)
-        except OSError:
-            raise NotFoundError(f"{request.path!r} of job {request.job_id}'s dataset is gone") from None
-        return data_pb2.DataFileInfo(size=size)
+            return data_pb2.DataFileInfo(size=os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
 
     @streaming
     async def Read(self, request: data_pb2.ReadRequest, context: grpc.aio.ServicerContext
                    ) -> AsyncIterator[data_pb2.Chunk]:
-        path = self._dataset_file(context, request.job_id, request.path)
+        root, paths = self._dataset(context, request.job_id)
         if request.offset < 0 or not 0 <= request.length <= MAX_READ:
             raise UserError(f"a read is at most {MAX_READ} bytes from an offset of at least 0")
+        loop = asyncio.get_running_loop()
+        fd = await loop.run_in_executor(self.pool, self._open, request.job_id, root, paths, request.path)
         try:
-            handle = await asyncio.to_thread(path.open, "rb")
-        except OSError:
-            raise NotFoundError(f"{request.path!r} of job {request.job_id}'s dataset is gone") from None
-        with handle:
-            async for chunk in _chunks(handle, request.offset, request.length):
-                yield chunk
+            # The next chunk is read on the pool while this one is sent: the disk and the socket overlap, and the
+            # call holds at most two chunks.
+            offset, end = request.offset, request.offset + request.length
+            reading = loop.run_in_executor(self.pool, os.pread, fd, min(CHUNK, end - offset), offset)
+            while True:
+                try:
+                    data = await reading
+                except OSError as exc:
+                    raise NotFoundError(f"{request.path!r} of job {request.job_id}'s dataset does not read: "
+                                        f"{exc.strerror}") from None
+                offset += len(data)
+                if len(data) == 0:
+                    return
+                if offset < end and len(data) == CHUNK:
+                    reading = loop.run_in_executor(self.pool, os.pread, fd, min(CHUNK, end - offset), offset)
+                yield data_pb2.Chunk(data=data)
+                if offset >= end or len(data) < CHUNK:
+                    return
+        finally:
+            if not reading.done():
+                reading.add_done_callback(lambda _: os.close(fd))
+            else:
+                os.close(fd)
+
+    @streaming
+    async def ReadFiles(self, request: data_pb2.ReadFilesRequest, context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[data_pb2.FileParts]:
+        root, planned = self._dataset(context, request.job_id)
+        if len(request.paths) > MAX_FILES:
+            raise UserError(f"a ReadFiles call names at most {MAX_FILES} files, not {len(request.paths)}")
+        loop = asyncio.get_running_loop()
+
+        def start(path: str) -> tuple[int | None, bytes, str]:
+            """The file opened and its first CHUNK bytes read (on the pool, ahead of its turn); or why not."""
+            try:
+                fd = self._open(request.job_id, root, planned, path)
+            except NotFoundError as exc:
+                return None, b"", exc.message
+            try:
+                data = os.read(fd, CHUNK)
+            except OSError as exc:
+                os.close(fd)
+                return None, b"", f"{path!r} does not read: {exc.strerror}"
+            if len(data) < CHUNK:
+                os.close(fd)
+                return None, data, ""
+            return fd, data, ""
+
+        ahead: deque[asyncio.Future[tuple[int | None, bytes, str]]] = deque()
+        names = iter(request.paths)
+        parts: list[data_pb2.FilePart] = []
+        held = 0
+        fd: int | None = None
+        try:
+            for index in range(len(request.paths)):
+                while len(ahead) < READ_AHEAD and (name := next(names, None)) is not None:
+                    ahead.append(loop.run_in_executor(self.pool, start, name))
+                fd, data, error = await ahead.popleft()
+                while True:
+                    parts.append(data_pb2.FilePart(index=index, data=data, last=fd is None, error=error))
+                    held += len(data)
+                    if held >= CHUNK:  # several small files a message; a large file one CHUNK a message
+                        yield data_pb2.FileParts(parts=parts)
+                        parts, held = [], 0
+                    if fd is None:
+                        break
+                    try:
+                        data = await loop.run_in_executor(self.pool, os.read, fd, CHUNK)
+                    except OSError as exc:
+                        data, error = b"", f"{request.paths[index]!r} does not read: {exc.strerror}"
+                    if len(data) < CHUNK:
+                        os.close(fd)
+                        fd = None
+            if parts:
+                yield data_pb2.FileParts(parts=parts)
+        finally:  # a call ended mid-way (cancelled, broken): the files it opened are closed
+            if fd is not None:
+                os.close(fd)
+            for future in ahead:
+                future.add_done_callback(_close_started)
 
     @unary
     async def ListResults(self, request: data_pb2.ListResultsRequest, context: grpc.aio.ServicerContext
@@ -97,7 +227,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
                          ) -> AsyncIterator[data_pb2.Chunk]:
         self.tokens.check_api(context)
         job = self.store.job(request.job_id)
-        if not (SHARD_FILE.match(request.name) or request.name == MANIFEST) or request.offset < 0:
+        if not is_result_file(request.name) or request.offset < 0:
             raise NotFoundError(f"job {job.id} has no result file {request.name!r}")
         try:
             handle = await asyncio.to_thread(Results(job.output).open, request.name)
@@ -118,3 +248,8 @@ async def _chunks(handle: IO[bytes], offset: int, length: int | None) -> AsyncIt
         if left is not None:
             left -= len(data)
         yield data_pb2.Chunk(data=data)
+
+
+def _close_started(future: asyncio.Future[tuple[int | None, bytes, str]]) -> None:
+    if not future.cancelled() and future.exception() is None and future.result()[0] is not None:
+        os.close(future.result()[0])  # type: ignore[arg-type]

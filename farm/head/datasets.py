@@ -75,6 +75,8 @@ def plan_located(spec: DatasetSpec, location: str, state_dir: Path) -> tuple[Dat
     if location:
         spec = spec.model_copy(update={"location": location})
     check_location(spec, state_dir)
+    if spec.where is Location.HEAD:  # resolved once, here: DataService then follows no link under it (issue 30)
+        spec = spec.model_copy(update={"location": os.path.realpath(os.path.expanduser(spec.location))})
     return spec, data.plan(spec)
 
 

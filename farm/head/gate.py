@@ -48,6 +48,7 @@ NEEDS = {
     "/farm.v1.AgentService/Code": Needs.NODE,
     "/farm.v1.DataService/Stat": Needs.BEARER,
     "/farm.v1.DataService/Read": Needs.BEARER,
+    "/farm.v1.DataService/ReadFiles": Needs.BEARER,
     "/farm.v1.ResultService/Upload": Needs.TICKET,
     **{f"/farm.v1.{service}/{method}": Needs.READ for service, method in (
         ("FleetService", "ListNodes"), ("JobService", "Get"), ("JobService", "List"), ("JobService", "Watch"),

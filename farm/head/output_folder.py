@@ -19,7 +19,7 @@ from farm.head.output_place import open_folder
 # What a job writes into its folder (every kind's results, the manifest, unfinished writes), by exact name: found to
 # tell a folder of results, and removed on overwrite. Anything else in the folder is the user's and stays (their own
 # *.parquet files too).
-RESULT_NAMES = re.compile(r"shard-\d{5,}\.[a-z]+|\.shard-\d{5,}\..+|manifest\.json|\.manifest\.json\..+"
+RESULT_NAMES = re.compile(r"shard-\d{5,}\.[a-z]+|\.shard-\d{5,}\..+|_?manifest\.json|\._?manifest\.json\..+"
                           r"|results\.jsonl|results\.csv|model\.pt")
 CHECKPOINTS = "checkpoints"
 

@@ -281,14 +281,14 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
     # else (no temporary files).
     output = Path(final.output)
     files = sorted(p.name for p in output.iterdir())
-    assert files == sorted([*(f"shard-{i:05d}.parquet" for i in range(SHARDS)), "manifest.json"]), report
+    assert files == sorted([*(f"shard-{i:05d}.parquet" for i in range(SHARDS)), "_manifest.json"]), report
     inputs = chaosjob.numbers()
     for i in range(SHARDS):
         table = pq.read_table(output / f"shard-{i:05d}.parquet")
         assert table.column("row_id").to_pylist() == [2 * i, 2 * i + 1], report
         np.testing.assert_array_equal(np.stack(table.column("output").to_numpy(zero_copy_only=False)),
                                       inputs[2 * i : 2 * i + 2] * 2)
-    manifest = json.loads((output / "manifest.json").read_text())
+    manifest = json.loads((output / "_manifest.json").read_text())
     assert [s["index"] for s in manifest["shards"]] == list(range(SHARDS))
     assert manifest["items"] == chaosjob.ITEMS and {s["file"] for s in manifest["shards"]} <= set(files)
     print(f"seed {seed}: {report}")

@@ -94,8 +94,8 @@ def test_a_head_killed_between_the_last_shard_and_the_manifest_finishes_the_job_
 
     assert store.job("j-1").state is JobState.SUCCEEDED
     files = sorted(p.name for p in output.iterdir())
-    assert files == sorted(["manifest.json", *(f"shard-{i:05d}.parquet" for i in range(3))])
-    assert [s["index"] for s in json.loads((output / "manifest.json").read_text())["shards"]] == [0, 1, 2]
+    assert files == sorted(["_manifest.json", *(f"shard-{i:05d}.parquet" for i in range(3))])
+    assert [s["index"] for s in json.loads((output / "_manifest.json").read_text())["shards"]] == [0, 1, 2]
     np.testing.assert_array_equal(read_predictions(output), np.arange(12, dtype=np.float32).reshape(6, 2))
     np.testing.assert_array_equal(read_predictions(str(output)), read_predictions(output))  # a str too (issue 20)
 

@@ -78,7 +78,7 @@ def test_the_digits_job_runs_across_both_agents(cluster: Cluster, tmp_path: Path
     with torch.inference_mode():
         expected = reference.eval()(torch.from_numpy(inputs)).numpy()
     np.testing.assert_allclose(read_predictions(Path(job["output"])), expected, rtol=1e-4, atol=1e-4)
-    manifest = json.loads((Path(job["output"]) / "manifest.json").read_text())
+    manifest = json.loads((Path(job["output"]) / "_manifest.json").read_text())
     assert len(manifest["shards"]) == 8 and manifest["metrics"]["accuracy"] == job["metrics"]["accuracy"]
 
 
@@ -111,8 +111,8 @@ def test_an_evaluate_job_scores_the_digits_model_per_device_and_writes_no_output
     for device in devices:  # every device that ran a shard has its own figures
         assert 0.8 <= metrics[f"accuracy@{device}"] <= 1.0 and 0 < metrics[f"loss@{device}"] < 1.0
     output = Path(job["output"])
-    assert sorted(p.name for p in output.iterdir()) == ["manifest.json"]  # scores only: no outputs
-    manifest = json.loads((output / "manifest.json").read_text())
+    assert sorted(p.name for p in output.iterdir()) == ["_manifest.json"]  # scores only: no outputs
+    manifest = json.loads((output / "_manifest.json").read_text())
     assert {d["device"] for d in manifest["devices"]} == devices and sum(d["items"] for d in manifest["devices"]) == 540
 
 

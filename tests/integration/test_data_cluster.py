@@ -65,8 +65,8 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
     assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
     assert job["metrics"]["accuracy"] >= 0.9 and {s["node_name"] for s in job["shards"]} == {"agent-a", "agent-b"}
     output = Path(str(job["output"]))
-    assert sorted(p.name for p in output.iterdir()) == ["manifest.json", *(f"shard-{i:05d}.parquet" for i in range(4))]
-    assert json.loads((output / "manifest.json").read_text())["format"] == "parquet"
+    assert sorted(p.name for p in output.iterdir()) == ["_manifest.json", *(f"shard-{i:05d}.parquet" for i in range(4))]
+    assert json.loads((output / "_manifest.json").read_text())["format"] == "parquet"
     np.testing.assert_allclose(read_predictions(output), expected_predictions(), rtol=1e-4, atol=1e-4)
 
     explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
@@ -126,7 +126,7 @@ def test_jobs_over_a_bucket_and_a_web_server_with_results_in_the_bucket(cluster:
     assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
     assert job["metrics"]["accuracy"] >= 0.9
     assert sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]) == [
-        "out/bucket/manifest.json", *(f"out/bucket/shard-{i:05d}.parquet" for i in range(3))]
+        "out/bucket/_manifest.json", *(f"out/bucket/shard-{i:05d}.parquet" for i in range(3))]
     expected = expected_predictions()
     np.testing.assert_allclose(read_predictions(f"s3://{bucket}/out/bucket"), expected, rtol=1e-4, atol=1e-4)
     fetched = cluster.farm("results", str(job["id"]), "--out", str(tmp_path / "fetched"))

@@ -123,12 +123,9 @@ def test_every_format_reads_through_the_head(head: Head, tmp_path: Path, monkeyp
     np.save(tmp_path / "a.npy", np.arange(40, dtype=np.float32).reshape(20, 2))
     (tmp_path / "a.jsonl").write_text("".join(f'{{"x": {i}}}\n' for i in range(30)))
     access, plan = add_job(head, "j-i", DatasetSpec(location=str(tmp_path / "imgs"), format="images"))
-    reads = []
-    read_range = HeadFileSystem.read_range
     monkeypatch.setattr(HeadFileSystem, "info", lambda *a, **k: pytest.fail("a Stat before each image"))
-    monkeypatch.setattr(HeadFileSystem, "read_range", lambda fs, *args: reads.append(args) or read_range(fs, *args))
+    monkeypatch.setattr(HeadFileSystem, "read_range", lambda *a, **k: pytest.fail("a call per image"))
     batch = next(data.read(plan, 1, 4, None, 8, access))
-    assert len(reads) == 3  # one call per image
     monkeypatch.undo()
     assert numpy_batch(batch, ["image"], plan.format, plan.location)["image"][:, 0, 0].tolist() == [1, 2, 3]
     access, plan = add_job(head, "j-n", DatasetSpec(location=str(tmp_path / "a.npy")))
@@ -137,3 +134,61 @@ def test_every_format_reads_through_the_head(head: Head, tmp_path: Path, monkeyp
     access, plan = add_job(head, "j-l", DatasetSpec(location=str(tmp_path / "a.jsonl"), inputs=["x"]))
     values = [v for b in data.read(plan, 0, plan.size, ["x"], 7, access) for v in b.column("x").to_pylist()]
     assert values == list(range(30))
+
+
+class CountingStub:
+    """The head's DataService stub, counting the calls made through it."""
+
+    def __init__(self, stub: data_pb2_grpc.DataServiceStub) -> None:
+        self.stub = stub
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        method = getattr(self.stub, name)
+
+        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def test_a_shard_of_10000_small_files_is_tens_of_calls_each_file_once_in_order(head: Head, tmp_path: Path) -> None:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(10_000):
+        (folder / f"{i:05d}.png").write_bytes(b"%d" % i * (1 + i % 7))  # read as bytes: decoding is the node's
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="images"))
+    fs = HeadFileSystem(access)
+    fs.stub = CountingStub(fs.stub)  # type: ignore[assignment]
+    rows = [(r, bytes(v), p) for b in data.read(plan, 0, 10_000, None, 256, fs=fs, root="")
+            for r, v, p in zip(b.column("row_id").to_pylist(), b.column("image").to_pylist(),
+                               b.column("path").to_pylist())]
+    assert [r for r, _, _ in rows] == list(range(10_000))
+    assert all(v == b"%d" % i * (1 + i % 7) and p == f"{i:05d}.png" for i, (_, v, p) in enumerate(rows))
+    assert sum(fs.stub.calls.values()) <= 50, fs.stub.calls  # type: ignore[attr-defined]
+
+
+def test_a_batch_with_one_unreadable_file_names_it_and_the_calls_before_it_stand(head: Head, tmp_path: Path) -> None:
+    from PIL import Image
+
+    from farm.core.errors import DataError
+    from farm.data.batches import numpy_batch
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(6):
+        Image.fromarray(np.full((2, 2), i, np.uint8)).save(folder / f"{i}.png")
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="images"))
+    (folder / "3.png").write_bytes(b"not a png")
+    batch = next(data.read(plan, 0, 6, None, 6, access))
+    with pytest.raises(DataError, match=r"3\.png \(row 3\): the image does not decode"):
+        numpy_batch(batch, ["image"], plan.format, plan.location)
+    (folder / "4.png").unlink()  # gone since planning: that file's error, the files before it read
+    batches = data.read(plan, 0, 6, None, 2, access)
+    assert [b.num_rows for b in (next(batches), next(batches))] == [2, 2]
+    with pytest.raises(DataError, match=r"4\.png \(row 4\): does not read"):
+        next(batches)
+    fs = HeadFileSystem(access)
+    found = fs.cat(["0.png", "4.png", "5.png"], on_error="return")
+    assert isinstance(found["4.png"], FileNotFoundError) and isinstance(found["5.png"], bytes)

@@ -63,7 +63,7 @@ def rows(head: Head, job_id: str) -> tuple[int, int, int]:
 def results(output: Path) -> None:
     """What a finished job leaves in its folder: a shard file, the manifest, a checkpoint; and a file of the user's."""
     (output / "checkpoints").mkdir(parents=True)
-    for name in ("shard-00000.parquet", "manifest.json", "checkpoints/step-00000004.pt"):
+    for name in ("shard-00000.parquet", "_manifest.json", "checkpoints/step-00000004.pt"):
         (output / name).write_bytes(b"x")
 
 
@@ -108,7 +108,7 @@ def test_prune_takes_finished_jobs_by_age_and_state_and_keeps_outputs_unless_ask
         with pytest.raises(UserError, match="finished states only"):
             c.prune_jobs(0, ["running"])
         assert [d.id for d in c.prune_jobs(7 * 86400, ["failed"])] == [old_failed]
-        assert (tmp_path / "o1" / "manifest.json").exists()  # without outputs=True, results stay
+        assert (tmp_path / "o1" / "_manifest.json").exists()  # without outputs=True, results stay
         assert {d.id for d in c.prune_jobs(0)} == {old_ok, new_failed}
         assert [j.id for j in c.list_jobs()] == [running]
 

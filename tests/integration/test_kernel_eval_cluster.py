@@ -65,7 +65,7 @@ def test_crash_and_hang_fail_alone_and_the_job_succeeds_with_its_table(cluster: 
         table = list(csv.DictReader(handle))
     assert [(r["problem"], r["candidate"], r["correct"]) for r in table][:2] == [
         ("relu", "abort", "False"), ("relu", "clamp", "True")]
-    manifest = json.loads((output / "manifest.json").read_text())
+    manifest = json.loads((output / "_manifest.json").read_text())
     assert manifest["kind"] == "kernel-eval" and manifest["correct"] == 2
 
     assert cluster.farm("kernels", "results", "j-nosuchjob").returncode == 2

@@ -31,7 +31,7 @@ def test_the_digits_cnn_trains_on_two_agents_to_the_examples_bar(cluster: Cluste
     from examples.digits.model import build
 
     build().load_state_dict(torch.load(output / "model.pt", weights_only=True))  # the final model loads
-    assert json.loads((output / "manifest.json").read_text())["steps"] == 157
+    assert json.loads((output / "_manifest.json").read_text())["steps"] == 157
     with Client(cluster.head) as client:
         logs = [line.message for line in client.logs(job["id"])]
     assert any(m.startswith("workers: ") and "samples/s measured" in m for m in logs)

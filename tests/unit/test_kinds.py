@@ -143,7 +143,7 @@ def test_every_kind_writes_one_manifest_shape(store: Store, tmp_path: Path) -> N
                                                            result))
         assert farm_.outcomes.finish_if_done(job.id, handler, farm_.spec(job))
         assert store.job(job.id).state is JobState.SUCCEEDED
-        manifests[kind] = json.loads((output / "manifest.json").read_text())
+        manifests[kind] = json.loads((output / "_manifest.json").read_text())
     common = {"job_id", "name", "kind", "items", "metrics", "format", "shards"}
     assert all(common <= m.keys() for m in manifests.values())
     assert {m["kind"] for m in manifests.values()} == {"inference", "kernel-eval"}
@@ -234,9 +234,9 @@ def test_evaluate_reports_accuracy_and_loss_per_device_and_writes_no_outputs(sto
     assert metrics["accuracy"] == pytest.approx(26 / 30) and metrics["loss"] == pytest.approx(0.7 / 3)
     assert metrics["accuracy@box/cpu"] == pytest.approx(0.8) and metrics["loss@box/cpu"] == pytest.approx(0.3)
     assert metrics["accuracy@other/cpu"] == pytest.approx(1.0) and metrics["loss@other/cpu"] == pytest.approx(0.1)
-    manifest = json.loads((output / "manifest.json").read_text())
+    manifest = json.loads((output / "_manifest.json").read_text())
     assert [(d["device"], d["items"]) for d in manifest["devices"]] == [("box/cpu", 20), ("other/cpu", 10)]
-    assert sorted(p.name for p in output.iterdir()) == ["manifest.json"]  # no outputs
+    assert sorted(p.name for p in output.iterdir()) == ["_manifest.json"]  # no outputs
     assert all("file" not in s for s in manifest["shards"])
 
 

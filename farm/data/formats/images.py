@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
@@ -28,16 +30,15 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
          batch_rows: int) -> Iterator[pa.RecordBatch]:
     files = [file for file, first, end in pieces if end > first]
+    found = _contents(fs, [join(root, f.path) for f in files])
     for start in range(0, len(files), batch_rows):
         chunk = files[start:start + batch_rows]
-        paths = [join(root, f.path) for f in chunk]
-        try:
-            found = fs.cat(paths, on_error="return") if len(paths) > 1 else {paths[0]: fs.cat_file(paths[0])}
-        except OSError as exc:
-            raise DataError(f"{where(location, chunk[0].path)}: does not read: {exc}") from None
         data = []
-        for file, path in zip(chunk, paths):
-            value = found.get(path)
+        for file in chunk:
+            try:
+                _, value = next(found)
+            except OSError as exc:  # the whole call failed (the head refused it, the connection broke)
+                raise DataError(f"{where(location, file.path)}: does not read: {exc}") from None
             if not isinstance(value, bytes):
                 raise DataError(f"{where(location, file.path)} (row {file.offset}): does not read: {value}")
             data.append(value)
@@ -48,22 +49,58 @@ def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int
         })
 
 
-def decode_images(location: str, batch: pa.RecordBatch) -> np.ndarray:
-    """The batch's images as arrays (H, W) or (H, W, C) in their own mode: one array [N, ...] when they share a
-    shape, else an object array of arrays (as Ray Data's read_images gives them)."""
-    from PIL import Image, UnidentifiedImageError
+def _contents(fs, paths: list[str], group: int = 64) -> Iterator[tuple[str, bytes | Exception]]:
+    """Each file's bytes (or its error) in order. The head's files stream in batched calls, read ahead across the
+    model's batches (HeadFileSystem.iter_files); elsewhere fsspec's `cat` a group at a time (concurrent for http and
+    s3)."""
+    from farm.data.locations.head import HeadFileSystem
 
-    arrays = []
-    for row_id, data, path in zip(batch.column(ROW_ID).to_pylist(), batch.column("image").to_pylist(),
-                                  batch.column("path").to_pylist()):
-        try:
-            with Image.open(io.BytesIO(data)) as image:
-                image.load()
-                arrays.append(np.asarray(image))
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-            raise DataError(f"{where(location, path)} (row {row_id}): the image does not decode: {exc}") from None
+    if isinstance(fs, HeadFileSystem):
+        yield from fs.iter_files(paths)
+        return
+    for start in range(0, len(paths), group):
+        part = paths[start:start + group]
+        found = fs.cat(part, on_error="return") if len(part) > 1 else {part[0]: _one(fs, part[0])}
+        for path in part:
+            yield path, found.get(path, FileNotFoundError(path))
+
+
+def _one(fs, path: str) -> bytes | Exception:
+    try:
+        return fs.cat_file(path)
+    except OSError as exc:
+        return exc
+
+
+def decode_images(location: str, batch: pa.RecordBatch, workers: int = 1) -> np.ndarray:
+    """The batch's images as arrays (H, W) or (H, W, C) in their own mode: one array [N, ...] when they share a
+    shape, else an object array of arrays (as Ray Data's read_images gives them). Decoded on `workers` threads (the
+    CPUs the node lends): Pillow releases the GIL while it decodes, so threads scale without processes."""
+    rows = list(zip(batch.column(ROW_ID).to_pylist(), batch.column("image").to_pylist(),
+                    batch.column("path").to_pylist()))
+    if workers > 1 and len(rows) > 1:
+        arrays = list(_decoders(workers).map(lambda row: _decode(location, *row), rows))
+    else:
+        arrays = [_decode(location, *row) for row in rows]
     if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):
         return np.stack(arrays)
     ragged = np.empty(len(arrays), dtype=object)
     ragged[:] = arrays
     return ragged
+
+
+def _decode(location: str, row_id: int, data: bytes, path: str) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.load()
+            return np.asarray(image)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DataError(f"{where(location, path)} (row {row_id}): the image does not decode: {exc}") from None
+
+
+@lru_cache(maxsize=4)
+def _decoders(workers: int) -> ThreadPoolExecutor:
+    """One pool per size, kept for the worker's life (a pool a batch would start threads a batch)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="farm-decode")

@@ -6,6 +6,9 @@ which sees it, never needs the node's key or certificate)."""
 from __future__ import annotations
 
 import os
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +25,10 @@ if TYPE_CHECKING:
 BLOCK = 16 * 1024 * 1024  # bytes a node asks the head for at a time (read ahead)
 MAX_READ = 64 * 1024 * 1024  # bytes one Read may ask for (the head's DataService holds to it)
 MAX_MESSAGE = 16 * 1024 * 1024
+PIECE = 4 * 1024 * 1024  # bytes of a long range one Read asks for ...
+PIECES_AHEAD = 4  # ... and how many such Reads are in flight
+FILES_PER_CALL = 256  # whole files one ReadFiles call asks for (the head takes up to 1024)
+CALLS_AHEAD = 4  # ReadFiles calls in flight: the head reads the next ones' files while this one's are taken
 
 
 def filesystem(location: str, access: HeadAccess | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -30,6 +37,34 @@ def filesystem(location: str, access: HeadAccess | None = None) -> tuple[fsspec.
 
         return LocalFileSystem(), os.path.abspath(os.path.expanduser(location))
     return HeadFileSystem(access), ""
+
+
+@lru_cache(maxsize=1)
+def tune_malloc() -> bool:
+    """Keep the process's large buffers in glibc's heap rather than a fresh mmap each (its default above 128 KiB, the
+    threshold rising only after a free): every MiB-sized message on both sides (the file's bytes, the protobuf, gRPC's
+    slices) otherwise faults in and zeroes new pages, which halved a stream's throughput on loopback
+    (benchmarks/data_service.py). Freed memory past 256 MiB is still given back. Linux with glibc only; once per
+    process; whether it took."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 64 * 1024 * 1024) and mallopt(m_trim_threshold, 256 * 1024 * 1024))
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    """The threads a worker's long reads run their pieces on (sync gRPC streams: one thread each)."""
+    return ThreadPoolExecutor(max_workers=PIECES_AHEAD, thread_name_prefix="farm-head-read")
 
 
 @lru_cache(maxsize=4)
@@ -51,6 +86,7 @@ class HeadFileSystem(AbstractFileSystem):
         super().__init__(**kwargs)
         from farm.proto.v1 import data_pb2_grpc
 
+        tune_malloc()
         self.access = access
         self.stub = data_pb2_grpc.DataServiceStub(channel(access.address, access.ca_pem))
         self.metadata = (("authorization", f"Bearer {access.token}"),)
@@ -59,10 +95,7 @@ class HeadFileSystem(AbstractFileSystem):
         try:
             return call()
         except grpc.RpcError as exc:
-            code = exc.code()  # type: ignore[attr-defined]
-            if code is grpc.StatusCode.NOT_FOUND:
-                raise FileNotFoundError(path) from None
-            raise OSError(f"the head's data service: {code.name}: {exc.details()}") from None  # type: ignore[attr-defined]
+            raise _error(path, exc) from None
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
         from farm.proto.v1 import data_pb2
@@ -75,12 +108,26 @@ class HeadFileSystem(AbstractFileSystem):
         info = self.info(path)
         return [info] if detail else [path]
 
-    def read_range(self, path: str, start: int, end: int) -> bytes:
+    def _chunks(self, path: str, start: int, end: int) -> list[bytes]:
         from farm.proto.v1 import data_pb2
 
         request = data_pb2.ReadRequest(job_id=self.access.job_id, path=path, offset=start, length=max(end - start, 0))
-        return self._call(path, lambda: b"".join(
-            chunk.data for chunk in self.stub.Read(request, metadata=self.metadata, timeout=300)))
+        return self._call(path, lambda: [chunk.data for chunk in self.stub.Read(request, metadata=self.metadata,
+                                                                                  timeout=300)])
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) (fewer at the file's end). A long range is read as PIECE-sized Reads, PIECES_AHEAD of
+        them in flight (one stream is bounded by one core on each side and by a round trip per call), and joined in
+        one copy."""
+        if end - start <= PIECE:
+            return b"".join(self._chunks(path, start, end))
+        pieces = [(at, min(at + PIECE, end)) for at in range(start, end, PIECE)]
+        held: list[bytes] = []
+        for (at, stop), chunks in zip(pieces, _pool().map(lambda piece: self._chunks(path, *piece), pieces)):
+            held.extend(chunks)
+            if sum(map(len, chunks)) < stop - at:  # the file's end: the pieces after it are empty
+                break
+        return b"".join(held)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if end is not None:
@@ -95,6 +142,43 @@ class HeadFileSystem(AbstractFileSystem):
             if len(part) < MAX_READ:
                 return b"".join(parts)
 
+    def iter_files(self, paths: Sequence[str]) -> Iterator[tuple[str, bytes | OSError]]:
+        """Each file of `paths` whole, in order, or the error it gave (the other files still come): FILES_PER_CALL
+        files a ReadFiles call, CALLS_AHEAD calls in flight (so a folder of 10,000 images is 40 calls, not 10,000).
+        Memory: the file being gathered, plus what HTTP/2 flow control lets the calls ahead hold."""
+        from farm.proto.v1 import data_pb2
+
+        groups = iter([list(paths[i:i + FILES_PER_CALL]) for i in range(0, len(paths), FILES_PER_CALL)])
+        calls: deque[tuple[list[str], Any]] = deque()
+        try:
+            while True:
+                while len(calls) < CALLS_AHEAD and (group := next(groups, None)) is not None:
+                    request = data_pb2.ReadFilesRequest(job_id=self.access.job_id, paths=group)
+                    calls.append((group, self.stub.ReadFiles(request, metadata=self.metadata, timeout=600)))
+                if not calls:
+                    return
+                group, call = calls.popleft()
+                try:
+                    yield from _gathered(group, call)
+                except grpc.RpcError as exc:
+                    raise _error(group[0], exc) from None
+        finally:  # a reader that stops early: the calls ahead are cancelled
+            for _, call in calls:
+                call.cancel()
+
+    def cat(self, path: str | list[str], recursive: bool = False, on_error: str = "raise", **kwargs: Any
+            ) -> bytes | dict[str, bytes | OSError]:
+        """Several files in batched calls (iter_files); fsspec's own would make one call a file."""
+        if isinstance(path, str):
+            return self.cat_file(path)
+        found: dict[str, bytes | OSError] = {}
+        for name, value in self.iter_files(path):
+            if isinstance(value, OSError) and on_error == "raise":
+                raise value
+            if not (isinstance(value, OSError) and on_error == "omit"):
+                found[name] = value
+        return found
+
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None, autocommit: bool = True,
               cache_type: str = "readahead", cache_options: dict[str, Any] | None = None, **kwargs: Any,
               ) -> AbstractBufferedFile:
@@ -107,3 +191,26 @@ class HeadFileSystem(AbstractFileSystem):
 class HeadFile(AbstractBufferedFile):
     def _fetch_range(self, start: int, end: int) -> bytes:
         return self.fs.read_range(self.path, start, end)
+
+
+def _gathered(paths: list[str], call: Any) -> Iterator[tuple[str, bytes | OSError]]:
+    """The files of one ReadFiles call from its stream of parts (each file's parts in order, files in order)."""
+    held: list[bytes] = []
+    index = 0
+    for message in call:
+        for part in message.parts:
+            if part.index != index or index >= len(paths):
+                raise OSError(f"the head's data service sent file {part.index} where {index} was due")
+            held.append(part.data)
+            if part.last:
+                yield paths[index], FileNotFoundError(part.error) if part.error else b"".join(held)
+                held, index = [], index + 1
+    if index != len(paths):
+        raise OSError(f"the head's data service sent {index} of {len(paths)} files")
+
+
+def _error(path: str, exc: grpc.RpcError) -> OSError:
+    code = exc.code()  # type: ignore[attr-defined]
+    if code is grpc.StatusCode.NOT_FOUND:
+        return FileNotFoundError(path)
+    return OSError(f"the head's data service: {code.name}: {exc.details()}")  # type: ignore[attr-defined]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61rm/proto/v1/data.proto\x12\x07\x66\x61rm.v1\"/\n\x0f\x44\x61taFileRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x1c\n\x0c\x44\x61taFileInfo\x12\x0c\n\x04size\x18\x01 \x01(\x03\"K\n\x0bReadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06length\x18\x04 \x01(\x03\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"$\n\x12ListResultsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"E\n\nResultFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0c\n\x04rows\x18\x04 \x01(\x03\"U\n\x10ListResultsReply\x12\r\n\x05state\x18\x01 \x01(\t\x12\"\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x13.farm.v1.ResultFile\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\"A\n\x11ReadResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x32\xf9\x01\n\x0b\x44\x61taService\x12\x37\n\x04Stat\x12\x18.farm.v1.DataFileRequest\x1a\x15.farm.v1.DataFileInfo\x12.\n\x04Read\x12\x14.farm.v1.ReadRequest\x1a\x0e.farm.v1.Chunk0\x01\x12\x45\n\x0bListResults\x12\x1b.farm.v1.ListResultsRequest\x1a\x19.farm.v1.ListResultsReply\x12:\n\nReadResult\x12\x1a.farm.v1.ReadResultRequest\x1a\x0e.farm.v1.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66\x61rm/proto/v1/data.proto\x12\x07\x66\x61rm.v1\"/\n\x0f\x44\x61taFileRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"\x1c\n\x0c\x44\x61taFileInfo\x12\x0c\n\x04size\x18\x01 \x01(\x03\"K\n\x0bReadRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06length\x18\x04 \x01(\x03\"\x15\n\x05\x43hunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"1\n\x10ReadFilesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\"D\n\x08\x46ilePart\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0c\n\x04last\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"-\n\tFileParts\x12 \n\x05parts\x18\x01 \x03(\x0b\x32\x11.farm.v1.FilePart\"$\n\x12ListResultsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"E\n\nResultFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0c\n\x04rows\x18\x04 \x01(\x03\"U\n\x10ListResultsReply\x12\r\n\x05state\x18\x01 \x01(\t\x12\"\n\x05\x66iles\x18\x02 \x03(\x0b\x32\x13.farm.v1.ResultFile\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\"A\n\x11ReadResultRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x32\xb7\x02\n\x0b\x44\x61taService\x12\x37\n\x04Stat\x12\x18.farm.v1.DataFileRequest\x1a\x15.farm.v1.DataFileInfo\x12.\n\x04Read\x12\x14.farm.v1.ReadRequest\x1a\x0e.farm.v1.Chunk0\x01\x12<\n\tReadFiles\x12\x19.farm.v1.ReadFilesRequest\x1a\x12.farm.v1.FileParts0\x01\x12\x45\n\x0bListResults\x12\x1b.farm.v1.ListResultsRequest\x1a\x19.farm.v1.ListResultsReply\x12:\n\nReadResult\x12\x1a.farm.v1.ReadResultRequest\x1a\x0e.farm.v1.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,14 +39,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READREQUEST']._serialized_end=191
   _globals['_CHUNK']._serialized_start=193
   _globals['_CHUNK']._serialized_end=214
-  _globals['_LISTRESULTSREQUEST']._serialized_start=216
-  _globals['_LISTRESULTSREQUEST']._serialized_end=252
-  _globals['_RESULTFILE']._serialized_start=254
-  _globals['_RESULTFILE']._serialized_end=323
-  _globals['_LISTRESULTSREPLY']._serialized_start=325
-  _globals['_LISTRESULTSREPLY']._serialized_end=410
-  _globals['_READRESULTREQUEST']._serialized_start=412
-  _globals['_READRESULTREQUEST']._serialized_end=477
-  _globals['_DATASERVICE']._serialized_start=480
-  _globals['_DATASERVICE']._serialized_end=729
+  _globals['_READFILESREQUEST']._serialized_start=216
+  _globals['_READFILESREQUEST']._serialized_end=265
+  _globals['_FILEPART']._serialized_start=267
+  _globals['_FILEPART']._serialized_end=335
+  _globals['_FILEPARTS']._serialized_start=337
+  _globals['_FILEPARTS']._serialized_end=382
+  _globals['_LISTRESULTSREQUEST']._serialized_start=384
+  _globals['_LISTRESULTSREQUEST']._serialized_end=420
+  _globals['_RESULTFILE']._serialized_start=422
+  _globals['_RESULTFILE']._serialized_end=491
+  _globals['_LISTRESULTSREPLY']._serialized_start=493
+  _globals['_LISTRESULTSREPLY']._serialized_end=578
+  _globals['_READRESULTREQUEST']._serialized_start=580
+  _globals['_READRESULTREQUEST']._serialized_end=645
+  _globals['_DATASERVICE']._serialized_start=648
+  _globals['_DATASERVICE']._serialized_end=959
 # @@protoc_insertion_point(module_scope)

@@ -38,6 +38,32 @@ class Chunk(_message.Message):
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
+class ReadFilesRequest(_message.Message):
+    __slots__ = ("job_id", "paths")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FilePart(_message.Message):
+    __slots__ = ("index", "data", "last", "error")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    data: bytes
+    last: bool
+    error: str
+    def __init__(self, index: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class FileParts(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: _containers.RepeatedCompositeFieldContainer[FilePart]
+    def __init__(self, parts: _Optional[_Iterable[_Union[FilePart, _Mapping]]] = ...) -> None: ...
+
 class ListResultsRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

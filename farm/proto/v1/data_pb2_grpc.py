@@ -44,6 +44,11 @@ class DataServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_data__pb2.ReadRequest.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_data__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.ReadFiles = channel.unary_stream(
+                '/farm.v1.DataService/ReadFiles',
+                request_serializer=farm_dot_proto_dot_v1_dot_data__pb2.ReadFilesRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_data__pb2.FileParts.FromString,
+                _registered_method=True)
         self.ListResults = channel.unary_unary(
                 '/farm.v1.DataService/ListResults',
                 request_serializer=farm_dot_proto_dot_v1_dot_data__pb2.ListResultsRequest.SerializeToString,
@@ -69,6 +74,15 @@ class DataServiceServicer:
 
     def Read(self, request, context):
         """Bytes [offset, offset + length) of one file of a job's dataset, in chunks; the job's read credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadFiles(self, request, context):
+        """Many whole files of a job's dataset in one call (a folder of images: tens of calls for a shard, not one a file),
+        in the order asked, several files a message; the head reads a few files ahead. A file that does not read comes
+        as an error part and the others still come. The job's read credential.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -100,6 +114,11 @@ def add_DataServiceServicer_to_server(servicer, server):
                     servicer.Read,
                     request_deserializer=farm_dot_proto_dot_v1_dot_data__pb2.ReadRequest.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_data__pb2.Chunk.SerializeToString,
+            ),
+            'ReadFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadFiles,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_data__pb2.ReadFilesRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_data__pb2.FileParts.SerializeToString,
             ),
             'ListResults': grpc.unary_unary_rpc_method_handler(
                     servicer.ListResults,
@@ -166,6 +185,33 @@ class DataService:
             '/farm.v1.DataService/Read',
             farm_dot_proto_dot_v1_dot_data__pb2.ReadRequest.SerializeToString,
             farm_dot_proto_dot_v1_dot_data__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/farm.v1.DataService/ReadFiles',
+            farm_dot_proto_dot_v1_dot_data__pb2.ReadFilesRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_data__pb2.FileParts.FromString,
             options,
             channel_credentials,
             insecure,

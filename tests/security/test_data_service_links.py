@@ -1,0 +1,67 @@
+"""Issue 30, finding 1: DataService followed a link after checking the path. A local user who owns a dataset folder on
+the head's machine swapped a planned file for a symlink after submit, and the job's read credential read what the link
+named (the head's own files, /etc/shadow) through the root head. The head now opens every component without following
+links and serves regular files of the plan only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grpc
+import pytest
+
+from farm.core.dataset import DatasetSpec
+from farm.proto.v1 import data_pb2, data_pb2_grpc
+from tests.integration.inprocess_head import Head, running_head
+from tests.integration.test_data_service import add_job
+
+
+@pytest.fixture()
+def head(tmp_path: Path):  # type: ignore[no-untyped-def]
+    with running_head(tmp_path / "state") as head:
+        yield head
+
+
+def _read(head: Head, job_id: str, token: str, path: str) -> bytes:
+    with grpc.secure_channel(head.settings.address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
+        stub = data_pb2_grpc.DataServiceStub(channel)
+        request = data_pb2.ReadRequest(job_id=job_id, path=path, offset=0, length=1000)
+        return b"".join(c.data for c in stub.Read(request, metadata=(("authorization", f"Bearer {token}"),),
+                                                  timeout=20))
+
+
+@pytest.mark.parametrize("swap", ["file", "folder"])
+def test_a_planned_file_swapped_for_a_link_after_planning_is_not_read(head: Head, tmp_path: Path, swap: str) -> None:
+    secret = tmp_path / "secret.txt"  # outside the dataset and outside the head's state folder
+    secret.write_text("the admin's secret\n")
+    folder = tmp_path / "lines"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.txt").write_text("a\n")
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="text"))
+    assert [f.path for f in plan.files] == ["sub/a.txt"]
+    assert _read(head, "j-1", access.token, "sub/a.txt") == b"a\n"
+    if swap == "file":  # the file itself becomes a link
+        (folder / "sub" / "a.txt").unlink()
+        os.symlink(secret, folder / "sub" / "a.txt")
+    else:  # a folder on the way becomes a link to a folder holding a file of that name
+        decoy = tmp_path / "decoy"
+        decoy.mkdir()
+        os.symlink(secret, decoy / "a.txt")
+        (folder / "sub" / "a.txt").unlink()
+        (folder / "sub").rmdir()
+        os.symlink(decoy, folder / "sub")
+    with pytest.raises(grpc.RpcError) as caught:
+        _read(head, "j-1", access.token, "sub/a.txt")
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()
+    assert "link" in (caught.value.details() or "")
+
+
+def test_a_planned_file_swapped_for_a_fifo_is_refused_without_blocking(head: Head, tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    access, _ = add_job(head, "j-1", DatasetSpec(location=str(tmp_path / "a.txt")))
+    (tmp_path / "a.txt").unlink()
+    os.mkfifo(tmp_path / "a.txt")  # opened for reading, a FIFO would wait for a writer forever
+    with pytest.raises(grpc.RpcError) as caught:
+        _read(head, "j-1", access.token, "")
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()

@@ -1,0 +1,74 @@
+"""Between Arrow and the model at the device's speed (issue 28, item 2): images decoded on a pool of the CPUs the node
+lends, and Arrow columns handed to NumPy without a copy where the layout allows."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from farm.core.dataset import ROW_ID, DataFormat
+from farm.core.errors import DataError
+from farm.data.batches import column_to_numpy, numpy_batch
+
+
+def _png(value: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.full((4, 3, 3), value, np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _images(count: int) -> pa.RecordBatch:
+    return pa.record_batch({ROW_ID: pa.array(range(count), pa.int64()),
+                            "image": pa.array([_png(i) for i in range(count)], pa.binary()),
+                            "path": pa.array([f"{i}.png" for i in range(count)])})
+
+
+def test_images_decode_on_as_many_threads_as_the_node_lends(monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    together = threading.Barrier(4, timeout=10)  # met only if four decodes run at once
+    opened = Image.open
+
+    def open_meeting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        together.wait()
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", open_meeting)
+    arrays = numpy_batch(_images(8), ["image"], DataFormat.IMAGES, "/imgs", workers=4)["image"]
+    assert arrays.shape == (8, 4, 3, 3) and arrays[:, 0, 0, 0].tolist() == list(range(8))  # in row order
+
+
+def test_a_parallel_decode_names_the_file_that_does_not_decode() -> None:
+    batch = _images(6)
+    images = batch.column("image").to_pylist()
+    images[4] = b"not a png"
+    batch = batch.set_column(1, "image", pa.array(images, pa.binary()))
+    with pytest.raises(DataError, match=r"/imgs/4\.png \(row 4\): the image does not decode"):
+        numpy_batch(batch, ["image"], DataFormat.IMAGES, "/imgs", workers=3)
+
+
+def _shares(array: np.ndarray, arrow: pa.Array) -> bool:
+    buffer = arrow.buffers()[-1]
+    start = array.__array_interface__["data"][0]
+    return buffer.address <= start < buffer.address + buffer.size
+
+
+@pytest.mark.parametrize("layout", ["numbers", "fixed-size lists", "lists of one length"])
+def test_arrow_columns_reach_numpy_without_a_copy(layout: str) -> None:
+    values = pa.array(np.arange(64, dtype=np.float32))
+    column = {"numbers": values, "fixed-size lists": pa.FixedSizeListArray.from_arrays(values, 8),
+              "lists of one length": pa.ListArray.from_arrays(pa.array(range(0, 65, 8), pa.int32()), values)}[layout]
+    # As a table read whole gives it: a chunked column of one chunk (the results' `output`, a Parquet read).
+    array = column_to_numpy(pa.chunked_array([column]), "x", list(range(len(column))), "w")
+    assert array.shape == ((64,) if layout == "numbers" else (8, 8))
+    assert array.ravel().tolist() == list(range(64))
+    assert _shares(array, values), layout
+    ragged = pa.array([[1.0], [2.0, 3.0]])  # lists of several lengths: still refused, naming the row
+    with pytest.raises(DataError, match=r"row 11\): column 'x' holds \(2,\)"):
+        column_to_numpy(ragged, "x", [10, 11], "w")
