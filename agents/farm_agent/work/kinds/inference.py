@@ -110,7 +110,7 @@ def model_batches(task: ShardTask, root: Path) -> Iterator[ModelBatch]:
     preprocess = resolve(spec.preprocess, root, "preprocess") if spec.preprocess else None
     stream = read(plan, task.start, task.stop, needed, task.batch_size, task.data.access)
     for batch in rebatch(stream, task.batch_size):
-        arrays = numpy_batch(batch, columns, plan.format, plan.location)
+        arrays = numpy_batch(batch, columns, plan.format, plan.location, workers=max(task.threads, 1))
         inputs = model_inputs(arrays, columns, plan.location, preprocess, spec.preprocess or "")
         labels = None
         if spec.label:
