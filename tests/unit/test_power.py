@@ -877,3 +877,29 @@ def test_a_gpu_meter_reads_its_memory_for_the_heartbeat() -> None:
     silent, _ = counter_meter(fixture("nvml-h200-steps.json"), 0.0)  # its NVML says Not Supported
     sent = gpu_memory({"cuda:0": meter, "cuda:1": silent, "cpu": CpuEstimateMeter(40.0, cores=4)})
     assert [(m.device, m.used_bytes, m.total_bytes) for m in sent] == [("cuda:0", 644939776, 150754820096)]
+
+
+def test_a_window_opened_soon_after_the_last_starts_at_its_end_edge_without_waiting() -> None:
+    """A worker's next shard: its window starts at the last one's end edge (no wait for a step), so the two tile the
+    counter: together they hold every step between the first's start and the second's end, the gap billed to the
+    second."""
+    meter, clock = counter_meter(STEPS, 2.004)
+    first = measure(meter, clock, 0.25)
+    clock.advance(0.03)  # between two shards
+    opened = clock()
+    with meter.window() as second:
+        assert clock() - opened < 0.001  # entered at once: no step waited for
+        clock.advance(0.25)
+    a, b = first.energy, second.energy
+    assert a is not None and b is not None
+    assert b.joules == pytest.approx(3 * 68.0, abs=1e-9)  # 2.337 → 2.637: the 30 ms gap and the block, whole steps
+    together, covered = a.joules + b.joules, a.seconds + b.seconds
+    assert together == pytest.approx(6 * 68.0, abs=1e-9) and covered == pytest.approx(0.6, abs=0.004)
+
+
+def test_a_window_long_after_the_last_waits_for_its_own_edge() -> None:
+    meter, clock = counter_meter(STEPS, 2.004)
+    measure(meter, clock, 0.25)
+    clock.advance(2.0)  # another job, much later: not billed the idle time between
+    e = measure(meter, clock, 0.25).energy
+    assert e is not None and e.seconds <= 0.25 + 0.1 + 0.005

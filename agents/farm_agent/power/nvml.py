@@ -17,7 +17,9 @@ half-brackets over the window (2-3 ms each on the H200: ~1 % of a 300 ms span). 
 `WIDE_EDGE_S` (a slow read), the window's note says how wide.
 The cost: entering waits up to one step (the work starts just after an edge) and exiting waits up to one step (the
 figure then also covers up to 100 ms after the block, at whatever the GPU drew then: measured at 680 W steady, a
-1.0 s block of matmuls read 651-657 W over 1.10-1.12 s). Where the counter does not step within the timeout (it
+1.0 s block of matmuls read 651-657 W over 1.10-1.12 s). A window opened within CHAIN_S of the last one's end (a
+worker's next shard) waits for nothing: it starts at that window's end edge, so a worker's windows tile its time
+and the moments between two shards are billed to the later one. Where the counter does not step within the timeout (it
 should while the GPU draws anything), that end is not aligned and the window says so.
 
 GPU work is asynchronous: the block must synchronize the device before it ends (the backend does; this module never
@@ -51,6 +53,7 @@ from farm_agent.power import Clock, EnergyWindow, Sleep, UnavailableMeter
 log = logging.getLogger("farm.agent.power.nvml")
 
 POLL_S = 0.002  # how often the counter is read while waiting for a step edge
+CHAIN_S = 1.0  # a window opened this soon after the last one's end starts at that end's edge
 WIDE_EDGE_S = 0.005  # a half-bracket wider than this is named in the window's note
 ALIGN_TIMEOUT_S = 0.12  # one 100 ms step and some slack
 SAMPLE_PERIOD_S = 0.05  # power samples in the no-counter fallback
@@ -140,6 +143,7 @@ class NvmlCounterMeter:
         self._clock, self._sleep = clock, sleep
         self.align, self.poll_s, self.align_timeout_s = align, poll_s, align_timeout_s
         self._step_s: float | None = None
+        self._last_end: tuple[int, float, float | None] | None = None  # the last window's end edge
 
     @property
     def step_s(self) -> float:
@@ -180,13 +184,15 @@ class NvmlCounterMeter:
     @contextmanager
     def window(self) -> Iterator[EnergyWindow]:
         w = EnergyWindow()
-        start_mj, start_t, start_error = self._edge()
+        chained = self._last_end is not None and self._last_end[2] is not None and \
+            self._clock() - self._last_end[1] <= CHAIN_S
+        start_mj, start_t, start_error = self._last_end if chained and self._last_end else self._edge()
         began = self._clock()
         try:
             yield w
         finally:
             ended = self._clock()
-            end_mj, end_t, end_error = self._edge()
+            end_mj, end_t, end_error = self._last_end = self._edge()
             notes = []
             if self.align and (start_error is None or end_error is None):
                 notes.append(f"counter did not step within {self.align_timeout_s * 1000:.0f} ms: not aligned")
