@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -104,6 +104,9 @@ class ShardResult:
     energy: Energy | None  # what the device spent over `seconds`; None where no meter could tell
     peak_memory_bytes: int = 0  # the most memory the shard took on its device (0: not measured)
     log: str = ""  # what the shard printed (stdout and stderr, bounded): farm_agent.work.capture fills it in
+    # The energy, where its meter finds it after the shard (an NVML window's end edge, found while the worker's next
+    # shard runs): `energy` is None until this is read (farm_agent.work.kinds.inference.attempt).
+    energy_later: Callable[[], Energy | None] | None = None
 
 
 @dataclass(frozen=True)

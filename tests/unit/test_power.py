@@ -903,3 +903,16 @@ def test_a_window_long_after_the_last_waits_for_its_own_edge() -> None:
     clock.advance(2.0)  # another job, much later: not billed the idle time between
     e = measure(meter, clock, 0.25).energy
     assert e is not None and e.seconds <= 0.25 + 0.1 + 0.005
+
+
+def test_a_deferred_window_closes_at_once_and_reads_the_same_figure_later() -> None:
+    """A shard worker's meter finds the end edge in a thread: the block is closed as it exits (the worker goes on to
+    its next shard), and the figure, read later, is the aligned one."""
+    meter, clock = counter_meter(STEPS, 2.004)
+    meter.defer = True
+    with meter.window() as w:
+        clock.advance(0.25)
+    assert w.closed and w.wall_seconds == pytest.approx(0.25, abs=1e-3)
+    e = w.energy  # waits for the edge
+    assert e is not None
+    assert e.joules == pytest.approx(3 * 68.0, abs=1e-9) and e.seconds == pytest.approx(0.3, abs=0.002)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -70,8 +71,10 @@ class EnergyWindow:
     def __init__(self) -> None:
         self._energy: Energy | None = None
         self._closed = False
+        self._later: Callable[[], tuple[Energy | None, str]] | None = None
+        self._settling = threading.Lock()
         self.wall_seconds = 0.0  # how long the block itself ran; `energy.seconds` is the span the figure covers
-        self.note = ""  # how the figure was made, where that is worth knowing (alignment, coverage, fallback)
+        self._note = ""  # how the figure was made, where that is worth knowing (alignment, coverage, fallback)
 
     @property
     def closed(self) -> bool:
@@ -79,13 +82,31 @@ class EnergyWindow:
 
     @property
     def energy(self) -> Energy | None:
+        """The window's energy; where its meter finishes it after the block (close_later), waits for that."""
         if not self._closed:
             raise RuntimeError("the energy window is still open: read w.energy after the with block")
+        self._settle()
         return self._energy
+
+    @property
+    def note(self) -> str:
+        self._settle()
+        return self._note
 
     def close(self, energy: Energy | None, wall_seconds: float, note: str = "") -> None:
         """Called by the meter when the block exits."""
-        self._energy, self.wall_seconds, self.note, self._closed = energy, max(0.0, wall_seconds), note, True
+        self._energy, self.wall_seconds, self._note, self._closed = energy, max(0.0, wall_seconds), note, True
+
+    def close_later(self, finish: Callable[[], tuple[Energy | None, str]], wall_seconds: float) -> None:
+        """Called by a meter that finds the figure after the block (an NVML end edge, found while the next shard
+        runs): `finish` gives it, once, when it is first read."""
+        self._later, self.wall_seconds, self._closed = finish, max(0.0, wall_seconds), True
+
+    def _settle(self) -> None:
+        with self._settling:
+            if self._later is not None:
+                self._energy, self._note = self._later()
+                self._later = None
 
 
 class PowerMeter(Protocol):

@@ -19,7 +19,9 @@ The cost: entering waits up to one step (the work starts just after an edge) and
 figure then also covers up to 100 ms after the block, at whatever the GPU drew then: measured at 680 W steady, a
 1.0 s block of matmuls read 651-657 W over 1.10-1.12 s). A window opened within CHAIN_S of the last one's end (a
 worker's next shard) waits for nothing: it starts at that window's end edge, so a worker's windows tile its time
-and the moments between two shards are billed to the later one. Where the counter does not step within the timeout (it
+and the moments between two shards are billed to the later one. A meter whose `defer` is on (a shard worker's)
+also finds a window's end edge in a thread of its own: the block returns at once, the next shard starts, and the
+figure is there when first read (EnergyWindow.close_later). Where the counter does not step within the timeout (it
 should while the GPU draws anything), that end is not aligned and the window says so.
 
 GPU work is asynchronous: the block must synchronize the device before it ends (the backend does; this module never
@@ -44,6 +46,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -118,6 +121,12 @@ class _NvmlDevice:
                 log.debug("nvmlShutdown: %s", exc)
 
 
+def _done(edge: tuple[int, float, float | None]) -> Future[tuple[int, float, float | None]]:
+    found: Future[tuple[int, float, float | None]] = Future()
+    found.set_result(edge)
+    return found
+
+
 class NvmlCounterMeter:
     """NVML's total-energy counter, each window aligned to counter step edges (see the module docstring)."""
 
@@ -143,7 +152,10 @@ class NvmlCounterMeter:
         self._clock, self._sleep = clock, sleep
         self.align, self.poll_s, self.align_timeout_s = align, poll_s, align_timeout_s
         self._step_s: float | None = None
-        self._last_end: tuple[int, float, float | None] | None = None  # the last window's end edge
+        self.defer = False  # find each window's end edge in a thread (a shard worker's meter): see the docstring
+        self._last_end: Future[tuple[int, float, float | None]] | None = None  # the last window's end edge
+        self._last_end_at = 0.0  # when that window's block ended
+        self._finder: ThreadPoolExecutor | None = None
 
     @property
     def step_s(self) -> float:
@@ -184,28 +196,38 @@ class NvmlCounterMeter:
     @contextmanager
     def window(self) -> Iterator[EnergyWindow]:
         w = EnergyWindow()
-        chained = self._last_end is not None and self._last_end[2] is not None and \
-            self._clock() - self._last_end[1] <= CHAIN_S
-        start_mj, start_t, start_error = self._last_end if chained and self._last_end else self._edge()
+        start = self._last_end if self._last_end is not None and self._clock() - self._last_end_at <= CHAIN_S \
+            else _done(self._edge())
         began = self._clock()
         try:
             yield w
         finally:
             ended = self._clock()
-            end_mj, end_t, end_error = self._last_end = self._edge()
-            notes = []
-            if self.align and (start_error is None or end_error is None):
-                notes.append(f"counter did not step within {self.align_timeout_s * 1000:.0f} ms: not aligned")
-            widest = max(start_error or 0.0, end_error or 0.0)
-            if widest > WIDE_EDGE_S:
-                notes.append(f"a step edge known only to +-{widest * 1000:.0f} ms (a slow NVML read)")
-            energy = None
-            if end_mj < start_mj:  # the driver reloaded: the counter restarts from zero
-                notes.append(f"counter went backwards ({start_mj} -> {end_mj} mJ): not measured")
+            if self.defer:
+                self._finder = self._finder or ThreadPoolExecutor(1, thread_name_prefix="farm-nvml-edge")
+                end = self._finder.submit(self._edge)
             else:
-                energy = Energy(joules=(end_mj - start_mj) / 1000.0, seconds=max(0.0, end_t - start_t),
-                                source=self.source, scope=self.scope)
-            w.close(energy, ended - began, "; ".join(notes))
+                end = _done(self._edge())
+            self._last_end, self._last_end_at = end, ended
+            w.close_later(lambda: self._figure(start.result(), end.result()), ended - began)
+
+    def _figure(self, start: tuple[int, float, float | None], end: tuple[int, float, float | None]
+                ) -> tuple[Energy | None, str]:
+        """A window's energy between its two edges, and its note."""
+        (start_mj, start_t, start_error), (end_mj, end_t, end_error) = start, end
+        notes = []
+        if self.align and (start_error is None or end_error is None):
+            notes.append(f"counter did not step within {self.align_timeout_s * 1000:.0f} ms: not aligned")
+        widest = max(start_error or 0.0, end_error or 0.0)
+        if widest > WIDE_EDGE_S:
+            notes.append(f"a step edge known only to +-{widest * 1000:.0f} ms (a slow NVML read)")
+        energy = None
+        if end_mj < start_mj:  # the driver reloaded: the counter restarts from zero
+            notes.append(f"counter went backwards ({start_mj} -> {end_mj} mJ): not measured")
+        else:
+            energy = Energy(joules=(end_mj - start_mj) / 1000.0, seconds=max(0.0, end_t - start_t),
+                            source=self.source, scope=self.scope)
+        return energy, "; ".join(notes)
 
     def power(self) -> Power | None:
         watts = self._dev.power_watts()

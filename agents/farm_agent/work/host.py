@@ -22,6 +22,7 @@ from farm.core.tasks import ResultRoute, ShardFigures
 from farm.core.wire import decode_task
 from farm.proto.v1 import agent_pb2
 from farm_agent.work import frames
+from farm_agent.work.upload import Finishing
 
 FD_VAR = "FARM_WORK_FD"
 
@@ -45,20 +46,31 @@ def main() -> None:
             pass
         waiting.put(None)
 
-    threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
-    ended: float | None = None  # when the last attempt ended: the next one could start from then (it was queued)
-    while (assignment := waiting.get()) is not None:
-        ready = time.monotonic() if ended is None else ended  # a first attempt's model load is no per-shard cost
-        reason, figures = run(assignment)
-        overhead = 0.0
-        if ended is not None and figures is not None:
-            overhead = max(time.monotonic() - ready - figures.seconds, 0.0)
-        ended = time.monotonic()
+    def ended(assignment: agent_pb2.Assignment, reason: str, figures: ShardFigures | None, busy_s: float | None
+              ) -> None:
+        """The attempt ended; `busy_s`: the device's time on it from when it could start (None: a first attempt,
+        whose model load is no per-shard cost), of which what is not compute is its overhead."""
+        overhead = 0.0 if busy_s is None or figures is None else max(busy_s - figures.seconds, 0.0)
         report(agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(ticket=assignment.ticket, reason=reason,
                                                               overhead_s=overhead)))
 
+    def finished(assignment: agent_pb2.Assignment, finishing: Finishing, busy_s: float | None) -> None:
+        ended(assignment, *finishing.wait(), busy_s)
 
-def run(assignment: agent_pb2.Assignment) -> tuple[str, ShardFigures | None]:
+    threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
+    free: float | None = None  # when the device was last free: the next attempt could start from then (it queued)
+    while (assignment := waiting.get()) is not None:
+        ready = free
+        reason, result = run(assignment)
+        free = time.monotonic()
+        busy_s = None if ready is None else free - ready
+        if isinstance(result, Finishing):  # its result is sent while the next attempt runs
+            threading.Thread(target=finished, args=(assignment, result, busy_s), name="farm-ended").start()
+        else:
+            ended(assignment, reason, result, busy_s)
+
+
+def run(assignment: agent_pb2.Assignment) -> tuple[str, ShardFigures | Finishing | None]:
     """Run one attempt: empty and its figures where its result (or its failure: None) went to the head; else why
     it could not."""
     from farm_agent.work.kinds import attempt

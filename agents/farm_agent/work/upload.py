@@ -13,6 +13,7 @@ never holds a whole shard's outputs, and the head writes them to Parquet as they
 from __future__ import annotations
 
 import queue
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -146,9 +147,12 @@ def failure_of(exc: BaseException) -> result_pb2.ShardFailure:
                                    log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))))
 
 
-def send(route: ResultRoute, work: Callable[[Upload], ShardFigures]) -> ShardFigures | None:
+def send(route: ResultRoute, work: Callable[[Upload], ShardFigures | Callable[[], ShardFigures]]
+         ) -> ShardFigures | Finishing | None:
     """Run a shard's `work` (it writes its table to the upload and returns its figures) and send its result, or its
-    failure, to the head; its figures (None: it failed). Raises only where the head did not take it."""
+    failure, to the head; its figures (None: it failed). Raises only where the head did not take it. A `work` that
+    returns a function of its figures (they hold energy its meter finds after the shard: farm_agent.power) is
+    finished in a thread: the Finishing returned says when, and its worker starts its next shard meanwhile."""
     upload = Upload(route)
     try:
         measured = work(upload)
@@ -157,8 +161,34 @@ def send(route: ResultRoute, work: Callable[[Upload], ShardFigures]) -> ShardFig
     except (Exception, SystemExit) as exc:  # the job's code may call sys.exit
         upload.fail(exc)
         return None
+    if callable(measured):
+        return Finishing(upload, measured)
     upload.finish(measured)
     return measured
+
+
+class Finishing:
+    """A shard's result finishing in a thread: its figures made, then sent (the upload's last part and the head's
+    answer). `wait()` gives why it could not, or "", and its figures."""
+
+    def __init__(self, upload: Upload, measured: Callable[[], ShardFigures]) -> None:
+        self.upload, self.measured = upload, measured
+        self.reason, self.figures = "", None
+        self.thread = threading.Thread(target=self._finish, name="farm-finish")  # not a daemon: the worker waits
+        self.thread.start()
+
+    def _finish(self) -> None:
+        try:
+            self.figures = self.measured()
+            self.upload.finish(self.figures)
+        except FarmError as exc:
+            self.reason = exc.message
+        except Exception as exc:  # noqa: BLE001 - said to the head as why the attempt ended
+            self.reason = f"{type(exc).__name__}: {exc}"[:2000]
+
+    def wait(self) -> tuple[str, ShardFigures | None]:
+        self.thread.join()
+        return self.reason, self.figures
 
 
 def figures(result: Any, **metrics: float) -> ShardFigures:

@@ -7,7 +7,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,13 +33,15 @@ from farm_agent.work.prefetch import prefetch
 if TYPE_CHECKING:
     import torch
 
+    from farm_agent.work.upload import Upload
+
 # What each loaded model has already run in this worker process: (device, tuning, batch rows). load_model keeps
 # models cached, and Ray reuses a worker for the next job with the same code, whose tuning may differ.
 _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] = weakref.WeakKeyDictionary()
 
 
 @job_shard
-def run_shard(task: ShardTask, out: Callable[[pa.Table], None]) -> ShardResult:
+def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = False) -> ShardResult:
     """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
     the device's energy window; each batch's results (row_id, passthrough columns, `output`) go to `out` as they are
     made (to the head's upload: farm_agent.work.upload), and the shard's figures are returned.
@@ -48,16 +50,18 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None]) -> ShardResult:
     batches whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
     that node from its bytes to its outputs. Only the first batch is read and prepared before the window, to warm
     the model up on it; a thread reads the next batches (prefetch.DEPTH) ahead of the model, from then on, so that
-    reading overlaps compute: the few batches it reads during the warm-up are read outside the window."""
+    reading overlaps compute: the few batches it reads during the warm-up are read outside the window. `later`: the
+    energy may be found after the shard returns (ShardResult.energy_later), so that its device starts the next one
+    meanwhile."""
     root = Path.cwd()
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)
     with closing(prefetch(model_batches(task, root))) as stream:  # closing: the reader stops if the model fails
-        return _run(task, module, backend, stream, out)
+        return _run(task, module, backend, stream, out, later)
 
 
 def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch],
-         out: Callable[[pa.Table], None]) -> ShardResult:
+         out: Callable[[pa.Table], None], later: bool = False) -> ShardResult:
     first = next(stream, None)
     if first is None:  # a byte range holding no line start: nothing to run
         return _result(task, 0, 0.0, None, None)
@@ -65,7 +69,10 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
              or task.data.plan.unit is Unit.ROWS else None)
     _reset_peak_memory(task.device)
     rows, correct = 0, None
-    with _meter(task.device).window() as window:
+    meter = _meter(task.device)
+    if hasattr(meter, "defer"):
+        meter.defer = later
+    with meter.window() as window:
         began = time.perf_counter()
         for batch in itertools.chain([first], stream):
             outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
@@ -76,6 +83,8 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
             if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
                 correct = (correct or 0) + int((np.argmax(outputs, axis=1) == batch.labels).sum())
         seconds = time.perf_counter() - began
+    if later:
+        return replace(_result(task, rows, seconds, correct, None), energy_later=lambda: window.energy)
     return _result(task, rows, seconds, correct, window.energy)
 
 
@@ -168,4 +177,9 @@ def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | None:
     """One attempt of an inference shard in its worker: its outputs to the head batch by batch, then its figures."""
     from farm_agent.work.upload import figures, send
 
-    return send(route, lambda upload: figures(run_shard(task, upload.write)))
+    def work(upload: Upload) -> Callable[[], ShardFigures]:
+        result = run_shard(task, upload.write, later=True)
+        energy = result.energy_later or (lambda: result.energy)
+        return lambda: figures(replace(result, energy=energy(), energy_later=None))
+
+    return send(route, work)
