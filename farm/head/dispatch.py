@@ -73,6 +73,7 @@ class Dispatcher:
         self.links.on_ended = self._ended
         self.links.on_worker = self.job_nodes.worker_started
         self.links.on_change = self.wake.set
+        self.links.on_closed = lambda node_id: self._take_back(node_id, "its node's work stream closed")
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
         self.handlers = kinds.handlers(settings)
@@ -121,23 +122,26 @@ class Dispatcher:
                 self.outcomes.fail(job.id, None, exc.message)
 
     async def refresh_nodes(self) -> None:
-        """Node state from heartbeats and Ray's view; shards on nodes no longer holding them go back to the queue."""
+        """Node state from heartbeats and work streams; the shards of a node that left or went silent go back to the
+        queue (a draining one's, whose agent stopped its workers, without counting as a failed try)."""
         holding, self.draining = await self.node_watch.refresh(self.links.connected())
-        self._take_back_from_lost_nodes(holding, self.draining)
+        for node_id in {r.node_id for r in self.attempts.running.values()} - holding:
+            self._take_back(node_id, "its node left the farm")
 
-    def _take_back_from_lost_nodes(self, holding: set[str], draining: set[str]) -> None:
-        """Shards on a node that left, went silent or closed its work stream go back to the queue; a draining node's
-        (its agent stopped its workers: its owner stayed busy past the grace) without counting as a failed try."""
+    def _take_back(self, node_id: str, why: str) -> None:
+        """Every attempt on this node ends here, its shard back in the queue (Links.on_closed: a closed work stream
+        is one its agent stopped its workers with, even if it opened a new one since)."""
         for key, running in list(self.attempts.running.items()):
-            if running.node_id in holding:
+            if running.node_id != node_id:
                 continue
             self.attempts.release(key)
             self.links.cancel_attempt(running.node_id, running.ticket)
-            if running.node_id in draining:
+            if node_id in self.draining:
                 self.outcomes.requeue(*key, "its node drained and stopped its workers")
             else:
-                self.outcomes.retry_or_fail(*key, "its node left the farm")
+                self.outcomes.retry_or_fail(*key, why)
             self.notify(key[0])
+        self.wake.set()
 
     def schedule(self) -> None:
         """One round per unfinished job, in submission order: earlier jobs take free slots first."""

@@ -45,6 +45,8 @@ class Links:
         self.on_ended: Callable[[str, agent_pb2.WorkEnded], None] = lambda node_id, ended: None
         self.on_worker: Callable[[str, agent_pb2.WorkerStarted], None] = lambda node_id, started: None
         self.on_change: Callable[[], None] = lambda: None
+        # The dispatcher's: a node's stream closed (or a new one replaced it): its agent stopped its workers.
+        self.on_closed: Callable[[str], None] = lambda node_id: None
 
     def connected(self) -> set[str]:
         return set(self.open)
@@ -54,6 +56,7 @@ class Links:
         old = self.open.pop(node_id, None)
         if old is not None:
             old.closed.set()
+            self.on_closed(node_id)  # before the new stream takes any order
         link = self.open[node_id] = Link(node_id)
         self.on_change()
         return link
@@ -62,6 +65,7 @@ class Links:
         link.closed.set()
         if self.open.get(link.node_id) is link:
             del self.open[link.node_id]
+            self.on_closed(link.node_id)
             self.on_change()
 
     def send(self, node_id: str, order: agent_pb2.WorkOrder) -> bool:

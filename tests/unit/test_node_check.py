@@ -35,3 +35,26 @@ def test_a_node_is_ready_only_while_its_work_stream_is_open(tmp_path: Path) -> N
     open_, closed = asyncio.run(rounds())
     assert open_ == {"n-streams": NodeState.READY, "n-silent": NodeState.JOINING}
     assert closed == {"n-streams": NodeState.JOINING, "n-silent": NodeState.JOINING}
+
+
+def test_a_closed_work_stream_takes_its_nodes_shards_back_even_when_it_reopens_at_once(tmp_path: Path) -> None:
+    """An agent stops its workers when its stream closes: the attempts it held are gone even if it is back (a new
+    stream) before the next round. Without this they held the node's slots for ever (found by the chaos tests)."""
+    from farm.core.models import ShardState
+    from farm.head.attempts import Running
+
+    store = Store(tmp_path / "state.db")
+    store.upsert_node("n-1", "box", HW, [CPU], "127.0.0.1", "h1")
+    store.heartbeat("n-1", 1.0, 1.0, ())
+    store.add_job("j-1", "toy", "inference", "name: toy\nmodel: m:b\ndataset: d:x\nshards: 2\n", "/nowhere.zip",
+                  str(tmp_path / "out"), 4, [(0, 2), (2, 4)])
+
+    async def flap() -> tuple[int, ShardState]:
+        farm = Dispatcher(store, HeadSettings(state_dir=tmp_path / "state"), notify=lambda job_id: None)
+        farm.links.attach("n-1")
+        store.shard_started("j-1", 0, store.nodes()[0], "cpu", "cpu")
+        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", "ticket-0"))
+        farm.links.attach("n-1")  # the agent reconnected: its old stream is replaced
+        return len(farm.attempts.running), store.job("j-1").shards[0].state
+
+    assert asyncio.run(flap()) == (0, ShardState.PENDING)
