@@ -1,17 +1,17 @@
-"""Ray's cluster is one trust domain: its token lets whoever holds it run code on any node, and job code is such
-code. So Ray never runs as root: a head or agent running as root runs its Ray node as the unprivileged farm-ray.
+"""Job code never runs as root, and a lender never holds the head's Ray credentials.
 
-- A lender holding only a join token gets the Ray token at Register (it must, to join Ray's cluster), and Ray lets
-  it run a task on any node, the head's own included (a task needing no resources fits anywhere): such a task cannot
-  read the head's state folder (head.json holds the API token).
-- Job code on an agent's node cannot read the agent's folder (its join token, node key, node token), and what it
-  starts in a session of its own ends when the agent stops (farm/node_group.py), with the node's Ray folder.
+- A lender holding only a join token gets no Ray address or token at Register: the head's Ray (which runs as the
+  unprivileged farm-ray where the head is root) holds only the operator's trusted nodes.
+- Job code on a lent node runs in the agent's persistent workers as farm-ray: it cannot read the agent's folder (its
+  join token, node key, node token), and what it starts in a session of its own ends when the agent stops
+  (farm/node_group.py), with the workers' folder.
 
-One head and one agent, both with their Ray as farm-ray, serve the module. Run as root only: a head or agent
-switches users for its Ray only when it runs as root."""
+One head (its Ray as farm-ray) and one lent agent (its workers as farm-ray) serve the module. Run as root only: a head
+or agent switches users only when it runs as root."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -30,11 +30,10 @@ import yaml
 
 from farm import ray_user
 from farm.client import HeadInfo, find_head
-from farm.local import free_port, ray_temp_dir, read_json, wait_for
+from farm.local import free_port, read_json, wait_for
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm_agent.daemon.client import NODE_IDENTITY_FILE, credentials
-from farm.core.ids import NODE_LABEL
 from farm_agent.daemon.main import worker_packages
 from tests.conftest import ROOT, farm
 from tests.integration.inprocess_head import HW
@@ -43,58 +42,43 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux" or os
                                                    reason="Ray runs as another user only for a head or agent run "
                                                           "as root")]
 
-STEAL = """
-import json, os, sys
-import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-ray.init(address=sys.argv[1], log_to_driver=False)
-head = next(n for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
-
-@ray.remote(num_cpus=0)
-def steal(path):
-    try:
-        return ["read", open(path).read(), os.geteuid()]
-    except OSError as exc:
-        return ["refused", type(exc).__name__, os.geteuid()]
-
-pinned = steal.options(scheduling_strategy=NodeAffinitySchedulingStrategy(head["NodeID"], soft=False))
-print(json.dumps(ray.get(pinned.remote(sys.argv[2]), timeout=120)))
-"""
-
-
-# Job code, as any job's code runs: a Ray task on the agent's node. It reads files, or leaves a process running in a
-# session of its own, through a parent that exits at once (a double fork: no longer the worker's child, which Ray
-# would end with the worker).
-JOB = """
+# Job code, as any job's runs: its model's constructor, in the lent agent's worker. It reads files, says where Farm's
+# worker code keeps its state, or leaves a process running in a session of its own through a parent that exits at
+# once (a double fork: no longer the worker's child); what it found goes to $PROBE_OUT as JSON.
+PROBE = """
 import json, os, subprocess, sys
-import ray
+import torch
 
-ray.init(address=sys.argv[1], log_to_driver=False)
 DAEMON = ("import subprocess as s; print(s.Popen(['sleep', '600'], start_new_session=True, stdin=s.DEVNULL, "
           "stdout=s.DEVNULL, stderr=s.DEVNULL).pid)")
 
-@ray.remote(num_cpus=0)
-def job(mode, paths):
+
+def build():
+    mode, paths = os.environ["PROBE_MODE"], json.loads(os.environ.get("PROBE_PATHS", "[]"))
     if mode == "spawn":
         started = subprocess.run([sys.executable, "-c", DAEMON], capture_output=True, text=True)
-        return [int(started.stdout), os.geteuid()]
-    if mode == "state":  # where Farm's worker code keeps its own state (the kernel tuner's cache): writable
+        found = int(started.stdout)
+    elif mode == "state":
         from farm_agent.tuner.cache import default_dir
         default_dir().mkdir(parents=True, exist_ok=True)
         (default_dir() / "probe.json").write_text("{}")
-        return [str(default_dir()), os.geteuid()]
-    read = {}
-    for path in paths:
-        try:
-            with open(path, "rb"):
-                read[path] = "read"
-        except OSError as exc:
-            read[path] = type(exc).__name__
-    return [read, os.geteuid()]
+        found = str(default_dir())
+    else:
+        found = {}
+        for path in paths:
+            try:
+                with open(path, "rb"):
+                    found[path] = "read"
+            except OSError as exc:
+                found[path] = type(exc).__name__
+    with open(os.environ["PROBE_OUT"], "w") as out:
+        json.dump([found, os.geteuid()], out)
+    return torch.nn.Identity()
 
-pinned = job.options(label_selector={sys.argv[2]: sys.argv[3]})
-print(json.dumps(ray.get(pinned.remote(sys.argv[4], sys.argv[5:]), timeout=120)))
+
+def rows():
+    import numpy as np
+    return np.zeros((4, 2), dtype=np.float32)
 """
 
 
@@ -119,28 +103,25 @@ def reachable_python() -> Iterator[ray_user.pwd.struct_passwd]:
 class FarmRayFarm:
     state: Path  # the head's state folder
     head: HeadInfo
-    ray_address: str
     agent_root: Path  # the agent's own Farm folder (its --state-dir)
     user: ray_user.pwd.struct_passwd
+    work: Path  # job code, and a folder farm-ray may write its findings in
 
     @property
     def agent_dir(self) -> Path:
         return self.agent_root / "agents" / "lent"
 
-    @property
-    def node_id(self) -> str:
-        return str((read_json(self.agent_dir / "node.json") or {})["node_id"])
-
     def job(self, mode: str, *paths: Path) -> list[object]:
-        """Run JOB on the agent's node with the Ray token (as a lender, or job code, holds it)."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=(self.state / "ray.token").read_text().strip(),
-                   RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # a Ray kept on loopback: see the lender's below
-        done = subprocess.run([sys.executable, "-c", JOB, self.ray_address, NODE_LABEL, self.node_id, mode,
-                               *map(str, paths)], capture_output=True, text=True, timeout=180, env=env,
-                              cwd=self.agent_root)
-        assert done.returncode == 0, done.stderr[-2000:]
-        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+        """Run PROBE as a job's code on the lent agent; what it found, and the user it ran as."""
+        out = self.work / "found" / f"{mode}.json"
+        spec = {"name": f"probe-{mode}", "model": "probe:build", "dataset": "probe:rows", "shards": 1,
+                "batch_size": 4, "backends": ["cpu"], "output": str(self.work / "out" / mode),
+                "env": {"PROBE_MODE": mode, "PROBE_PATHS": json.dumps(list(map(str, paths))), "PROBE_OUT": str(out)}}
+        (self.work / f"{mode}.yaml").write_text(yaml.safe_dump(spec))
+        done = farm("submit", str(self.work / f"{mode}.yaml"), "--wait", "--json", "--no-check", "--workdir",
+                    str(self.work / "code"), env={"FARM_STATE_DIR": str(self.state)})
+        assert done.returncode == 0, done.stderr
+        return list(json.loads(out.read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +143,13 @@ def farm_ray_farm(tmp_path_factory: pytest.TempPathFactory,
                       "--cpus", "1", "--max-foreign-cpu", "100", "--state-dir", str(agent_root), "--detach",
                       env={**env, "FARM_JOIN_TOKEN": head.join_token})
         assert joined.returncode == 0, joined.stderr
-        yield FarmRayFarm(state, head, f"127.0.0.1:{ray_port}", agent_root, reachable_python)
+        work = Path(tempfile.mkdtemp(prefix="farm-ray-work-"))
+        (work / "code").mkdir()
+        (work / "code" / "probe.py").write_text(PROBE)
+        (work / "found").mkdir(mode=0o777)
+        (work / "found").chmod(0o777)  # the worker, as farm-ray, writes its findings here
+        work.chmod(0o755)
+        yield FarmRayFarm(state, head, agent_root, reachable_python, work)
     finally:
         stopped = farm("agent", "stop", "--state-dir", str(agent_root))
         assert stopped.returncode in (0, 2), stopped.stderr  # 2: the test stopped it already
@@ -170,50 +157,41 @@ def farm_ray_farm(tmp_path_factory: pytest.TempPathFactory,
         shutil.rmtree(agent_root, ignore_errors=True)
 
 
-def test_a_lender_s_task_on_the_head_s_node_cannot_read_the_head_s_secrets(
-        farm_ray_farm: FarmRayFarm, tmp_path: Path) -> None:
+def test_a_lender_gets_no_ray_credentials_and_the_heads_ray_runs_as_farm_ray(farm_ray_farm: FarmRayFarm) -> None:
+    """Issue 27: the Ray token Register handed every lender let one run a task on the head's own Ray node."""
     state = farm_ray_farm.state
     recorded = (read_json(state / "ray-head.json") or {}).get("processes", [])
     assert recorded and {psutil.Process(pid).username() for pid, _ in recorded} == {ray_user.DEFAULT}
-
     info = read_json(state / "head.json") or {}
     ca = (state / "tls" / "ca.pem").read_bytes()
-    with grpc.secure_channel(info["address"], grpc.ssl_channel_credentials(ca)) as channel:  # the lender joins
+    with grpc.secure_channel(info["address"], grpc.ssl_channel_credentials(ca)) as channel:  # a lender joins
         reply = agent_pb2_grpc.AgentServiceStub(channel).Register(agent_pb2.RegisterRequest(
             join_token=info["join_token"], name="lender", hardware=convert.hardware_to_pb(HW)),
             metadata=credentials(info["join_token"]), timeout=10)
-    lender = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: Ray's local-only mode, in which a driver reaches a Ray kept on
-    # loopback (farm.local.RAY_START_ON_LOOPBACK) at 127.0.0.1, not at the machine's reachable address.
-    lender.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=reply.ray_token, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    stolen = subprocess.run([sys.executable, "-c", STEAL, reply.ray_address, str(state / "head.json")],
-                            capture_output=True, text=True, timeout=180, env=lender, cwd=tmp_path)
-    assert stolen.returncode == 0, stolen.stderr[-2000:]
-    outcome, what, euid = json.loads(stolen.stdout.strip().splitlines()[-1])
-    assert (outcome, what, euid) == ("refused", "PermissionError", farm_ray_farm.user.pw_uid), what[:80]
+    assert (reply.ray_address, reply.ray_token) == ("", "")
+    assert not (farm_ray_farm.agent_dir / "ray.token").exists()
 
 
 def test_job_code_cannot_read_the_agent_s_tokens_and_key(farm_ray_farm: FarmRayFarm) -> None:
-    """Finding 4: a job's code returned the agent's join token, Ray token and node key in its output."""
+    """Finding 4: a job's code returned the agent's join token and node key in its output."""
     folder = farm_ray_farm.agent_dir
-    secrets = [folder / "join.token", folder / NODE_IDENTITY_FILE, folder / "node.json", folder / "ray.token"]
+    secrets = [folder / "join.token", folder / NODE_IDENTITY_FILE, folder / "node.json"]
     read, euid = farm_ray_farm.job("read", *secrets)
     assert read == {str(p): "PermissionError" for p in secrets}
-
-    assert euid == farm_ray_farm.user.pw_uid  # the agent's Ray node runs as farm-ray, every process of it
-    recorded = (read_json(folder / "ray-node.json") or {}).get("processes", [])
-    assert recorded and {psutil.Process(pid).username() for pid, _ in recorded} == {ray_user.DEFAULT}
+    assert euid == farm_ray_farm.user.pw_uid  # the agent's workers run as farm-ray
     # The worker's own state (the kernel tuner's cache, Core ML conversions) lives where its user may write: not in
     # the agent's folder (on the H200 every cuda shard failed with PermissionError on the tuner's cache there).
     cache, _ = farm_ray_farm.job("state")
-    assert Path(str(cache)).is_relative_to(ray_temp_dir(farm_ray_farm.node_id)), cache
+    assert not Path(str(cache)).is_relative_to(farm_ray_farm.agent_root), cache
+    assert Path(str(cache)).stat().st_uid == farm_ray_farm.user.pw_uid
     info = folder.stat()  # the agent's folder is root's and private, its secrets 0600
     assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o700)
     assert {stat.S_IMODE(p.stat().st_mode) for p in secrets} == {0o600}
 
 
 def test_a_job_runs_on_the_agent_s_node_as_farm_ray(farm_ray_farm: FarmRayFarm, tmp_path: Path) -> None:
-    """Farm's own job path (its code unpacked by Ray, torch, the data plane, results to the head) works as farm-ray."""
+    """Farm's own job path (its code unpacked in a worker, torch, the data plane, results to the head) works as
+    farm-ray."""
     spec = yaml.safe_load((ROOT / "examples/digits/infer.yaml").read_text())
     spec.update(output=str(tmp_path / "out"), shards=2)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
@@ -226,14 +204,14 @@ def test_a_job_runs_on_the_agent_s_node_as_farm_ray(farm_ray_farm: FarmRayFarm, 
 
 
 def test_what_job_code_starts_ends_when_the_agent_stops(farm_ray_farm: FarmRayFarm) -> None:
-    """Finding 4: a process a job started in a new session survived `farm agent stop`; and the node's Ray folder
-    (its logs, unpacked job code) stays behind no more. Stops the module's agent: the module's last test."""
-    node_folder = ray_temp_dir(farm_ray_farm.node_id)
+    """Finding 4: a process a job started in a new session survived `farm agent stop`; and the workers' folder (their
+    unpacked job code) stays behind no more. Stops the module's agent: the module's last test."""
     pid, euid = farm_ray_farm.job("spawn")
     child = psutil.Process(int(pid))  # with its start time: a pid reused meanwhile is not taken for it
-    ray_session = int((read_json(farm_ray_farm.agent_dir / "ray-node.json") or {})["session"])
-    assert os.getsid(child.pid) not in (ray_session, os.getsid(0))  # out of the node's session: stop_session misses it
-    assert node_folder.is_dir()
+    assert os.getsid(child.pid) != os.getsid(0)  # a session of its own: ending the worker's misses it
+    folders = [Path(p) for p in glob.glob(os.path.join(tempfile.gettempdir(), "farm-work-*"))
+               if Path(p).stat().st_uid == farm_ray_farm.user.pw_uid]
+    assert folders
 
     stopped = farm("agent", "stop", "--state-dir", str(farm_ray_farm.agent_root))
     assert stopped.returncode == 0, stopped.stderr
@@ -242,8 +220,8 @@ def test_what_job_code_starts_ends_when_the_agent_stops(farm_ray_farm: FarmRayFa
     finally:
         if not gone(child):
             child.kill()
-    assert not node_folder.exists()
     assert euid == farm_ray_farm.user.pw_uid
+    assert not any(folder.exists() for folder in folders)
 
 
 def gone(proc: psutil.Process) -> bool:
