@@ -48,6 +48,7 @@ KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_
 # Variables a job's `env:` may not set in its workers (they are Farm's).
 RESERVED = frozenset({"PATH", "HOME", "USER", "LOGNAME", FD_VAR, NODE_ID_VAR, "FARM_STATE_DIR", "PYTHONPATH",
                       "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONSTARTUP"})
+CANCELLED_KEPT = 10_000
 STOP_S = 5.0  # how long a worker may take to leave once its socket closes, before its group is killed
 
 Report = Callable[[agent_pb2.WorkReport], None]
@@ -88,9 +89,9 @@ class Workers:
                 os.chown(folder, account.pw_uid, account.pw_gid)
         self.logs = state_dir / "workers"  # the workers' output: the agent's, out of their reach
         self.logs.mkdir(mode=0o700, exist_ok=True)
-        self.jobs_code: dict[str, bytes] = {}  # sha256 → a job's code package
         self.started = 0  # workers started so far: each one's folder and group are named by it
-        self.cancelled: set[str] = set()  # jobs the head cancelled or ended: an order still on its way starts nothing
+        # Jobs the head cancelled or ended (the last CANCELLED_KEPT): an order still on its way starts nothing.
+        self.cancelled: dict[str, None] = {}
 
     async def assign(self, assignment: agent_pb2.Assignment) -> None:
         """Queue an attempt on its (job, device) worker, starting one if there is none."""
@@ -118,7 +119,9 @@ class Workers:
         """Stop a job's workers (or the one holding `ticket`): what they run ends with them, unreported (the head
         voided those attempts when it cancelled them)."""
         if job_id:
-            self.cancelled.add(job_id)
+            self.cancelled[job_id] = None
+            while len(self.cancelled) > CANCELLED_KEPT:
+                del self.cancelled[next(iter(self.cancelled))]
             self.starting = {key: lock for key, lock in self.starting.items() if key[0] != job_id}
         for worker in list(self.workers.values()):
             if worker.job_id == job_id or (ticket and ticket in worker.tickets):
@@ -135,13 +138,11 @@ class Workers:
         shutil.rmtree(self.root, ignore_errors=True)
 
     async def _code(self, assignment: agent_pb2.Assignment) -> bytes:
-        sha = assignment.code_sha256
-        if sha not in self.jobs_code:
-            data = await self.fetch_code(assignment.job_id)
-            if hashlib.sha256(data).hexdigest() != sha:
-                raise AgentError("the job's code package does not match its sha256")
-            self.jobs_code[sha] = data
-        return self.jobs_code[sha]
+        """The job's code package, fetched for each worker it starts (once a job and device: the daemon keeps none)."""
+        data = await self.fetch_code(assignment.job_id)
+        if hashlib.sha256(data).hexdigest() != assignment.code_sha256:
+            raise AgentError("the job's code package does not match its sha256")
+        return data
 
     async def _start(self, assignment: agent_pb2.Assignment) -> Worker:
         code = await self._code(assignment)
