@@ -63,7 +63,7 @@ def finish_shard(store: Store, output: Path, index: int) -> None:
 
 
 def dispatcher(store: Store, tmp_path: Path) -> Dispatcher:
-    return Dispatcher(store, HeadSettings(state_dir=tmp_path), notify=lambda job_id: None)
+    return Dispatcher(store, HeadSettings(state_dir=tmp_path / "state"), notify=lambda job_id: None)
 
 
 def test_a_head_killed_mid_write_leaves_no_partial_file_and_the_shard_runs_again(store: Store, tmp_path: Path

@@ -61,12 +61,15 @@ class Head:
         return Client(info, timeout=5)
 
     def register(self, join_token: str, name: str = "box", node_id: str = "", node_token: str = "",
-                 identity: tuple[bytes, bytes] | None = None) -> tuple[agent_pb2.RegisterReply, bytes]:
+                 identity: tuple[bytes, bytes] | None = None, admin_token: str = ""
+                 ) -> tuple[agent_pb2.RegisterReply, bytes]:
         """Register (as `node_id`, if given); with `identity` (key, certificate) over mutual TLS. Without a join
-        token, on the node's own token and id (a node joining again)."""
+        token, on the node's own token and id (a node joining again). `admin_token`: a trusted node's (the API
+        token)."""
         key_pem, csr_pem = new_node_key()
         request = agent_pb2.RegisterRequest(join_token=join_token, name=name, hardware=convert.hardware_to_pb(HW),
-                                            csr_pem=csr_pem, node_id=node_id, node_token=node_token)
+                                            csr_pem=csr_pem, node_id=node_id, node_token=node_token,
+                                            admin_token=admin_token)
         port = self.settings.mtls_listen_port if identity else None
         with self.channel(*(identity or (None, None)), port=port) as channel:
             metadata = credentials(join_token) if join_token else credentials(node_token, node_id)

@@ -267,22 +267,26 @@ def test_an_insecure_head_takes_a_known_node_id_only_with_its_node_token(tmp_pat
 
 
 def test_the_ray_token_rotates_at_the_next_start_and_with_a_revocation(tmp_path: Path) -> None:
-    """Every machine that joined holds the Ray token (Ray's one trust domain): it must not be valid for ever."""
+    """Every trusted machine that joined holds the Ray token (Ray's one trust domain): it must not be valid for ever.
+    (A lent node gets none: test_execution_path.)"""
     def farm(*args: str) -> Result:
         return CliRunner().invoke(head_cli.app, [*args, "--state-dir", str(tmp_path)])
 
+    def ray_token(head: Any) -> str:  # a trusted node's Register (the API token proves it)
+        return str(head.register(head.tokens.join, admin_token=head.tokens.api)[0].ray_token)
+
     with running_head(tmp_path) as head:
-        first = head.register(head.tokens.join)[0].ray_token
-        assert farm("token", "rotate-ray").exit_code == 0
-        assert head.register(head.tokens.join)[0].ray_token == first  # the running cluster keeps its token
+        first = ray_token(head)
+        assert first and farm("token", "rotate-ray").exit_code == 0
+        assert ray_token(head) == first  # the running cluster keeps its token
     with running_head(tmp_path) as head:
-        second = head.register(head.tokens.join)[0].ray_token
+        second = ray_token(head)
         assert second != first
         created = read_json_line(farm("token", "create", "--json").stdout)
         revoked = farm("token", "revoke", created["id"])
         assert revoked.exit_code == 0 and "new Ray token" in revoked.stdout
     with running_head(tmp_path) as head:
-        assert head.register(head.tokens.join)[0].ray_token not in (first, second)
+        assert ray_token(head) not in (first, second)
 
 
 def test_the_join_line_keeps_the_token_off_the_command_line(head: Head, tmp_path: Path) -> None:

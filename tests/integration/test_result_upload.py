@@ -5,7 +5,7 @@ returns: Ray would unpickle it inside the head's process, and a node chooses how
 from __future__ import annotations
 
 import asyncio
-import os
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from farm.core.models import BackendName, BackendOffer, NodeState, ShardState
 from farm.core.tasks import ResultRoute, ShardFigures
 from farm.data.batches import output_column
 from farm.head.attempts import Running
-from farm.head.dispatch import NO_RESULT, Dispatcher
+from farm.head.dispatch import Dispatcher
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm_agent.work.upload import Upload, UploadFailed, send
@@ -123,52 +123,41 @@ def test_a_failure_travels_sorted_with_its_log_and_traceback(tmp_path: Path) -> 
         assert any("DataError" in line["message"] for line in logs)
 
 
-@pytest.mark.slow
-def test_a_node_made_object_never_unpickles_in_the_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Finding 16: a shard's task returns an object whose unpickling runs code (here: mkdir a marker). The head that
-    awaited the task's ObjectRef ran it in its own process; now the head only waits (ray.wait reads no object), and a
-    task that ended with no result uploaded is its node's failure: the shard goes back to the queue."""
+def test_a_shard_reaches_its_node_as_protobuf_and_its_end_comes_back_as_words(tmp_path: Path) -> None:
+    """Finding 16 and issue 27: a node's Ray task made an object that the head's driver unpickled, running the node's
+    code in the head. Now a shard goes to its node as an Assignment on the node's work stream (its task as JSON), with
+    no Ray in the head's path, and what the node says of an attempt's end is a line of text: a node failure, bounded,
+    the shard back in the queue."""
     import ray
 
-    from farm.head import environment, remote
-    from farm.head.kinds.base import ShardCall
-    from farm.head.kinds.inference import Inference
+    from farm.core.wire import decode_task
+    from farm.head.links import MAX_REASON
+    from farm.proto.v1 import agent_pb2
     from farm.scheduler import Assignment
 
-    marker = tmp_path / "ran-in-the-head"
-
-    class Payload:
-        def __reduce__(self) -> tuple[object, ...]:
-            return (os.mkdir, (str(marker),))
-
-    def shard(*args: object) -> Payload:  # as a job's code, or a node's own worker, could return
-        return Payload()
-
     store = Store(tmp_path / "state.db")
-    add_job(store, tmp_path / "out")
-    farm = Dispatcher(store, HeadSettings(state_dir=tmp_path, insecure=True), notify=lambda job_id: None)
-    monkeypatch.setattr(Inference, "task", lambda self, *args: ShardCall(ray.remote(num_cpus=0)(shard), None))
-    monkeypatch.setattr(remote, "pinned", lambda *args: {})  # one local Ray node, without Farm's labels
-    monkeypatch.setattr(environment, "runtime_env", lambda *args: {})
-    monkeypatch.setattr(Dispatcher, "working_dir", lambda self, job: "")
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        async def scenario() -> None:
-            job = store.job("j-1")
-            placed = Assignment(job_id="j-1", index=0, node_id="n-1", backend=BackendName.CPU, device="cpu",
-                                threads=1, score=0.0, basis="")
-            farm.launch(job, farm.spec(job), farm.handler(job), placed, store.nodes()[0])
-            (running,) = farm.attempts.running.values()
-            ended, _ = await asyncio.to_thread(ray.wait, [running.ref], timeout=60, fetch_local=False)
-            assert ended, "the task never ended"
-            for _ in range(20):  # the head's next rounds (a collector awaiting the ref would have run by now)
-                await asyncio.sleep(0.05)
-                if hasattr(farm, "reap"):
-                    await farm.reap()
+    store.upsert_node("n-1", "box", HW, [BackendOffer(name=BackendName.CPU, device="cpu")], "127.0.0.1", "h")
+    store.set_node_state("n-1", NodeState.READY)
+    code = tmp_path / "code.zip"
+    code.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: the job's code package, hashed for the node
+    store.add_job("j-1", "toy", "inference", SPEC, str(code), str(tmp_path / "out"), 4, [(0, 2), (2, 4)])
+    farm = Dispatcher(store, HeadSettings(state_dir=tmp_path / "state", insecure=True), notify=lambda job_id: None)
 
-        asyncio.run(scenario())
-    finally:
-        ray.shutdown()
-    assert not marker.exists(), "a node's object was unpickled in the head: its code ran there"
-    shard_0 = store.job("j-1").shards[0]
-    assert shard_0.state is ShardState.PENDING and shard_0.error == NO_RESULT
+    async def scenario() -> tuple[agent_pb2.WorkOrder, str]:
+        link = farm.links.attach("n-1")
+        job = store.job("j-1")
+        placed = Assignment(job_id="j-1", index=0, node_id="n-1", backend=BackendName.CPU, device="cpu", threads=1,
+                            score=0.0, basis="")
+        farm.launch(job, farm.spec(job), farm.handler(job), placed, store.nodes()[0])
+        order = link.orders.get_nowait()
+        farm.links.report(link, agent_pb2.WorkReport(ended=agent_pb2.WorkEnded(
+            ticket=order.assign.ticket, reason="x" * 10 * MAX_REASON)))
+        return order, store.job("j-1").shards[0].error
+
+    order, error = asyncio.run(scenario())
+    assert not ray.is_initialized()  # the head's path to a lent node has no Ray in it
+    task = decode_task(order.assign.entry, order.assign.task_json)
+    assert (task.job_id, task.index, task.device) == ("j-1", 0, "cpu")
+    assert not farm.attempts.running and store.job("j-1").shards[0].state is ShardState.PENDING
+    assert error == "x" * MAX_REASON  # the node's word, cut to its bound
+    assert order.assign.code_sha256 == hashlib.sha256(code.read_bytes()).hexdigest()

@@ -104,6 +104,7 @@ def test_farm_results_from_a_head_on_another_machine(head: Head, tmp_path: Path,
     monkeypatch.setenv("FARM_CA", str(tmp_path / "ca.pem"))
     monkeypatch.setenv("FARM_STATE_DIR", str(tmp_path / "elsewhere"))
     (tmp_path / "token").write_text(head.tokens.api)
+    (tmp_path / "token").chmod(0o600)  # private, as a token file should be: no warning in the output
     runner = CliRunner()
     base = ["results", job_id, "--head", head.settings.address, "--token-file", str(tmp_path / "token")]
     fetched = runner.invoke(app, [*base, "--out", str(tmp_path / "a"), "--format", "npy", "--json"])

@@ -44,7 +44,7 @@ def test_training_resumes_from_its_checkpoint_when_a_worker_node_is_lost(cluster
     shutil.copy(FIXTURES / "jobs" / "toytrain.py", work / "toytrain.py")
     started = cluster.farm("agent", "start", "--head", cluster.head.address, "--token", cluster.head.join_token,
                            "--name", "agent-t", "--cpus", "1", "--state-dir", str(cluster.state_dir), "--detach",
-                           "--max-foreign-cpu", "100")
+                           "--max-foreign-cpu", "100", "--trusted")  # training runs on trusted nodes only
     assert started.returncode == 0, started.stderr
     spec = write_spec(work, name="resumable", kind="training", model="toytrain:build", dataset="toytrain:train_set",
                       batch_size=48, backends=["cpu"], output=str(tmp_path / "out"),

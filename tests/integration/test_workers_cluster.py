@@ -53,7 +53,7 @@ def test_a_20_shard_job_on_two_agents_builds_its_model_once_per_node(cluster: Cl
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)
     assert job["state"] == "succeeded"
-    nodes = {s["node"] for s in job["shards"]}
+    nodes = {s["node_id"] for s in job["shards"]}
     builds = Counter((work / "builds.txt").read_text().split())
     assert len(builds) == len(nodes) and set(builds.values()) == {1}  # one worker a node, one build each
     rows_once(work)

@@ -68,7 +68,7 @@ def submit(cluster: Cluster, work: Path, model: str, **env: str) -> dict[str, ob
     return dict(json.loads(result.stdout))
 
 
-def test_a_lent_node_never_gets_the_heads_ray_address_or_token(lent_farm: Cluster) -> None:
+def test_a_lent_node_never_gets_the_heads_ray_address_or_token(lent_farm: Cluster, tmp_path: Path) -> None:
     agent = lent_farm.state_dir / "agents" / "lender"
     status = read_json(agent / "agent.json") or {}
     assert status["trusted"] is False and status["ray_pid"] == 0  # no Ray node of any kind
@@ -76,8 +76,10 @@ def test_a_lent_node_never_gets_the_heads_ray_address_or_token(lent_farm: Cluste
     # What Register answers any holder of a join token (the lender's own modified agent included)
     from farm_agent.daemon.client import HeadClient
 
+    key_path = tmp_path / "node.key"  # a lender's own modified agent: its key, its CSR
+
     async def register() -> tuple[str, str]:
-        client = HeadClient(lent_farm.head.address, lent_farm.head.ca_pem)
+        client = HeadClient(lent_farm.head.address, lent_farm.head.ca_pem, key_path)
         try:
             hardware = Hardware(hostname="x", os="linux", arch="x86_64", cpu_model="c", cpu_cores=1,
                                 memory_bytes=2**30)
