@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from farm.cli.options import Json, StateDir, duration, start_in_background, state_dir
+from farm.cli.options import Json, StateDir, count, duration, start_in_background, state_dir
 from farm.cli.render import console
 from farm.core.errors import UserError
 from farm.local import primary_ip, read_json, recorded_alive, terminate, write_json, write_private
@@ -64,6 +64,9 @@ def start(
     ray_user: Annotated[str | None, typer.Option(
         help="The user the head's Ray node runs as (job code pinned to it would run as this user). Default: "
              "$FARM_RAY_USER, else farm-ray (made if missing) for a head run as root; `root` accepts root.")] = None,
+    join_rate: Annotated[str | None, typer.Option(
+        help="New nodes one join token may let in per minute (default 30; 0: no limit). Past it a join is refused "
+             "with the seconds to wait.", metavar="N")] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
     from farm.dashboard import Dashboard, check_plain_http, pick_port
@@ -79,6 +82,7 @@ def start(
         ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
         ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
         output_root=output_root.expanduser().resolve() if output_root else None,
+        **({"join_rate_per_min": count(join_rate, "--join-rate", least=0, most=10_000)} if join_rate else {}),
     )
     check_plain_http(host, dashboard_http)
     if detach:
@@ -225,6 +229,9 @@ def _token_store(state: Path | None) -> Store:
 def token_create(
     ttl: Annotated[str | None, typer.Option(help="How long it is valid: 30m, 1h, 2d (default: until revoked).")] = None,
     description: Annotated[str, typer.Option(help="What it is for (shown by `token list`).")] = "",
+    max_uses: Annotated[str | None, typer.Option(
+        help="How many new nodes it may let in (default: no limit; a node joining again is no use).",
+        metavar="N")] = None,
     state: StateDir = None,
     as_json: Json = False,
 ) -> None:
@@ -235,28 +242,33 @@ def token_create(
     from farm.head.auth import new_join_token
 
     seconds = duration(ttl, "--ttl") if ttl else 0.0
+    uses = count(max_uses, "--max-uses") if max_uses is not None else 0  # 0: no limit
     store = _token_store(state)
     info = read_json(state_dir(state) / "head.json") or {}
     token_id, token, token_hash = new_join_token()
     expires_at = time.time() + seconds if seconds else 0.0
     try:
-        store.add_join_token(token_id, token_hash, expires_at, description)
+        store.add_join_token(token_id, token_hash, expires_at, description, uses)
     finally:
         store.close()
     ca_file = state_dir(state) / "tls" / "ca.pem"  # the CA outlives head restarts; head.json only a running head
     trust = ca_hash(ca_file.read_bytes()) if info.get("tls", True) and ca_file.exists() else ""
     join = join_command(info.get("address", "HOST:PORT"), token, trust)
     if as_json:
-        print(json.dumps({"id": token_id, "token": token, "expires_at": expires_at, "join_command": join}))
+        print(json.dumps({"id": token_id, "token": token, "expires_at": expires_at, "max_uses": uses,
+                          "join_command": join}))
         return
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires_at)) if expires_at else "until revoked"
-    console.print(f"join token {token_id} ({'valid to ' + until if expires_at else until}); join with:\n  {join}",
+    limit = f", for {uses} new node{'s' if uses != 1 else ''}" if uses else ""
+    console.print(f"join token {token_id} ({'valid to ' + until if expires_at else until}{limit}); join with:\n"
+                  f"  {join}",
                   highlight=False, soft_wrap=True)  # a join line is pasted whole: never wrapped
 
 
 @token_app.command("list")
 def token_list(state: StateDir = None, as_json: Json = False) -> None:
-    """The join tokens: id, created, expiry, whether revoked (never the tokens themselves)."""
+    """The join tokens: id, created, expiry, whether revoked, the nodes each let in and its limit (never the tokens
+    themselves). In --json, max_uses 0 is no limit."""
     import json
     import time
 
@@ -274,8 +286,11 @@ def token_list(state: StateDir = None, as_json: Json = False) -> None:
                       else "valid")
         expires = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["expires_at"])) if r["expires_at"] else "never"
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"]))
-        console.print(f"{r['id']:<12} {state_word:<8} created {created}  expires {expires}  {r['description']}",
-                      highlight=False)
+        uses = f"{r['uses']} of {r['max_uses']}" if r["max_uses"] else str(r["uses"])
+        if r["max_uses"] and r["uses"] >= r["max_uses"] and state_word == "valid":
+            state_word = "used up"
+        console.print(f"{r['id']:<12} {state_word:<8} uses {uses:<11} created {created}  expires {expires}  "
+                      f"{r['description']}", highlight=False)
 
 
 @token_app.command("revoke")

@@ -75,6 +75,19 @@ def reattach_prefix(client: Client) -> tuple[str, str]:
     return "farm", f" --head {client.head.address}"
 
 
+def count(text: str, option: str, least: int = 1, most: int = 1_000_000_000) -> int:
+    """A whole number from `least` to `most` (taken as text, so that a bad one is one line, not click's box)."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected a whole number") from None
+    if number < least:
+        raise UserError(f"{option} {text!r}: must be at least {least}")
+    if number > most:
+        raise UserError(f"{option} {text!r}: must be at most {most}")
+    return number
+
+
 def duration(text: str, option: str) -> float:
     """Seconds in `text`: a number and a unit (s, m, h, d), as 30m or 7d."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}

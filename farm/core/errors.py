@@ -43,6 +43,12 @@ class ConflictError(UserError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class RateLimitError(UserError):
+    """Too many of something in too short a time (new nodes on one join token): try again later, as the message says."""
+
+    grpc_status = "RESOURCE_EXHAUSTED"
+
+
 class HeadUnavailableError(UserError):
     """No head answers where the CLI looked for one."""
 
@@ -60,5 +66,5 @@ class AgentError(FarmError):
 
 ERRORS_BY_STATUS: dict[str, type[FarmError]] = {
     cls.grpc_status: cls
-    for cls in (FarmError, UserError, AuthError, NotFoundError, ConflictError, HeadUnavailableError)
+    for cls in (FarmError, UserError, AuthError, NotFoundError, ConflictError, HeadUnavailableError, RateLimitError)
 }

@@ -1,8 +1,9 @@
 """Tokens: the join tokens agents present, the API token users present, the per-node token heartbeats carry; and
 the refusals: logged without the secret, and limited per peer address.
 
-Join tokens are records in the store (a hash, an expiry, a revoked flag): `farm head token create|list|revoke`. The
-one made at the head's first start (secrets.json) is the record `default`, valid until revoked.
+Join tokens are records in the store (a hash, an expiry, a revoked flag, its uses and their limit): `farm head token
+create|list|revoke`. The one made at the head's first start (secrets.json) is the record `default`, valid until revoked,
+with no use limit. Each lets in at most `HeadSettings.join_rate_per_min` new nodes a minute (JoinRateLimiter).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import os
 import secrets
 import time
@@ -21,7 +23,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from farm.core.errors import AuthError
+from farm.core.errors import AuthError, RateLimitError
+from farm.head.store.tokens import used_up
 from farm.local import read_json, write_json, write_private
 
 if TYPE_CHECKING:
@@ -74,6 +77,38 @@ class FailureLimiter:
             del self._failures[peer]
 
 
+class JoinRateLimiter:
+    """At most `per_minute` new nodes per join token in any 60 s: a leaked or shared token cannot add a fleet of fake
+    nodes in a second (one did 300 in 1.4 s). It keeps the times of each token's last `per_minute` joins, no more,
+    for at most MAX_TOKENS tokens; 0: no limit."""
+
+    WINDOW_S = 60.0
+    MAX_TOKENS = 1_000  # tokens are the admin's records, so few; bounded all the same
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_minute = per_minute
+        self.clock = clock
+        self._joins: dict[str, deque[float]] = {}
+
+    def wait_s(self, token_id: str) -> float:
+        """Seconds until the token may let in another node (0: now)."""
+        joins = self._joins.get(token_id)
+        if not self.per_minute or joins is None or len(joins) < self.per_minute:
+            return 0.0
+        return max(0.0, joins[0] + self.WINDOW_S - self.clock())  # the oldest of the last per_minute joins
+
+    def joined(self, token_id: str) -> None:
+        if not self.per_minute:
+            return
+        now = self.clock()
+        if token_id not in self._joins and len(self._joins) >= self.MAX_TOKENS:
+            # forget the tokens with no join in the window; all of them if that frees nothing
+            quiet = [t for t, joins in self._joins.items() if joins[-1] <= now - self.WINDOW_S]
+            for t in quiet or list(self._joins):
+                del self._joins[t]
+        self._joins.setdefault(token_id, deque(maxlen=self.per_minute)).append(now)
+
+
 def peer_address(context: grpc.aio.ServicerContext) -> str:
     """The peer's address without its port ("ipv4:10.0.0.5:51234" → "10.0.0.5")."""
     peer = str(context.peer() or "unknown")
@@ -95,13 +130,15 @@ def fingerprint(secret: str) -> str:
 
 class Tokens:
     def __init__(self, join: str, api: str, *, open_read: bool = False, node_certs: bool = False,
-                 limiter: FailureLimiter | None = None, served: bool = False) -> None:
+                 limiter: FailureLimiter | None = None, served: bool = False,
+                 join_rate: JoinRateLimiter | None = None) -> None:
         self.join = join
         self.api = api
         self.open_read = open_read  # listing calls need no API token
         self.node_certs = node_certs  # Heartbeat and Deregister need the node's own client certificate
         self.limiter = limiter or FailureLimiter(allowed=20, window_s=60.0)
         self.served = served  # under a head's policy (for_server) already
+        self.join_rate = join_rate or JoinRateLimiter(per_minute=30)
 
     @classmethod
     def load_or_create(cls, state_dir: Path, ray_token_path: Path) -> Tokens:
@@ -126,7 +163,7 @@ class Tokens:
         exempt = (lambda peer: False) if settings.limit_loopback else is_loopback
         return Tokens(self.join, self.api, open_read=settings.open_read, node_certs=not settings.insecure,
                       limiter=FailureLimiter(settings.auth_failures_allowed, settings.auth_block_s, exempt=exempt),
-                      served=True)
+                      served=True, join_rate=JoinRateLimiter(settings.join_rate_per_min))
 
     # ---- checks: each raises AuthError (UNAUTHENTICATED) and counts the failure against the peer
 
@@ -163,6 +200,25 @@ class Tokens:
         if record["expires_at"] and record["expires_at"] < time.time():
             raise self._refuse(peer, f"join token {record['id']} has expired", token)
         return str(record["id"])
+
+    def check_join_room(self, token_id: str, store: Store) -> None:
+        """Whether join token `token_id` (valid: check_join) may let in one more new node: under its use limit and its
+        rate. Not counted as failed authentication: the token is good, and many machines behind one address (a
+        rollout behind NAT) must not lock that address out."""
+        record = store.join_token_by_id(token_id)
+        if record is not None and record["max_uses"] and record["uses"] >= record["max_uses"]:
+            log.warning("refused a join: %s", used_up(token_id, record["uses"]))
+            raise AuthError(used_up(token_id, record["uses"]))
+        wait = self.join_rate.wait_s(token_id)
+        if wait:
+            log.warning("refused a join: join token %s is at its rate", token_id)
+            raise RateLimitError(f"join token {token_id} let in {self.join_rate.per_minute} new nodes in the last "
+                                 f"minute, its limit: try again in {math.ceil(wait)} s")
+
+    def use_join(self, token_id: str, store: Store) -> None:
+        """Count a new node let in by join token `token_id` (refused if another join took its last use meanwhile)."""
+        store.use_join_token(token_id)
+        self.join_rate.joined(token_id)
 
     def check_api(self, context: grpc.aio.ServicerContext) -> None:
         metadata = dict(context.invocation_metadata() or ())

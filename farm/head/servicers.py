@@ -72,9 +72,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         # A node that joined before may join again on its own credentials alone (below), with no join token: its
         # join token may have expired or been revoked since, and nodes that joined stay.
         stored = self.store.node_token_hash(request.node_id) if request.node_id else None
+        token_id = ""
         if request.join_token or not stored:
-            self.tokens.check_join(request.join_token, self.store, context)
+            token_id = self.tokens.check_join(request.join_token, self.store, context)
         node_input.check_register(request)
+        if not stored:  # let in on the join token (a new node): a use of it, under its use limit and rate
+            self.tokens.check_join_room(token_id, self.store)
         if stored:  # a known node: only itself (or an operator's `farm head forget-node`) takes its id again
             try:
                 self.tokens.check_returning_node(context, request.node_id, request.node_token, stored)
@@ -89,6 +92,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise AuthError("--trusted needs the head's API token (only the head's operator joins trusted nodes)")
         token, token_hash = new_node_token()
         client_cert = self.tls.sign_node(request.csr_pem, node_id) if self.tls and request.csr_pem else b""
+        if not stored:  # counted once the join can no longer fail on the request; a node joining again is no use
+            self.tokens.use_join(token_id, self.store)
         self.store.upsert_node(
             node_id, request.name, convert.hardware_from_pb(request.hardware),
             [convert.offer_from_pb(b) for b in request.backends], request.address, token_hash, trusted,

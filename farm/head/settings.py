@@ -42,6 +42,10 @@ class HeadSettings(BaseModel):
     open_read: bool = False  # listing nodes and jobs, a job, its logs: without the API token
     auth_failures_allowed: int = Field(default=20, ge=1)  # per peer address within auth_block_s, then refused ...
     auth_block_s: float = Field(default=60.0, gt=0)  # ... unchecked for this long
+    # New nodes one join token may let in per minute (farm.head.auth.JoinRateLimiter; 0: no limit): a leaked token
+    # cannot flood the fleet, while a rollout of many machines waits a minute now and then. `farm head start
+    # --join-rate`.
+    join_rate_per_min: int = Field(default=30, ge=0, le=10_000)
     # Peers on this machine (127.0.0.0/8, ::1) are not limited: guessing a 192-bit token is hopeless anyway, and the
     # limit is against the network; a local script or test that fails often must not lock out the local CLI.
     limit_loopback: bool = False
