@@ -66,6 +66,15 @@ def running_by_device(job: Job, started: Mapping[int, float], ratio: float | Non
     return found
 
 
+def own_writing(job: Job, started: Mapping[int, float],
+                writing: Sequence[calibration.Sample]) -> list[calibration.Sample]:
+    """`writing` (samples of the job's model whose outputs are being written), those of this job's own shards marked
+    as its: a device on which one of its shards has ended but is not recorded yet (running, its attempt over)."""
+    ending = {(s.node_id, s.device) for s in job.shards if s.state is ShardState.RUNNING and s.index not in started}
+    return [w.model_copy(update={"job_id": job.id}) if not w.job_id and (w.node_id, w.device) in ending else w
+            for w in writing]
+
+
 def meter_steps(nodes: Sequence[Node]) -> dict[tuple[str, str], float]:
     """Each device's meter step, as its agent reported it."""
     return {(node.id, offer.device): offer.meter_step_s for node in nodes for offer in node.backends}
@@ -83,7 +92,8 @@ def size(job: Job, spec: Any, backends: tuple[BackendName, ...], nodes: Sequence
     request = ShardRequest(job_id=job.id, index=0, items=0, backends=backends, policy=spec.policy, peak_bytes=peaks,
                            model_bytes=job.model_bytes)
     ratio = units_per_item(job, in_bytes)
-    rates = calibration.rates([*store.samples(job.model_key), *writing], meter_steps(nodes), spec.energy)
+    rates = calibration.rates([*store.samples(job.model_key, job_id=job.id), *own_writing(job, started, writing)],
+                              meter_steps(nodes), spec.energy, job_id=job.id)
     return size_round(request, nodes, busy, running_by_device(job, started, ratio), rates, pool(job, set(started)),
                       spec.batch_size, deadline_s, units_per_item=ratio, overheads=overheads)
 

@@ -12,6 +12,13 @@ range of rows, sized so that the shard lasts `target_s` on that device:
 - starting small while a device is being measured (FIRST_BATCHES batches: its first shard on a model is its
   calibration) and growing at most GROWTH-fold over the largest shard it has finished, so that one optimistic first
   measurement cannot hand a device a shard it takes minutes over;
+- on a figure this job has not confirmed (a prior: other jobs' shards of the same model key on that device), one
+  shard of FIRST_BATCHES batches at most, and at most the device's floor at the prior's speed (its meter's steps,
+  or ten overheads: 2 s on the H200, 0.4 s on a CPU with the assumed overhead), one at a time, and never part of the
+  tail's split: a prior cannot hand one device the job while the others wait, however wrong it is. That shard
+  confirms the figure (the next one goes straight to the target: the prior's largest shard counts for the growth)
+  or, off by more than 2x, replaces it with the job's own (farm.scheduler.calibration), from which the device grows
+  as a new one does;
 - near the end, the rest is split so that every device finishes at the same moment (`tail_share`): a device gets
   its share of what is left in proportion to its speed, given when each busy device frees up; a device whose share
   would be shorter than its meter's floor gets nothing (the faster ones finish the rest sooner than it could start
@@ -84,6 +91,12 @@ class SizingRules(Frozen):
         """The shortest shard worth running on a device at the tail: its meter's steps, or ten overheads."""
         return max(self.meter_steps * meter_step_s, 10 * self.shard_overhead_s)
 
+    def prior_s(self, meter_step_s: float) -> float:
+        """The most a shard may last, at a prior's figure, before the job has confirmed it on the device: its floor
+        (its meter's steps, or ten overheads), a few seconds at most; its rows are at most FIRST_BATCHES batches too,
+        a bound that a prior's figure, however wrong, cannot raise."""
+        return self.floor_s(meter_step_s)
+
 
 class Range(Frozen):
     """Rows [start, stop) of a job not running anywhere: cut but never run (`index` set), or not cut yet."""
@@ -137,6 +150,12 @@ def size_for(
         return first, f"{first:,} rows ({rules.first_batches} batches): its first shard of this model measures it"
     target_s, why = rules.target_s(meter_step_s)
     ideal = _whole_batches(rate.items_per_s * target_s, batch_size)
+    if rate.prior:
+        capped = _whole_batches(min(first, rate.items_per_s * min(target_s, rules.prior_s(meter_step_s))),
+                                batch_size)
+        return capped, (f"{capped:,} rows, about {capped / rate.items_per_s:.2g} s at other jobs' "
+                        f"{rate.items_per_s:,.0f} rows/s, which this job has not confirmed on this device: this "
+                        f"shard confirms it before {ideal:,} rows ({target_s:g} s; target: {why}) are planned on it")
     grown = _whole_batches(max(rate.max_items, first) * rules.growth, batch_size)
     if grown < ideal:
         return grown, (f"{grown:,} rows: growing {rules.growth:g}x from {max(rate.max_items, first):,} toward "
@@ -264,10 +283,14 @@ def size_round(
         if rate is None and running.get(key):
             lines.append(f"{label}: its first shard is measuring it")
             continue
+        if rate is not None and rate.prior and running.get(key):
+            lines.append(f"{label}: its first shard of this job is confirming other jobs' figure")
+            continue
         rows, why = size_for(rate, offer.meter_step_s, batch_size, rules.for_device(overheads.get(key)))
         tail = ""  # the tail's reason; its count is the size as cut, known once cut
-        if rate is not None and rate.items_per_s > 0:
-            finish, shares = tail_share({k: speeds[k] for k in wanted}, busy_s, floors, left_rows)
+        if rate is not None and rate.items_per_s > 0 and not rate.prior:  # a prior's shard is short already
+            finish, shares = tail_share({k: speeds[k] for k in wanted if not rates[k].prior}, busy_s, floors,
+                                        left_rows)
             share = shares.get(key, 0.0)
             if share <= 0:
                 lines.append(f"{label}: waits: the last {_rows(left_rows, units_per_item)} finish sooner on faster "

@@ -34,6 +34,8 @@ class Rate(Frozen):
     measured_at: float = 0.0  # when the latest of them finished (unix seconds)
     max_items: int = 0  # the largest of them: an auto-sized shard grows from it
     energy_basis: str = ""  # marginal | total: what items_per_j's joules are (an EnergyBasis value)
+    # Other jobs' figures only (same model key): the job they are for has not confirmed them on this device yet.
+    prior: bool = False
 
 
 class Assignment(Frozen):

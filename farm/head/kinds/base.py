@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from farm.scheduler import Assignment
 
 S = TypeVar("S", bound=SpecBase)
+CODE_PIECE = 1024 * 1024  # bytes of a code file hashed at a time (model_key)
 
 
 @dataclass(frozen=True)
@@ -168,10 +170,19 @@ def check_model_files(spec: ModelJobSpec, names: frozenset[str]) -> None:
 
 
 def model_key(spec: ModelJobSpec, code_zip: bytes) -> str:
-    """What calibration is keyed by: the model, its weights, its inputs and batch size. Jobs that share a key share
-    their measurements, so a model's second job starts from the first one's figures."""
+    """What calibration is keyed by: what determines a shard's speed. The model's callable, its input (dataset, batch
+    size), the job's code package (every file's path and bytes, weights and data files included: a changed line of
+    the model is another model; the zip's timestamps are not hashed, so resubmitting unchanged code keeps the key) and
+    its environment (`env:`, `requirements`, `find_links`: a thread count or a package version changes the speed).
+    Jobs that share a key share their measurements, so a model's second job starts from the first one's figures."""
     digest = hashlib.sha256(f"{spec.model}\0{spec.dataset}\0{spec.batch_size}\0".encode())
-    if spec.weights:
-        with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
-            digest.update(archive.read(spec.weights))
+    digest.update(json.dumps([sorted(spec.env.items()), list(spec.requirements), spec.find_links]).encode())
+    with zipfile.ZipFile(io.BytesIO(code_zip)) as archive:
+        for member in sorted(archive.infolist(), key=lambda m: m.filename):
+            if member.is_dir():
+                continue
+            digest.update(f"\0{member.filename}\0{member.file_size}\0".encode())
+            with archive.open(member) as data:
+                while piece := data.read(CODE_PIECE):
+                    digest.update(piece)
     return digest.hexdigest()[:16]

@@ -27,20 +27,23 @@ class NodeWork:
 class CalibrationRecords(Database):
     """Reads over the jobs' shards (farm.head.store.jobs keeps them)."""
 
-    def samples(self, model_key: str, per_device: int = RECENT) -> list[Sample]:
-        """The latest finished shards of a model, per (node, device): what calibration learns from."""
+    def samples(self, model_key: str, per_device: int = RECENT, job_id: str = "") -> list[Sample]:
+        """The latest finished shards of a model, per (node, device): what calibration learns from. With `job_id`,
+        the latest of that job's own and the latest of the other jobs', apart: a busy model's other jobs do not push
+        a job's own measurements out of the window that overrules a prior (farm.scheduler.calibration)."""
         rows = self._db.execute(
-            """SELECT node_id, device, items, seconds, energy_j, energy_source, marginal_j, finished_at FROM (
-                 SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.node_id, s.device ORDER BY s.finished_at DESC) AS n
+            """SELECT job_id, node_id, device, items, seconds, energy_j, energy_source, marginal_j, finished_at FROM (
+                 SELECT s.*, ROW_NUMBER() OVER (PARTITION BY s.node_id, s.device, s.job_id = ?
+                                                ORDER BY s.finished_at DESC) AS n
                  FROM shards s JOIN jobs j ON j.id = s.job_id
                  WHERE j.model_key = ? AND s.state = ? AND s.seconds > 0)
                WHERE n <= ?""",
-            (model_key, ShardState.SUCCEEDED.value, per_device),
+            (job_id, model_key, ShardState.SUCCEEDED.value, per_device),
         ).fetchall()
         return [
             Sample(node_id=r["node_id"], device=r["device"], items=r["items"], seconds=r["seconds"],
                    energy_j=r["energy_j"], energy_source=r["energy_source"], marginal_j=r["marginal_j"],
-                   finished_at=r["finished_at"])
+                   finished_at=r["finished_at"], job_id=r["job_id"])
             for r in rows
         ]
 
