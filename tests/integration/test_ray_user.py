@@ -120,7 +120,7 @@ class FarmRayFarm:
         (self.work / f"{mode}.yaml").write_text(yaml.safe_dump(spec))
         done = farm("submit", str(self.work / f"{mode}.yaml"), "--wait", "--json", "--no-check", "--workdir",
                     str(self.work / "code"), env={"FARM_STATE_DIR": str(self.state)})
-        assert done.returncode == 0, done.stderr
+        assert done.returncode == 0, done.stderr or json.loads(done.stdout).get("error")
         return list(json.loads(out.read_text()))
 
 

@@ -66,6 +66,7 @@ class Worker:
     tickets: list[str] = field(default_factory=list)  # sent and not yet ended, in order
     reading: asyncio.Task[None] | None = None
     stopping: bool = False
+    ending: asyncio.Task[None] | None = None  # its stop under way: run to its end even if who asked is cancelled
 
 
 class Workers:
@@ -90,6 +91,7 @@ class Workers:
         self.logs = state_dir / "workers"  # the workers' output: the agent's, out of their reach
         self.logs.mkdir(mode=0o700, exist_ok=True)
         self.started = 0  # workers started so far: each one's folder and group are named by it
+        self.ending: set[asyncio.Task[None]] = set()  # stops under way: the agent's own end waits for them
         # Jobs the head cancelled or ended (the last CANCELLED_KEPT): an order still on its way starts nothing.
         self.cancelled: dict[str, None] = {}
 
@@ -134,7 +136,9 @@ class Workers:
             await self._stop(worker, reason)
 
     async def close(self) -> None:
+        """Every worker ended, those a job's end was stopping too (what they started with them), and their folder."""
         await self.stop_all("the agent stopped")
+        await asyncio.gather(*self.ending, return_exceptions=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
     async def _code(self, assignment: agent_pb2.Assignment) -> bytes:
@@ -195,9 +199,18 @@ class Workers:
             await self._stop(worker, f"its worker exited with {code}")
 
     async def _stop(self, worker: Worker, reason: str = "") -> None:
+        """End a worker, in a task of its own that the agent's close waits for: a stop asked by an order that is
+        cancelled (the agent stopping meanwhile) still ends the worker's group, whatever its job code started."""
         worker.stopping = True
         if self.workers.get((worker.job_id, worker.device)) is worker:
             del self.workers[(worker.job_id, worker.device)]
+        if worker.ending is None:
+            worker.ending = asyncio.ensure_future(self._end(worker, reason))
+            self.ending.add(worker.ending)
+            worker.ending.add_done_callback(self.ending.discard)
+        await asyncio.shield(worker.ending)
+
+    async def _end(self, worker: Worker, reason: str) -> None:
         worker.writer.close()  # the worker leaves once the shard it runs ends; it has STOP_S to
         try:
             await asyncio.wait_for(worker.proc.wait(), STOP_S if not reason else 0.5)
