@@ -4,9 +4,9 @@ until the job ends, is cancelled, or the node drains. Shards reach a worker as A
 loaded between them (farm_agent.work.host).
 
 A worker runs as the node's unprivileged account (farm.ray_user's farm-ray, where the agent is root), in a folder of
-its own holding the job's code (fetched from the head once per job, by its sha256), with a scrubbed environment:
-never the agent's (its join token, the operator's cloud credentials), only PATH, the locale, the job's own `env:`
-and the few variables Farm's worker needs. Each worker is a group of processes (farm.node_group): ending it ends
+its own holding the job's code (fetched from the head for each worker, checked against its sha256), with a scrubbed
+environment: never the agent's (its join token, the owner's other secrets), only PATH, PYTHONPATH, the locale, a
+bucket's credentials (AWS_*), the job's own `env:` and the few variables Farm's worker needs. Each worker is a group of processes (farm.node_group): ending it ends
 whatever its job code started.
 
 A worker that dies takes its queued shards with it: each is reported ended with the reason, and the head runs them
