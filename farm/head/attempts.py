@@ -12,6 +12,7 @@ import secrets
 import statistics
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,13 @@ class Attempts:
             if count == busy[key]:
                 seen[key] = max(count - self.settings.queue_depth, 0)
         return seen
+
+    def release_ended(self, ended: Callable[[str], bool]) -> None:
+        """Every attempt of a job that has ended goes: an ended job holds no device, whatever path ended it."""
+        for job_id in {key[0] for key in self.running}:
+            if ended(job_id):
+                for index in self.of_job(job_id):
+                    self.release((job_id, index))
 
     def start(self, key: ShardKey, running: Running) -> None:
         self.running[key] = running

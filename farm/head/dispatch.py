@@ -122,9 +122,9 @@ class Dispatcher:
                 self.outcomes.fail(job.id, None, exc.message)
 
     async def refresh_nodes(self) -> None:
-        """Node state from heartbeats and work streams; the shards of a node that left or went silent go back to the
-        queue (a draining one's, whose agent stopped its workers, without counting as a failed try)."""
+        """Node state; the shards of ended jobs and of nodes that left or went silent go back (_take_back)."""
         holding, self.draining = await self.node_watch.refresh(self.links.connected())
+        self.attempts.release_ended(lambda job_id: self.store.job_state(job_id).finished)
         for node_id in {r.node_id for r in self.attempts.running.values()} - holding:
             self._take_back(node_id, "its node left the farm")
 

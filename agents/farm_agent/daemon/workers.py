@@ -105,9 +105,9 @@ class Workers:
             if worker is None or worker.proc.returncode is not None:
                 try:
                     worker = await self._start(assignment)
-                except (AgentError, OSError, zipfile.BadZipFile) as exc:
-                    message = exc.message if isinstance(exc, AgentError) else str(exc)
-                    self._ended(assignment.ticket, f"its worker could not start: {message}")
+                except Exception as exc:  # noqa: BLE001 - whatever it was (the head unreachable too), the head hears
+                    message = exc.message if isinstance(exc, AgentError) else f"{type(exc).__name__}: {exc}"
+                    self._ended(assignment.ticket, f"its worker could not start: {message[:500]}")
                     return
             worker.tickets.append(assignment.ticket)
             try:
