@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -90,6 +91,15 @@ class Cluster:
             if recorded_alive(status):
                 found[str(status["name"])] = int(status["pid"])
         return found
+
+
+@pytest.fixture()
+def work(tmp_path: Path) -> Path:
+    """A job's folder holding tests/fixtures/jobs/workerjob.py (the execution path's tests: workers, attacks)."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "jobs" / "workerjob.py", folder / "workerjob.py")
+    return folder
 
 
 @pytest.fixture(scope="session")

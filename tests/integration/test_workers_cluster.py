@@ -5,7 +5,6 @@ worker behind."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -14,16 +13,8 @@ import pyarrow.dataset as ds
 import pytest
 
 from farm.local import wait_for
-from tests.conftest import FIXTURES, Cluster
+from tests.conftest import Cluster
 from tests.integration.test_cluster import write_spec
-
-
-@pytest.fixture()
-def work(tmp_path: Path) -> Path:
-    folder = tmp_path / "work"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "jobs" / "workerjob.py", folder / "workerjob.py")
-    return folder
 
 
 def spec(work: Path, name: str, shards: int, delay_s: float) -> Path:

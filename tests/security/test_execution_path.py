@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 from farm.client import find_head
 from farm.core.models import Hardware
 from farm.local import free_port, read_json
-from tests.conftest import FIXTURES, ROOT, Cluster, farm, stop_cluster
+from tests.conftest import ROOT, Cluster, farm, stop_cluster
 from tests.integration.test_cluster import write_spec
 
 HEAD_SECRET = "head-secret-7f3a"  # in the head's environment, as an operator's cloud key is
@@ -48,14 +47,6 @@ def lent_farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield cluster
     finally:
         stop_cluster(cluster)
-
-
-@pytest.fixture()
-def work(tmp_path: Path) -> Path:
-    folder = tmp_path / "work"
-    folder.mkdir()
-    shutil.copy(FIXTURES / "jobs" / "workerjob.py", folder / "workerjob.py")
-    return folder
 
 
 def submit(cluster: Cluster, work: Path, model: str, **env: str) -> dict[str, object]:
