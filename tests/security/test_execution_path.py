@@ -20,7 +20,7 @@ import pytest
 from farm.client import find_head
 from farm.core.models import Hardware
 from farm.local import free_port, read_json
-from tests.conftest import ROOT, Cluster, farm, stop_cluster
+from tests.conftest import Cluster, farm, stop_cluster
 from tests.integration.test_cluster import write_spec
 
 HEAD_SECRET = "head-secret-7f3a"  # in the head's environment, as an operator's cloud key is
