@@ -58,3 +58,26 @@ def test_a_closed_work_stream_takes_its_nodes_shards_back_even_when_it_reopens_a
         return len(farm.attempts.running), store.job("j-1").shards[0].state
 
     assert asyncio.run(flap()) == (0, ShardState.PENDING)
+
+
+def test_an_ended_jobs_attempts_free_their_devices_at_the_next_round(tmp_path: Path) -> None:
+    """Whatever path ended a job, its attempts hold no device after the next round (a finished job once held an
+    agent's only slot, and the next job waited for ever)."""
+    from farm.core.models import JobState
+    from farm.head.attempts import Running
+
+    store = Store(tmp_path / "state.db")
+    store.upsert_node("n-1", "box", HW, [CPU], "127.0.0.1", "h1")
+    store.heartbeat("n-1", 1.0, 1.0, ())
+    store.add_job("j-1", "toy", "inference", "name: toy\nmodel: m:b\ndataset: d:x\nshards: 1\n", "/nowhere.zip",
+                  str(tmp_path / "out"), 2, [(0, 2)])
+
+    async def round_after_the_end() -> int:
+        farm = Dispatcher(store, HeadSettings(state_dir=tmp_path / "state"), notify=lambda job_id: None)
+        farm.links.attach("n-1")
+        farm.attempts.start(("j-1", 0), Running("n-1", "cpu", "ticket-0"))
+        store.set_job_state("j-1", JobState.FAILED)  # ended by a path that left its attempt behind
+        await farm.refresh_nodes()
+        return len(farm.attempts.running)
+
+    assert asyncio.run(round_after_the_end()) == 0
