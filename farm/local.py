@@ -518,6 +518,8 @@ def sessions_of(pids: list[int]) -> set[int]:
     hold stops one farm and nothing else."""
     sessions = set()
     for pid in pids:
+        if pid <= 1:  # "no pid" read from a missing record, or init: never a farm's process
+            continue
         try:
             family = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
         except psutil.Error:
@@ -532,6 +534,7 @@ def sessions_of(pids: list[int]) -> set[int]:
 
 def processes_in_sessions(sessions: set[int]) -> set[int]:
     """The live processes of these sessions, this one excepted (to find what a farm left behind)."""
+    sessions = sessions - {0, 1}  # the kernel's and init's: never a farm's, whatever a caller passed
     found = set()
     for proc in psutil.process_iter(["pid"]):
         try:

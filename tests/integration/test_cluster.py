@@ -180,7 +180,10 @@ def test_cancel_stops_a_running_job(cluster: Cluster, toy: Path) -> None:
 def kill_hard(status_path: Path) -> None:
     """A machine that vanishes: its agent and its whole Ray node die at once, with no goodbye."""
     status = json.loads(status_path.read_text())
-    doomed = [p for p in psutil.process_iter() if p.pid == status["pid"] or _session(p.pid) == status["ray_pid"]]
+    agent = psutil.Process(status["pid"])
+    doomed = [agent, *agent.children(recursive=True)]  # its persistent workers
+    if status["ray_pid"]:  # a trusted node's Ray node (0 for a lent node, which has none: session 0 is the kernel's)
+        doomed += [p for p in psutil.process_iter() if _session(p.pid) == status["ray_pid"]]
     for proc in doomed:
         proc.kill()
     psutil.wait_procs(doomed, timeout=10)
