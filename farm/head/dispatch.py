@@ -68,10 +68,10 @@ class Dispatcher:
         self.writing: dict[tuple[str, int], Sample] = {}
         self.draining: set[str] = set()  # as of the last refresh_nodes: nodes whose owner or operator drains them
         self.code: dict[str, str] = {}  # job id → the URI of its code package in Ray (training's, on trusted nodes)
-        self.job_nodes = JobNodes(store)
+        self.job_nodes = JobNodes(store, notify)
         self.links = Links()
         self.links.on_ended = self._ended
-        self.links.on_worker = self.job_nodes.worker_started
+        self.links.on_worker, self.links.on_output = self.job_nodes.worker_started, self.job_nodes.live.record
         self.links.on_change = self.wake.set
         self.links.on_closed = lambda node_id: self._take_back(node_id, "its node's work stream closed")
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)

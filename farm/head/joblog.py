@@ -1,16 +1,19 @@
-"""The job log beyond state changes: what a shard printed and its traceback (sent by the node with its result or
-its error), a head restart as each unfinished job saw it; and following the log as it grows."""
+"""The job log beyond state changes: what a shard printed (live while it runs, the rest with its result or its
+error) and its traceback, a head restart as each unfinished job saw it; and following the log as it grows."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from farm.core.models import JobState, ShardState
 from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
 from farm.head.events import JobEvents
 from farm.head.store import Store
+from farm.proto.v1 import agent_pb2
 
 # What the head keeps of one shard's output or traceback, whatever a node sends (the node keeps 64 KiB already:
 # this bounds a node that does not).
@@ -43,6 +46,46 @@ def record_failure(store: Store, job_id: str, index: int, output: str, trace: st
 def _record(store: Store, job_id: str, index: int, level: str, text: object) -> None:
     if isinstance(text, str) and text.strip():  # from a node: anything else is dropped
         store.log(job_id, level, _bounded(text.rstrip()), shard=index)
+
+
+class LiveOutput:
+    """What running attempts print, as their nodes send it (WorkOutput), under the shard, while it runs: a print at
+    model construction shows in `farm logs --follow` at once, not when the shard ends. Only the node an attempt was
+    given may send its output, and an attempt's live text is bounded as a shard's output is (MAX_TEXT), whatever a
+    node sends; the rest of its output comes with its result or its error. Attempts are known from their start,
+    the last KEPT of them: a piece that arrives just after its result (another channel) still counts."""
+
+    KEPT = 4096
+
+    def __init__(self, store: Store, notify: Callable[[str], None]) -> None:
+        self.store = store
+        self.notify = notify
+        self.attempts: OrderedDict[str, _Live] = OrderedDict()
+
+    def started(self, ticket: str, job_id: str, index: int, node_id: str) -> None:
+        self.attempts[ticket] = _Live(job_id, index, node_id)
+        while len(self.attempts) > self.KEPT:
+            self.attempts.popitem(last=False)
+
+    def record(self, node_id: str, output: agent_pb2.WorkOutput) -> None:
+        live = self.attempts.get(output.ticket) if output.ticket else None
+        if live is None or live.node_id != node_id or live.left <= 0 or not output.text:
+            return
+        text = output.text[:live.left]
+        live.left -= len(text)
+        if self.store.job_state(live.job_id).finished:  # a cancelled attempt still printing
+            return
+        self.store.log(live.job_id, "output", text.rstrip("\n") if live.left else f"{text}\n[... live output "
+                       f"stops here: the head keeps {MAX_TEXT:,} characters of an attempt's ...]", shard=live.index)
+        self.notify(live.job_id)
+
+
+@dataclass
+class _Live:
+    job_id: str
+    index: int
+    node_id: str
+    left: int = MAX_TEXT  # characters the head still takes from this attempt
 
 
 def record_restart(store: Store) -> None:

@@ -2,8 +2,8 @@
 connected now.
 
 Every shard reaches its node this way, over the node's mutual-TLS channel, as protobuf: an Assignment (its task as
-JSON, farm.core.wire) or a cancellation. The node answers with acks and, when an attempt ends, an Ended report; its
-result goes separately, by upload ticket, to the ResultService. No node ever holds the head's Ray address or token
+JSON, farm.core.wire) or a cancellation. The node answers with acks, what its attempts print as they run, and,
+when an attempt ends, an Ended report; its result goes separately, by upload ticket, to the ResultService. No node ever holds the head's Ray address or token
 for this, and nothing a node sends on it is more than a ticket and a line of text.
 
 A node holds its running shards while its stream is open: once it closes (the agent stopped, its machine or network
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from farm.core.tasks import ResultRoute
 from farm.core.wire import encode_task
+from farm.head.joblog import LiveOutput
 from farm.head.store import Job, Store
 from farm.proto.v1 import agent_pb2
 
@@ -44,6 +45,7 @@ class Links:
         # The dispatcher's: an attempt its node says ended (the node's id and what it said).
         self.on_ended: Callable[[str, agent_pb2.WorkEnded], None] = lambda node_id, ended: None
         self.on_worker: Callable[[str, agent_pb2.WorkerStarted], None] = lambda node_id, started: None
+        self.on_output: Callable[[str, agent_pb2.WorkOutput], None] = lambda node_id, output: None
         self.on_change: Callable[[], None] = lambda: None
         # The dispatcher's: a node's stream closed (or a new one replaced it): its agent stopped its workers.
         self.on_closed: Callable[[str], None] = lambda node_id: None
@@ -94,16 +96,19 @@ class Links:
             self.on_ended(link.node_id, report.ended)
         elif which == "worker":
             self.on_worker(link.node_id, report.worker)
+        elif which == "output":
+            self.on_output(link.node_id, report.output)
 
 
 class JobNodes:
     """Which nodes the head gave shards of which running job: they alone may fetch its code (AgentService.Code),
     and they hear when it ends, so that its workers end with it."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, notify: Callable[[str], None] = lambda job_id: None) -> None:
         self.store = store
         self.nodes: dict[str, set[str]] = {}
         self.sha: dict[str, str] = {}
+        self.live = LiveOutput(store, notify)  # what the attempts print while they run
 
     def add(self, job_id: str, node_id: str) -> None:
         self.nodes.setdefault(job_id, set()).add(node_id)
@@ -121,6 +126,7 @@ class JobNodes:
               env: dict[str, str]) -> agent_pb2.WorkOrder:
         """An attempt of shard `index` as its node's order; the node may fetch the job's code from now on."""
         self.add(job.id, node_id)
+        self.live.started(route.ticket, job.id, index, node_id)
         return agent_pb2.WorkOrder(assign=agent_pb2.Assignment(
             ticket=route.ticket, job_id=job.id, shard=index, entry=entry, device=device,
             task_json=encode_task(entry, task), code_sha256=self.code_sha(job), env=env,

@@ -134,10 +134,30 @@ def test_submit_returns_at_once_and_the_job_can_be_followed(cluster: Cluster, to
     assert "accepted: 20 items in 4 shards" in logs.stdout and "job succeeded" in logs.stdout
     # What each shard printed on the node (stdout and stderr as they interleaved), under its index.
     shard_1 = cluster.farm("logs", job_id, "--shard", "1", "--json")
-    printed = [line["message"] for line in json.loads(shard_1.stdout) if line["level"] == "output"]
-    assert printed and "batch of 3 starting at 10" in printed[-1] and "a warning on stderr" in printed[-1]
+    printed = "\n".join(line["message"] for line in json.loads(shard_1.stdout) if line["level"] == "output")
+    assert "batch of 3 starting at 10" in printed and "a warning on stderr" in printed
     explained = cluster.farm("job", job_id, "--explain")
     assert explained.returncode == 0 and "shard 0 →" in explained.stdout
+
+
+def test_a_shard_s_output_shows_while_it_runs(cluster: Cluster, toy: Path) -> None:
+    """A print at model construction reaches the job's log while the shard works, not when it ends (it did 98 s
+    later on a long shard)."""
+    spec = write_spec(toy, name="talk", model="toyjob:talker", dataset="toyjob:numbers", shards=1, batch_size=2)
+    job_id = cluster.farm("submit", str(spec), "--workdir", str(toy), "--no-check").stdout.strip()
+    seen_running, seen_at = False, 0.0
+    with Client(cluster.head) as client:
+        for line in client.follow_logs(job_id):
+            if line.level == "output" and "talker built" in line.message:
+                seen_running, seen_at = client.job(job_id).state == "running", time.monotonic()
+                break
+        final = list(client.watch(job_id))[-1]
+        ended_at = time.monotonic()
+    assert final.state == "succeeded", final.error
+    assert seen_running and ended_at - seen_at > 3  # 16 batches at 0.5 s each were still to come
+    printed = [line["message"] for line in json.loads(cluster.farm("logs", job_id, "--json").stdout)
+               if line["level"] == "output"]
+    assert sum("talker built" in text for text in printed) == 1  # live, and not again with the result
 
 
 def test_a_model_that_raises_fails_the_job_with_its_error(cluster: Cluster, toy: Path) -> None:

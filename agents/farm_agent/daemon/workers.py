@@ -49,6 +49,7 @@ KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_
 RESERVED = frozenset({"PATH", "HOME", "USER", "LOGNAME", FD_VAR, NODE_ID_VAR, "FARM_STATE_DIR", "PYTHONPATH",
                       "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONSTARTUP"})
 CANCELLED_KEPT = 10_000
+LIVE_TEXT = 8 * 1024  # characters of one live output piece passed on (the worker sends no more: capture.LIVE_PIECE)
 STOP_S = 5.0  # how long a worker may take to leave once its socket closes, before its group is killed
 
 Report = Callable[[agent_pb2.WorkReport], None]
@@ -184,14 +185,18 @@ class Workers:
         return worker
 
     async def _read(self, worker: Worker, reader: asyncio.StreamReader) -> None:
-        """A worker's reports until it closes its end: each attempt's end, for its own tickets only (job code in
-        the worker can write here too); then its death, if it was not asked to stop."""
+        """A worker's reports until it closes its end: each attempt's output as it prints and its end, for its own
+        tickets only (job code in the worker can write here too); then its death, if it was not asked to stop."""
         try:
             while (report := await frames.read(reader, agent_pb2.WorkReport, frames.MAX_REPORT)) is not None:
-                if report.WhichOneof("report") == "ended" and report.ended.ticket in worker.tickets:
+                which = report.WhichOneof("report")
+                if which == "ended" and report.ended.ticket in worker.tickets:
                     worker.tickets.remove(report.ended.ticket)
                     self._ended(report.ended.ticket, report.ended.reason[:2000], worker.device,
                                 report.ended.overhead_s)
+                elif which == "output" and report.output.ticket in worker.tickets:
+                    self.report(agent_pb2.WorkReport(output=agent_pb2.WorkOutput(
+                        ticket=report.output.ticket, text=report.output.text[:LIVE_TEXT])))
         except AgentError as exc:
             log.warning("worker for job %s sent %s: stopping it", worker.job_id, exc.message)
         code = await worker.proc.wait() if not worker.stopping else worker.proc.returncode

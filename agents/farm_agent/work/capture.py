@@ -29,6 +29,8 @@ from farm_agent.work.environment import prepare_from_environment
 # Kept of a shard's output: its first and last KEEP_BYTES each (the start says what it set out to do, the end what
 # went wrong), with a line saying how much was dropped in between.
 KEEP_BYTES = 32 * 1024
+LIVE_LINE = 4 * 1024  # a line this long without its newline yet goes live as it is
+LIVE_PIECE = 8 * 1024  # characters a live piece at most: under the agent's 64 KiB report cap in any UTF-8
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -47,6 +49,8 @@ class BoundedText:
         self.tail_len = 0
         self.dropped = 0
         self.lock = threading.Lock()  # a model's threads may print at once
+        self.sent = 0  # characters of the kept head already sent live (take_live): never sent again
+        self.closed = False  # the rest was taken (unsent): nothing more goes live
 
     def write(self, text: str) -> None:
         with self.lock:
@@ -78,6 +82,27 @@ class BoundedText:
             self.head, self.head_len, self.tail, self.tail_len, self.dropped = [], 0, deque(), 0, 0
         return value
 
+    def take_live(self) -> str:
+        """The kept head's whole lines not sent yet, at most LIVE_PIECE characters (a line longer than LIVE_LINE
+        without its newline yet goes as it is), to send while the shard runs. Only the head streams: past its
+        `keep` characters the rest waits for the end, where `unsent` gives it with the count of what was dropped,
+        so a shard's output costs the head what it does today, however much it prints."""
+        with self.lock:
+            if self.closed:
+                return ""
+            window = "".join(self.head)[self.sent:self.sent + LIVE_PIECE]
+            lines = window.rfind("\n") + 1
+            cut = lines or (len(window) if len(window) >= LIVE_LINE else 0)
+            self.sent += cut
+            return window[:cut]
+
+    def unsent(self) -> str:
+        """What take_live has not sent: the rest of the head, the gap and the tail (all of getvalue when nothing
+        was sent live). Nothing goes live after it."""
+        with self.lock:
+            self.closed, sent = True, self.sent
+        return self.getvalue()[sent:]
+
 
 @contextlib.contextmanager
 def captured(stream: BoundedText) -> Iterator[None]:
@@ -89,7 +114,7 @@ def captured(stream: BoundedText) -> Iterator[None]:
         yield
     except BaseException as exc:
         try:
-            setattr(exc, SHARD_LOG_ATTR, stream.getvalue())
+            setattr(exc, SHARD_LOG_ATTR, stream.unsent())
             setattr(exc, SHARD_TRACEBACK_ATTR, bounded("".join(traceback.format_exception(exc))))
         except (AttributeError, TypeError):  # an exception type without a __dict__: it goes on as it is
             pass
@@ -107,16 +132,47 @@ def job_shard(run: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         stream = BoundedText()
         try:
-            with captured(stream):
+            with live(stream), captured(stream):
                 prepare_from_environment()
                 result = run(*args, **kwargs)
         finally:
             memory.give_back()  # the worker lives on: what the shard freed goes back to the lender's machine
         if dataclasses.is_dataclass(result) and any(f.name == "log" for f in dataclasses.fields(result)):
-            return dataclasses.replace(result, log=stream.getvalue())  # type: ignore[type-var]
+            return dataclasses.replace(result, log=stream.unsent())  # type: ignore[type-var]
         return result
 
     return wrapper
+
+
+class LiveOutput:
+    """The running shard's stream, for a persistent worker's sender (farm_agent.work.host) to read while the shard
+    runs: one shard runs at a time in a worker. A piece is taken and sent under its lock, which the shard's end
+    takes before reading what is left; and once that is read (`unsent`) nothing more goes live: no text goes
+    twice, none is lost."""
+
+    def __init__(self) -> None:
+        self.stream: BoundedText | None = None
+        self.lock = threading.Lock()
+
+    def send(self, report: Callable[[str], None]) -> None:
+        """What the running shard printed since the last call, to `report`, under the lock (see above)."""
+        with self.lock:
+            while self.stream is not None and (piece := self.stream.take_live()):
+                report(piece)
+
+
+LIVE = LiveOutput()
+
+
+@contextlib.contextmanager
+def live(stream: BoundedText) -> Iterator[None]:
+    with LIVE.lock:
+        LIVE.stream = stream
+    try:
+        yield
+    finally:
+        with LIVE.lock:  # a piece being sent now is out before the shard's end reads what is left
+            LIVE.stream = None
 
 
 OUTPUT_ATTR = "_farm_output"  # a worker's own stream, on the worker

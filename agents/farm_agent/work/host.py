@@ -5,7 +5,8 @@ so that a device never waits for its next shard's model load.
 
 `python -P -m farm_agent.work.host` with FARM_WORK_FD naming its end of a socket pair to the agent: Assignments come
 in, WorkReports go out (farm_agent.work.frames). Each shard sends its own result to the head by its upload ticket
-(farm_agent.work.upload) and then says it ended; the worker exits when the agent closes its end."""
+(farm_agent.work.upload) and then says it ended; what it prints goes out while it runs (WorkOutput); the worker
+exits when the agent closes its end."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from farm.core.tasks import ResultRoute, ShardFigures
 from farm.core.wire import decode_task
 from farm.proto.v1 import agent_pb2
 from farm_agent.work import frames
+from farm_agent.work.capture import LIVE
 from farm_agent.work.upload import Finishing
 
 FD_VAR = "FARM_WORK_FD"
+LIVE_EVERY_S = 0.5
 
 
 def main() -> None:
@@ -57,10 +60,26 @@ def main() -> None:
     def finished(assignment: agent_pb2.Assignment, finishing: Finishing, busy_s: float | None) -> None:
         ended(assignment, *finishing.wait(), busy_s)
 
+    running: list[str] = [""]  # the ticket of the attempt running now
+
+    def output(text: str) -> None:
+        report(agent_pb2.WorkReport(output=agent_pb2.WorkOutput(ticket=running[0], text=text)))
+
+    def send_output() -> None:
+        """What the running attempt prints, every LIVE_EVERY_S, while it runs (`farm logs --follow`)."""
+        while True:
+            time.sleep(LIVE_EVERY_S)
+            try:
+                LIVE.send(output)
+            except OSError:  # the agent closed its end: the worker is ending
+                return
+
     threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
+    threading.Thread(target=send_output, name="farm-live-output", daemon=True).start()
     free: float | None = None  # when the device was last free: the next attempt could start from then (it queued)
     while (assignment := waiting.get()) is not None:
         ready = free
+        running[0] = assignment.ticket  # no shard runs now: the live stream (capture.LIVE) holds nothing to send
         reason, result = run(assignment)
         free = time.monotonic()
         busy_s = None if ready is None else free - ready

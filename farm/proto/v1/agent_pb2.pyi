@@ -90,16 +90,26 @@ class DeregisterReply(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkReport(_message.Message):
-    __slots__ = ("hello", "ack", "ended", "worker")
+    __slots__ = ("hello", "ack", "ended", "worker", "output")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     ENDED_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
     hello: WorkHello
     ack: WorkAck
     ended: WorkEnded
     worker: WorkerStarted
-    def __init__(self, hello: _Optional[_Union[WorkHello, _Mapping]] = ..., ack: _Optional[_Union[WorkAck, _Mapping]] = ..., ended: _Optional[_Union[WorkEnded, _Mapping]] = ..., worker: _Optional[_Union[WorkerStarted, _Mapping]] = ...) -> None: ...
+    output: WorkOutput
+    def __init__(self, hello: _Optional[_Union[WorkHello, _Mapping]] = ..., ack: _Optional[_Union[WorkAck, _Mapping]] = ..., ended: _Optional[_Union[WorkEnded, _Mapping]] = ..., worker: _Optional[_Union[WorkerStarted, _Mapping]] = ..., output: _Optional[_Union[WorkOutput, _Mapping]] = ...) -> None: ...
+
+class WorkOutput(_message.Message):
+    __slots__ = ("ticket", "text")
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ticket: str
+    text: str
+    def __init__(self, ticket: _Optional[str] = ..., text: _Optional[str] = ...) -> None: ...
 
 class WorkHello(_message.Message):
     __slots__ = ("node_id", "node_token")
