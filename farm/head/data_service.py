@@ -9,9 +9,10 @@ import errno
 import os
 import re
 import stat
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -32,6 +33,7 @@ from farm.proto.v1 import data_pb2, data_pb2_grpc
 CHUNK = 1024 * 1024  # bytes a Chunk message carries
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_FILES = 1024  # paths one ReadFiles may name
+SERVED_KEPT = 16  # jobs whose credential and plan the service keeps read
 READ_AHEAD = 8  # files a ReadFiles call has opened and started reading ahead of the one it sends: its memory is at
 # most READ_AHEAD x CHUNK bytes, whatever the files' sizes
 _FOLLOW_NONE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -72,6 +74,13 @@ def open_planned(root: str, path: str) -> int:
     return fd
 
 
+@dataclass(frozen=True)
+class _Served:
+    token: str  # the job's read credential
+    root: str | None  # its dataset's location on this machine (None: it reads none from the head)
+    paths: frozenset[str]  # its plan's files
+
+
 class DataServicer(data_pb2_grpc.DataServiceServicer):
     def __init__(self, store: Store, tokens: Tokens, settings: HeadSettings) -> None:
         self.store = store
@@ -80,21 +89,42 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         tune_malloc()  # MiB-sized messages from the heap, not fresh pages each
         # The files ReadFiles calls read ahead, on a bounded pool off the event loop.
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="farm-data")
+        self.served: OrderedDict[str, _Served] = OrderedDict()
 
     def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, frozenset[str]]:
         """Job `job_id`'s dataset root on this machine and its plan's file paths, once the job's read credential is
         checked, only while the job runs."""
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
-        expected = datasets.read_token(self.settings.state_dir, job_id) if JOB_ID.match(job_id) else None
-        self.tokens.check_secret(context, presented, expected, "invalid or missing read credential for this job")
-        if self.store.job(job_id).state.finished:
+        served = self._served(job_id) if JOB_ID.match(job_id) else None
+        self.tokens.check_secret(context, presented, served.token if served else None,
+                                 "invalid or missing read credential for this job")
+        assert served is not None  # check_secret refused a job without a credential
+        if self.store.job_state(job_id).finished:
             raise AuthError(f"job {job_id} has ended: its read credential is void")
+        if served.root is None:
+            raise NotFoundError(f"job {job_id} reads no dataset from the head")
+        return served.root, served.paths
+
+    def _served(self, job_id: str) -> _Served | None:
+        """A job's credential and plan as the head serves them, read once: both are written at submit and never
+        change, and a large plan (a folder of 65,536 images) took longer to load than its files to read, at every
+        call. The last SERVED_KEPT jobs are kept."""
+        if (served := self.served.get(job_id)) is not None:
+            self.served.move_to_end(job_id)
+            return served
+        token = datasets.read_token(self.settings.state_dir, job_id)
+        if token is None:
+            return None
         saved = datasets.load(self.settings.state_dir, job_id)
         if saved is None or saved[0].where is not Location.HEAD:
-            raise NotFoundError(f"job {job_id} reads no dataset from the head")
-        spec, plan = saved
-        return spec.location, frozenset(f.path for f in plan.files)
+            served = _Served(token, None, frozenset())
+        else:
+            served = _Served(token, saved[0].location, frozenset(f.path for f in saved[1].files))
+        self.served[job_id] = served
+        while len(self.served) > SERVED_KEPT:
+            self.served.popitem(last=False)
+        return served
 
     def _open(self, job_id: str, root: str, paths: frozenset[str], path: str) -> int:
         """The file `path` of the job's plan, opened without following links (open_planned), never inside the head's

@@ -3,6 +3,7 @@ machine through it with the job's read credential only, and only that dataset's 
 
 from __future__ import annotations
 
+import dataclasses
 import tracemalloc
 from pathlib import Path
 
@@ -192,3 +193,70 @@ def test_a_batch_with_one_unreadable_file_names_it_and_the_calls_before_it_stand
     fs = HeadFileSystem(access)
     found = fs.cat(["0.png", "4.png", "5.png"], on_error="return")
     assert isinstance(found["4.png"], FileNotFoundError) and isinstance(found["5.png"], bytes)
+
+
+def test_a_file_read_on_has_its_next_block_in_flight_and_random_reads_stay_exact(head: Head, tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch
+                                                                                  ) -> None:
+    """Issue 28 item 4: a file object reading on waited for each block to be asked before the head sent any of it.
+    Now the range after a sequential read is in flight before it is asked for, one range ahead at most."""
+    payload = np.random.default_rng(0).integers(0, 255, 5 * BLOCK + 12345, dtype=np.uint8)
+    np.save(tmp_path / "big.npy", payload)
+    access, _ = add_job(head, "j-9", DatasetSpec(location=str(tmp_path / "big.npy"), format="npy"))
+    fs = HeadFileSystem(access)
+    events: list[tuple[str, int, int]] = []  # ("asked", start, end) by the reader; ("read", ...) from the head
+    sent: list[int] = []
+    chunks, ranged = HeadFileSystem._chunks, HeadFileSystem._range
+
+    def read(self: HeadFileSystem, path: str, start: int, end: int) -> list[bytes]:
+        events.append(("read", start, end))  # as it goes out
+        got = chunks(self, path, start, end)
+        sent.append(sum(map(len, got)))  # what the head sent (nothing past the file's end)
+        return got
+
+    def asked(self: HeadFileSystem, path: str, start: int, end: int) -> list[bytes]:
+        events.append(("asked", start, end))
+        return ranged(self, path, start, end)
+
+    monkeypatch.setattr(HeadFileSystem, "_chunks", read)
+    monkeypatch.setattr(HeadFileSystem, "_range", asked)
+    whole = (tmp_path / "big.npy").read_bytes()
+    with fs.open("", "rb") as handle:
+        parts = []
+        while part := handle.read(BLOCK):  # as the .npy and text formats read
+            parts.append(part)
+        on = b"".join(parts)
+        handle.seek(1000)  # random access after: exact bytes, from what was read ahead or not
+        again = handle.read(5000)
+    assert on == whole and again == whole[1000:6000]
+    ranges = [(i, a, b) for i, (kind, a, b) in enumerate(events) if kind == "asked"]
+    assert len(ranges) >= 3
+    for i, start, _ in ranges[2:-1]:  # every range after the second read on: its first piece went before it was asked
+        assert any(kind == "read" and a == start for kind, a, _ in events[:i]), (start, events)
+    assert sum(sent) <= len(whole) + max(b - a for _, a, b in ranges) + 5000  # at most one range ahead wasted
+
+
+def test_a_job_s_plan_is_loaded_once_not_at_every_call(head: Head, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28 item 4: every Read and ReadFiles call loaded and validated the job's whole plan again (a folder of
+    65,536 images: longer than reading its files). Its credential still counts at every call."""
+    from farm.head import data_service
+
+    folder = tmp_path / "files"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"{i:02d}.txt").write_text(f"{i}\n" * 10)
+    access, plan = add_job(head, "j-7", DatasetSpec(location=str(folder), format="text"))
+    loads = []
+    load = data_service.datasets.load
+    monkeypatch.setattr(data_service.datasets, "load", lambda *a: loads.append(a) or load(*a))
+    fs = HeadFileSystem(access)
+    reads = []
+    chunks = HeadFileSystem._chunks
+    monkeypatch.setattr(HeadFileSystem, "_chunks", lambda self, *a: reads.append(a) or chunks(self, *a))
+    for i in range(20):
+        assert fs.cat_file(f"{i:02d}.txt") == f"{i}\n".encode() * 10
+    assert len(loads) <= 1 and len(reads) == 20  # one Read a small file (it was 16, 15 of them past its end)
+    forged = HeadFileSystem(dataclasses.replace(access, token="x" * len(access.token)))
+    with pytest.raises(OSError, match="credential"):
+        forged.cat_file("00.txt")

@@ -6,9 +6,10 @@ which sees it, never needs the node's key or certificate)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,9 @@ class HeadFileSystem(AbstractFileSystem):
         self.access = access
         self.stub = data_pb2_grpc.DataServiceStub(channel(access.address, access.ca_pem))
         self.metadata = (("authorization", f"Bearer {access.token}"),)
+        self._lock = threading.Lock()
+        self._last_end: dict[str, int] = {}  # where the last read of each file ended
+        self._ahead: tuple[tuple[str, int, int], list[Future[list[bytes]]]] | None = None  # the range read ahead
 
     def _call(self, path: str, call: Any) -> Any:
         try:
@@ -116,31 +120,56 @@ class HeadFileSystem(AbstractFileSystem):
                                                                                   timeout=300)])
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) (fewer at the file's end). A long range is read as PIECE-sized Reads, PIECES_AHEAD of
-        them in flight (one stream is bounded by one core on each side and by a round trip per call), and joined in
-        one copy."""
-        if end - start <= PIECE:
-            return b"".join(self._chunks(path, start, end))
-        pieces = [(at, min(at + PIECE, end)) for at in range(start, end, PIECE)]
+        return b"".join(self._range(path, start, end))
+
+    def _range(self, path: str, start: int, end: int) -> list[bytes]:
+        """Bytes [start, end) (fewer at the file's end) as the chunks they came in. A long range is read as
+        PIECE-sized Reads, PIECES_AHEAD of them in flight (one stream is bounded by one core on each side and by a
+        round trip per call). A read that starts where the last one ended (a file object reading on) puts the next
+        range of its length in flight before it returns, so the head never waits for the reader between blocks:
+        memory, one range ahead."""
+        pieces = [(at, min(at + PIECE, end)) for at in range(start, end, PIECE)] or [(start, end)]
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and ahead[0][:2] == (path, start) and ahead[0][2] >= end:  # (its end may be cut)
+                reads = ahead[1][:len(pieces)]
+            else:
+                reads = [self._read_piece(path, *piece) for piece in pieces]
+            if end - start > PIECE and self._last_end.get(path) == start:
+                following = (path, end, end + (end - start))
+                self._ahead = (following, [self._read_piece(path, at, min(at + PIECE, following[2]))
+                                           for at in range(end, following[2], PIECE)])
+            self._last_end[path] = end
         held: list[bytes] = []
-        for (at, stop), chunks in zip(pieces, _pool().map(lambda piece: self._chunks(path, *piece), pieces)):
+        for (at, stop), read in zip(pieces, reads):
+            chunks = read.result()
+            got = sum(map(len, chunks))
+            if got > stop - at:  # a piece read ahead for a longer range than this one asks for
+                chunks, got = [b"".join(chunks)[:stop - at]], stop - at
             held.extend(chunks)
-            if sum(map(len, chunks)) < stop - at:  # the file's end: the pieces after it are empty
+            if got < stop - at:  # the file's end: the pieces after it, and any ahead, are empty
+                with self._lock:
+                    self._ahead = None
                 break
-        return b"".join(held)
+        return held
+
+    def _read_piece(self, path: str, start: int, end: int) -> Future[list[bytes]]:
+        return _pool().submit(self._chunks, path, start, end)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if end is not None:
             return self.read_range(path, start or 0, end)
-        # To its end in reads of the most one may ask for, without a Stat first: a folder of images is one call
-        # per image. A read shorter than asked for is the file's end.
-        parts, offset = [], start or 0
+        # To its end without a Stat first: one Read of a PIECE (a small file, an image, is one call), then reads
+        # of the most one may ask for. A read shorter than asked for is the file's end. Joined once, at the end.
+        held, offset, asked = [], start or 0, PIECE
         while True:
-            part = self.read_range(path, offset, offset + MAX_READ)
-            parts.append(part)
-            offset += len(part)
-            if len(part) < MAX_READ:
-                return b"".join(parts)
+            chunks = self._range(path, offset, offset + asked)
+            held.extend(chunks)
+            got = sum(map(len, chunks))
+            offset += got
+            if got < asked:
+                return b"".join(held)
+            asked = MAX_READ
 
     def iter_files(self, paths: Sequence[str]) -> Iterator[tuple[str, bytes | OSError]]:
         """Each file of `paths` whole, in order, or the error it gave (the other files still come): FILES_PER_CALL
