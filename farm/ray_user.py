@@ -54,9 +54,9 @@ def check_reachable(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> None
     if closed is not None:
         target, blocked = closed
         raise UserError(
-            f"Ray runs as {user.pw_name!r} (never as root), who cannot reach {target}: {blocked} is private. "
-            f"Install Farm where {user.pw_name} can read it, or choose another user with --ray-user (`--ray-user "
-            "root` accepts that job code on this machine runs as root)")
+            f"job code runs as {user.pw_name!r} (never as root), who cannot reach {target}: {blocked} is private. "
+            f"Run ./scripts/setup as root once (it lets {user.pw_name} pass through, by an ACL for it alone), or "
+            f"`setfacl -m u:{user.pw_name}:x {blocked}`, or install Farm where {user.pw_name} can read it")
 
 
 def first_closed(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> tuple[Path, Path] | None:
@@ -64,8 +64,9 @@ def first_closed(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> tuple[P
     on the way to it that `user` cannot enter; None if it can reach them all."""
     ray_package = importlib.util.find_spec("ray")
     ray_folder = Path(ray_package.origin).parent if ray_package and ray_package.origin else Path(sys.prefix)
-    for target in (Path(sys.executable).resolve(), Path(shutil.__file__).resolve().parent, ray_folder,
-                   *(p.resolve() for p in extra)):
+    # The interpreter as started (a venv's bin/, whose pyvenv.cfg and site-packages it reads) and as it is.
+    for target in (Path(sys.executable), Path(sys.executable).resolve(), Path(shutil.__file__).resolve().parent,
+                   ray_folder, *(p.resolve() for p in extra)):
         blocked = _first_closed(target, user)
         if blocked is not None:
             return target, blocked
@@ -73,7 +74,10 @@ def first_closed(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> tuple[P
 
 
 def _first_closed(target: Path, user: pwd.struct_passwd) -> Path | None:
-    for folder in [*reversed(target.parents), target]:
+    folders = [*reversed(target.parents), target]
+    if os.geteuid() == 0:  # asked of the kernel as that user: ACLs and all
+        return _first_closed_as(user, [f for f in folders if f.is_dir()])
+    for folder in folders:
         info = folder.stat()
         mode = info.st_mode
         if info.st_uid == user.pw_uid:
@@ -85,6 +89,83 @@ def _first_closed(target: Path, user: pwd.struct_passwd) -> Path | None:
         if stat.S_ISDIR(mode) and not allowed:
             return folder
     return None
+
+
+def _first_closed_as(user: pwd.struct_passwd, folders: Sequence[Path]) -> Path | None:
+    """The first of `folders` that `user` may not pass through, as the kernel answers a child process that became
+    that user (mode bits, ACLs, whatever else decides); only root can ask."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: only os calls, then _exit
+        code = 0
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(user.pw_gid)
+            os.setuid(user.pw_uid)
+            closed = next((i for i, folder in enumerate(folders) if not os.access(folder, os.X_OK)), -1)
+            os.write(write, str(closed).encode())
+        except BaseException:  # noqa: BLE001 - the parent reads no answer and says so
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said = answer.read()
+    os.waitpid(pid, 0)
+    if not said:
+        raise UserError(f"cannot check what {user.pw_name!r} may reach")
+    index = int(said)
+    return folders[index] if index >= 0 else None
+
+
+def grant_passage(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> list[Path]:
+    """Let `user` pass through each folder on the way to what its processes need (first_closed) that it may not:
+    an ACL entry for that user alone, execute only (`setfacl -m u:USER:x`), so it can reach this Python and Farm
+    under a private home (pyenv or conda in /root, as on many GPU machines) without listing those folders or
+    reading what is private in them. The folders opened, in order; a UserError where it cannot (no setfacl, or a
+    filesystem without ACLs)."""
+    opened: list[Path] = []
+    while (closed := first_closed(user, extra)) is not None:
+        folder = closed[1]
+        if folder in opened:
+            raise UserError(f"an ACL on {folder} did not let {user.pw_name!r} pass (does its filesystem keep ACLs?)")
+        if shutil.which("setfacl") is None:
+            raise UserError(f"{user.pw_name!r} cannot reach {closed[0]}: {folder} is private, and setfacl is not "
+                            "installed to let it pass (Debian/Ubuntu: apt-get install acl)")
+        done = subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:x", str(folder)], capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise UserError(f"cannot let {user.pw_name!r} pass through {folder}: {done.stderr.strip()}")
+        opened.append(folder)
+    return opened
+
+
+def main() -> None:
+    """`python -m farm.ray_user` (scripts/setup runs it as root): the account job code runs as, made if missing,
+    and let through to this Python and Farm's packages."""
+    if os.geteuid() != 0:
+        return
+    name = chosen(None)
+    if name is None:
+        return
+    import farm
+
+    extra = [Path(farm.__file__).parent]
+    try:
+        import farm_agent
+
+        extra.append(Path(farm_agent.__file__).parent)
+    except ImportError:
+        pass
+    try:
+        user = ensure(name)
+        for folder in grant_passage(user, extra):
+            print(f"{name} (the account job code runs as) may now pass through {folder}, not list it: an ACL for it "
+                  f"alone; undo with: setfacl -x u:{name} {folder}")
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def private_folder(path: Path, user: pwd.struct_passwd | None) -> Path:
@@ -131,3 +212,7 @@ def hand_token(token_path: Path, folder: Path, user: pwd.struct_passwd | None) -
     if user is not None:
         os.chown(copy, user.pw_uid, user.pw_gid)
     return copy
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 import farm
+from farm import ray_user
 from farm.cli.jobs import follow, show_summary
 from farm.cli.render import console
 from farm.client import Client, find_head
@@ -39,13 +40,11 @@ def demo(
     ok = False
     try:
         port, ray_port = free_port(), free_port()
-        # Its Rays as the invoking user, root included (not farm-ray, who may not reach a checkout under /root): a
-        # throw-away farm on loopback whose only nodes are this user's own agents; no lender ever joins it.
-        me = pwd.getpwuid(os.geteuid()).pw_name
+        ray_as = _ray_user()
         with console.status("starting a local head..."):
             # Its dashboard over plain HTTP: on loopback only, a browser opens it without a certificate warning.
             _farm("head", "start", "--host", "127.0.0.1", "--port", str(port), "--ray-port", str(ray_port),
-                  "--state-dir", str(state), "--detach", "--ray-user", me, "--dashboard-http")
+                  "--state-dir", str(state), "--detach", *ray_as, "--dashboard-http")
         head = find_head(state_dir=state)
         dashboard = (read_json(state / "head.json") or {}).get("dashboard")
         if dashboard:
@@ -58,7 +57,7 @@ def demo(
             _farm_all([
                 ["agent", "start", "--head", head.address, "--token-file", str(token_file), "--ca-hash", head.ca_hash,
                  "--name", f"demo-{index}",
-                 "--cpus", str(cpus), "--state-dir", str(state), "--detach", "--ray-user", me,
+                 "--cpus", str(cpus), "--state-dir", str(state), "--detach", *ray_as,
                  "--max-foreign-cpu", "100"]  # the agents share this host: each would see the other as its owner
                 for index in range(1, agents + 1)
             ])
@@ -118,3 +117,20 @@ def _stop_all(state: Path) -> None:
     info = read_json(state / "head.json") or {}
     if recorded_alive(info):
         terminate(int(info["pid"]))
+
+
+def _ray_user() -> list[str]:
+    """The demo's --ray-user: none where job code may run as farm-ray, as on every farm (root, once scripts/setup let
+    farm-ray reach this Python and checkout; any other user runs it as itself); else, said in one line, the invoking
+    root: a throw-away farm on loopback whose only nodes are this user's own agents, which no lender joins."""
+    name = ray_user.chosen(None)
+    if name is None:
+        return []
+    import farm_agent
+
+    if ray_user.first_closed(ray_user.ensure(name), [Path(farm.__file__).parent, Path(farm_agent.__file__).parent]):
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        console.print(f"job code runs as {me} in this demo: {name} cannot reach this Python or checkout (run "
+                      "./scripts/setup as root to let it)", highlight=False, soft_wrap=True)
+        return ["--ray-user", me]
+    return []
