@@ -3,20 +3,8 @@
 # lending `cuda` (a lent node: no Ray on it; its shards come over its work stream into one persistent worker); a
 # compute-bound job of 20 shards; the gap between shards on the GPU, the GPU's busy share, against a plain loop.
 # Before it, two `run` calls staged the cp312 wheels Farm needs and the image lacks (ray, pyarrow, pydantic, ...) as
-# one tar in three parts under 64 MiB (.whl/gpu/c1..c3, made by `split -b 52m` of the tar): this call carries the
-# third and puts them together.
-export OUT=${OUT:-/tmp/o}; mkdir -p $OUT
-export PYTHONUNBUFFERED=1 COLUMNS=200
-cp .whl/gpu/c3/* /tmp/parts/ 2>/dev/null
-cat /tmp/parts/wheels.part.aa /tmp/parts/wheels.part.ab /tmp/parts/wheels.part.ac > /tmp/wheels.tar
-md5sum /tmp/wheels.tar
-mkdir -p /tmp/whl && tar xf /tmp/wheels.tar -C /tmp/whl
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  /tmp/whl/*.whl 2>&1 | tail -3
-export PYTHONPATH=/tmp/site:$PWD:$PWD/agents
-mkdir -p /tmp/bin && printf '#!/bin/bash\nexec python3 -m ray.scripts.scripts "$@"\n' > /tmp/bin/ray && chmod +x /tmp/bin/ray
-export PATH=/tmp/bin:$PATH FARM_STATE_DIR=/tmp/farm-state
-python3 -c "import ray, pyarrow, farm.head.server, farm.data, farm_agent.daemon.main, farm_agent.work.host, pynvml, torch; print('imports ok', ray.__version__, pyarrow.__version__, torch.__version__)" || exit 3
+# one tar in three parts under 64 MiB (.whl/gpu/c1..c3): this call carries the third (benchmarks/gpu/stage.sh).
+. benchmarks/gpu/stage.sh
 F="python3 -m farm.cli.main"
 mkdir -p /tmp/bench && chmod 777 /tmp/bench
 # Each queue depth on a head of its own (FARM_QUEUE_DEPTH is read when the head starts): 1 (the default: a worker
