@@ -173,15 +173,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     @streaming
     async def Code(self, request: agent_pb2.CodeRequest, context: grpc.aio.ServicerContext
                    ) -> AsyncIterator[agent_pb2.CodePart]:
-        """A job's code package, to a node the head gave a shard of that job, in parts."""
+        """A job's code package, to a node the head gave a shard of that job, in parts read as they are sent: a call
+        holds one part, however large the package and however many nodes fetch it at once."""
         self.tokens.check_node(context, request.node_id, request.node_token,
                                self.store.node_token_hash(request.node_id))
         path = self.code_for(request.node_id, request.job_id)
         if path is None:
             raise AuthError(f"node {request.node_id} runs no shard of job {request.job_id[:40]!r}")
-        data = await asyncio.to_thread(path.read_bytes)
-        for start in range(0, max(len(data), 1), CODE_PART):
-            yield agent_pb2.CodePart(data=data[start:start + CODE_PART])
+        with path.open("rb") as package:
+            while data := await asyncio.to_thread(package.read, CODE_PART):
+                yield agent_pb2.CodePart(data=data)
 
     @unary
     async def Deregister(self, request: agent_pb2.DeregisterRequest, context: grpc.aio.ServicerContext
