@@ -7,9 +7,9 @@ One agent with one CPU runs one shard at a time, so a job's wall time on the hea
 end) is the sum over its shards of model time and overhead: overhead per shard = (job wall - summed model time) /
 shards. The job is the digits example (540 rows) cut into --shards fixed shards (5-6 rows each: the model time is
 tiny, the overhead is what is measured); a first job of 8 shards warms the worker and calibrates, untimed. The
-overhead holds Ray's dispatch of a task to a warm worker, the task's dataset and model loads from the worker's
-caches, the warm-up check, the energy window, the result's trip, the head's atomic write and SQLite record, and the
-next scheduling round. Stops everything it started.
+overhead holds the head's order over the node's work stream to its persistent worker (farm.head.links), the
+shard's dataset and model from the worker's caches, the warm-up check, the energy window, the result's upload, the
+head's atomic write and SQLite record, and the next scheduling round. Stops everything it started.
 """
 
 from __future__ import annotations

@@ -125,8 +125,15 @@ class FarmRayFarm:
         (self.work / f"{mode}.yaml").write_text(yaml.safe_dump(spec))
         done = farm("submit", str(self.work / f"{mode}.yaml"), "--wait", "--json", "--no-check", "--workdir",
                     str(self.work / "code"), env={"FARM_STATE_DIR": str(self.state)})
-        assert done.returncode == 0, done.stderr or json.loads(done.stdout).get("error")
+        assert done.returncode == 0, done.stderr or _why(done.stdout, self.state)
         return list(json.loads(out.read_text()))
+
+
+def _why(stdout: str, state: Path) -> str:
+    """A failed job's error and the tail of its log: what a failure here needs to be understood."""
+    job = json.loads(stdout)
+    logs = farm("logs", job["id"], env={"FARM_STATE_DIR": str(state)}).stdout
+    return f"{job.get('error')}\n{logs[-4000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +210,7 @@ def test_a_job_runs_on_the_agent_s_node_as_farm_ray(farm_ray_farm: FarmRayFarm, 
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     done = farm("submit", str(tmp_path / "job.yaml"), "--wait", "--json", "--workdir", str(ROOT),
                 env={"FARM_STATE_DIR": str(farm_ray_farm.state)})
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, done.stderr or _why(done.stdout, farm_ray_farm.state)
     job = json.loads(done.stdout)
     assert job["state"] == "succeeded" and job["items"] == 540 and job["metrics"]["accuracy"] >= 0.90
     assert {s["node_name"] for s in job["shards"]} == {"lent"}
