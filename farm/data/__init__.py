@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from farm.core.dataset import DataFile, DatasetPlan, DatasetSpec
+from farm.core.dataset import DataFile, DatasetPlan, DatasetSpec, Location, location_kind
 from farm.core.errors import SpecError
 from farm.data.formats import FORMATS
-from farm.data.locations import filesystem
+from farm.data.locations import filesystem, http
 
 if TYPE_CHECKING:
     import fsspec
@@ -34,14 +34,20 @@ def plan(spec: DatasetSpec, fs: fsspec.AbstractFileSystem | None = None, root: s
         raise SpecError(f"dataset {spec.location!r}: say its format")
     if fs is None or root is None:
         fs, root = filesystem(spec.location)
+    from pyarrow import ArrowException
+
     try:
         if not fs.exists(root):
             raise SpecError(f"dataset {spec.location!r}: not found")
+        if location_kind(spec.location) is Location.HTTP:
+            http.check_ranges(fs, root)
         files, columns, rows = FORMATS[fmt].plan(fs, root)
     except FileNotFoundError:
         raise SpecError(f"dataset {spec.location!r}: not found") from None
     except PermissionError as exc:
         raise SpecError(f"dataset {spec.location!r}: not readable ({exc})") from None
+    except (OSError, ArrowException) as exc:  # a file that is not of its format (pyarrow's own errors), a broken read
+        raise SpecError(f"dataset {spec.location!r}: does not read as {fmt.value} ({one_line(exc)})") from None
     placed, offset = [], 0
     for path, units in files:
         placed.append(DataFile(path=path, offset=offset, units=units))
@@ -54,6 +60,12 @@ def plan(spec: DatasetSpec, fs: fsspec.AbstractFileSystem | None = None, root: s
     if problem:
         raise SpecError(f"dataset {spec.location!r}: {problem}")
     return result
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message, its first line only (pyarrow's run to several)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def read(plan: DatasetPlan, start: int, stop: int, columns: list[str] | None = None, batch_rows: int = 1024,

@@ -36,6 +36,7 @@ MAX_FILES = 1024  # paths one ReadFiles may name
 SERVED_KEPT = 16  # jobs whose credential and plan the service keeps read
 READ_AHEAD = 8  # files a ReadFiles call has opened and started reading ahead of the one it sends: its memory is at
 # most READ_AHEAD x CHUNK bytes, whatever the files' sizes
+Planned = dict[str, "tuple[int, int] | None"]  # a job's planned files: path → (st_dev, st_ino) as planned, if kept
 _FOLLOW_NONE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -78,7 +79,7 @@ def open_planned(root: str, path: str) -> int:
 class _Served:
     token: str  # the job's read credential
     root: str | None  # its dataset's location on this machine (None: it reads none from the head)
-    paths: frozenset[str]  # its plan's files
+    paths: Planned  # its plan's files, with their identities as planned
 
 
 class DataServicer(data_pb2_grpc.DataServiceServicer):
@@ -91,8 +92,8 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="farm-data")
         self.served: OrderedDict[str, _Served] = OrderedDict()
 
-    def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, frozenset[str]]:
-        """Job `job_id`'s dataset root on this machine and its plan's file paths, once the job's read credential is
+    def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, Planned]:
+        """Job `job_id`'s dataset root on this machine and its plan's files, once the job's read credential is
         checked, only while the job runs."""
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
@@ -118,31 +119,38 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
             return None
         saved = datasets.load(self.settings.state_dir, job_id)
         if saved is None or saved[0].where is not Location.HEAD:
-            served = _Served(token, None, frozenset())
+            served = _Served(token, None, {})
         else:
-            served = _Served(token, saved[0].location, frozenset(f.path for f in saved[1].files))
+            known = datasets.planned_identities(self.settings.state_dir, job_id) or {}
+            served = _Served(token, saved[0].location, {f.path: known.get(f.path) for f in saved[1].files})
         self.served[job_id] = served
         while len(self.served) > SERVED_KEPT:
             self.served.popitem(last=False)
         return served
 
-    def _open(self, job_id: str, root: str, paths: frozenset[str], path: str) -> int:
+    def _open(self, job_id: str, root: str, planned: Planned, path: str) -> int:
         """The file `path` of the job's plan, opened without following links (open_planned), never inside the head's
-        state folder (no link followed: its path as planned is where it is)."""
-        if path not in paths or datasets.inside(Path(join(root, path)), self.settings.state_dir):
+        state folder (no link followed: its path as planned is where it is), and the very file planned."""
+        if path not in planned or datasets.inside(Path(join(root, path)), self.settings.state_dir):
             raise NotFoundError(f"no file {path!r} in job {job_id}'s dataset")
         try:
-            return open_planned(root, path)
+            fd = open_planned(root, path)
         except LinkRefused:
             raise
         except OSError:
             raise NotFoundError(f"{path!r} of job {job_id}'s dataset is gone") from None
+        info = os.fstat(fd)
+        if planned[path] not in (None, (info.st_dev, info.st_ino)):
+            os.close(fd)
+            raise LinkRefused(f"{path!r} of job {job_id}'s dataset has been replaced since the job was submitted "
+                              "(another file is at its path): not read")
+        return fd
 
     @unary
     async def Stat(self, request: data_pb2.DataFileRequest, context: grpc.aio.ServicerContext
                    ) -> data_pb2.DataFileInfo:
-        root, paths = self._dataset(context, request.job_id)
-        fd = await asyncio.to_thread(self._open, request.job_id, root, paths, request.path)
+        root, planned = self._dataset(context, request.job_id)
+        fd = await asyncio.to_thread(self._open, request.job_id, root, planned, request.path)
         try:
             return data_pb2.DataFileInfo(size=os.fstat(fd).st_size)
         finally:
@@ -151,11 +159,11 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
     @streaming
     async def Read(self, request: data_pb2.ReadRequest, context: grpc.aio.ServicerContext
                    ) -> AsyncIterator[data_pb2.Chunk]:
-        root, paths = self._dataset(context, request.job_id)
+        root, planned = self._dataset(context, request.job_id)
         if request.offset < 0 or not 0 <= request.length <= MAX_READ:
             raise UserError(f"a read is at most {MAX_READ} bytes from an offset of at least 0")
         loop = asyncio.get_running_loop()
-        fd = await loop.run_in_executor(self.pool, self._open, request.job_id, root, paths, request.path)
+        fd = await loop.run_in_executor(self.pool, self._open, request.job_id, root, planned, request.path)
         try:
             # The next chunk is read on the pool while this one is sent: the disk and the socket overlap, and the
             # call holds at most two chunks.

@@ -18,6 +18,7 @@ from farm.head.settings import HeadSettings
 from farm.head.store import Store
 
 PLAN = "dataset.json"
+IDENTITY = "identity"  # in PLAN: each planned file's identity on the head's disk
 READ_TOKEN = "read-token"
 
 
@@ -42,12 +43,31 @@ def inside(path: Path, folder: Path) -> bool:
 
 
 def files(spec: DatasetSpec, plan: DatasetPlan) -> dict[str, bytes]:
-    """What the job's folder keeps of its dataset: the spec and plan, and for a dataset on this machine the job's
-    read credential (a fresh random token)."""
-    kept = {PLAN: json.dumps({"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}).encode()}
+    """What the job's folder keeps of its dataset: the spec and plan, and for a dataset on this machine each planned
+    file's identity (what DataService serves must be that very file) and the job's read credential (a fresh random
+    token)."""
+    saved: dict[str, object] = {"spec": spec.model_dump(mode="json"), "plan": plan.model_dump(mode="json")}
+    kept: dict[str, bytes] = {}
     if spec.where is Location.HEAD:
+        saved[IDENTITY] = identities(spec.location, plan)
         kept[READ_TOKEN] = secrets.token_urlsafe(24).encode()
-    return kept
+    return {PLAN: json.dumps(saved).encode(), **kept}
+
+
+def identities(root: str, plan: DatasetPlan) -> dict[str, tuple[int, int]]:
+    """Each planned file's (st_dev, st_ino), as planned: a file put in its place since (a hard link to another file,
+    a rewrite) is another file, and not served."""
+    from farm.data.locations import join
+
+    found = {}
+    for planned in plan.files:
+        try:
+            info = os.lstat(join(root, planned.path))
+        except OSError as exc:
+            raise SpecError(f"dataset {root!r}: {planned.path or root!r} went while it was planned ({exc.strerror})"
+                            ) from None
+        found[planned.path] = (info.st_dev, info.st_ino)
+    return found
 
 
 @lru_cache(maxsize=256)
@@ -58,6 +78,16 @@ def load(state_dir: Path, job_id: str) -> tuple[DatasetSpec, DatasetPlan] | None
     except FileNotFoundError:
         return None
     return DatasetSpec.model_validate(saved["spec"]), DatasetPlan.model_validate(saved["plan"])
+
+
+@lru_cache(maxsize=256)
+def planned_identities(state_dir: Path, job_id: str) -> dict[str, tuple[int, int]] | None:
+    """The job's planned files' identities (files()); None for a job planned before they were kept."""
+    try:
+        saved = json.loads((job_dir(state_dir, job_id) / PLAN).read_bytes()).get(IDENTITY)
+    except FileNotFoundError:
+        return None
+    return None if saved is None else {path: (int(dev), int(ino)) for path, (dev, ino) in saved.items()}
 
 
 def read_token(state_dir: Path, job_id: str) -> str | None:

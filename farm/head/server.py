@@ -111,6 +111,11 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
             raise ray_head.failure()
         if ray_head.loopback:
             keep_loopback()
+        # The driver (this process) logs to its stderr, the head's own log, not to a file of the session's logs
+        # folder: that folder is the Ray user's, and Ray's rotation opens a log again by name, so a link swapped in
+        # there would have the head (root) truncate any file (issue 30, finding 14); its warnings only, as the head's
+        # own. Set after the Ray node started, whose own logs stay in its folder.
+        os.environ.update(RAY_LOG_TO_STDERR="1", RAY_BACKEND_LOG_LEVEL="warning")
         ray.init(address=settings.ray_address, namespace="farm", log_to_driver=False, logging_level=logging.WARNING)
         run_loop(_serve(settings, tokens, on_ready, services))
     finally:

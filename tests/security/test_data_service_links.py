@@ -65,3 +65,23 @@ def test_a_planned_file_swapped_for_a_fifo_is_refused_without_blocking(head: Hea
     with pytest.raises(grpc.RpcError) as caught:
         _read(head, "j-1", access.token, "")
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()
+
+
+def test_a_hard_link_put_in_a_planned_file_s_place_is_not_read(head: Head, tmp_path: Path) -> None:
+    """No link on the way, yet another file: a hard link to a file elsewhere (the admin's secret, on the same
+    filesystem) put where a planned file was. The plan records each file's identity (st_dev, st_ino), and what the
+    head opens must be that file. (A new file written there may reuse the old inode: it holds only what its writer
+    wrote, no one else's secret.)"""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the admin's secret\n")
+    folder = tmp_path / "lines"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a\n")
+    access, _ = add_job(head, "j-1", DatasetSpec(location=str(folder), format="text"))
+    assert _read(head, "j-1", access.token, "a.txt") == b"a\n"
+    (folder / "a.txt").unlink()
+    os.link(secret, folder / "a.txt")
+    with pytest.raises(grpc.RpcError) as caught:
+        _read(head, "j-1", access.token, "a.txt")
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()
+    assert "replaced" in (caught.value.details() or "")
