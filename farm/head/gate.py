@@ -9,7 +9,7 @@ this only keeps the unauthenticated out early. Each refusal counts against the p
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -78,7 +78,7 @@ class AuthGate(grpc.aio.ServerInterceptor):
         presented = bearer(metadata)
         needs = NEEDS.get(details.method, Needs.API)  # type: ignore[attr-defined]
         if self.admits(needs, presented, str(metadata.get(NODE_ID_KEY, ""))):
-            return await continuation(details)
+            return refusing_malformed(await continuation(details))
         return self._refusing(REFUSAL[needs], presented)
 
     def admits(self, needs: Needs, presented: str, node_id: str) -> bool:
@@ -102,3 +102,92 @@ class AuthGate(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, error.message)
 
         return grpc.stream_unary_rpc_method_handler(refuse)
+
+
+MALFORMED = "a request that is not the method's message (it does not parse)"
+
+
+class _Malformed:
+    """What a request body that does not parse becomes, for the handler's wrapper to refuse in words."""
+
+
+_MALFORMED = _Malformed()
+
+
+class _Reading:
+    """A stream's context whose read() refuses a message that does not parse (servicers read with context.read())."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def read(self) -> object:
+        request = await self._context.read()
+        if request is _MALFORMED:
+            await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED)
+        return request
+
+
+def refusing_malformed(handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+    """`handler` with a parser that does not raise: gRPC's own answered UNKNOWN ("Unexpected DecodeError") to bytes
+    that are not the message, before any Farm code ran. A request that does not parse is refused with
+    INVALID_ARGUMENT, whether it is a unary call's or one message of a stream."""
+    if handler is None or handler.request_deserializer is None:
+        return handler
+    parse = handler.request_deserializer
+
+    def tolerant(data: bytes) -> object:
+        try:
+            return parse(data)
+        except Exception:  # noqa: BLE001 - whatever a parser raises on bytes that are not its message
+            return _MALFORMED
+
+    async def checked(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+        async for request in requests:
+            if request is _MALFORMED:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED)
+            yield request
+
+    async def replies(result: Any) -> AsyncIterator[object]:
+        if hasattr(result, "__aiter__"):
+            async for reply in result:
+                yield reply
+        else:  # a handler that writes its replies itself (context.write)
+            await result
+
+    serialize = handler.response_serializer
+    if handler.unary_unary is not None:
+        unary_unary = handler.unary_unary
+
+        async def one_one(request: object, context: grpc.aio.ServicerContext) -> object:
+            if request is _MALFORMED:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED)
+            return await unary_unary(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(one_one, tolerant, serialize)
+    if handler.unary_stream is not None:
+        unary_stream = handler.unary_stream
+
+        async def one_many(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+            if request is _MALFORMED:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, MALFORMED)
+            async for reply in replies(unary_stream(request, context)):
+                yield reply
+
+        return grpc.unary_stream_rpc_method_handler(one_many, tolerant, serialize)
+    if handler.stream_unary is not None:
+        stream_unary = handler.stream_unary
+
+        async def many_one(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> object:
+            return await stream_unary(checked(requests, context), _Reading(context))
+
+        return grpc.stream_unary_rpc_method_handler(many_one, tolerant, serialize)
+    stream_stream = handler.stream_stream
+
+    async def many_many(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
+        async for reply in replies(stream_stream(checked(requests, context), _Reading(context))):
+            yield reply
+
+    return grpc.stream_stream_rpc_method_handler(many_many, tolerant, serialize)
