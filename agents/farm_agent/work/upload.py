@@ -143,8 +143,10 @@ def failure_of(exc: BaseException) -> result_pb2.ShardFailure:
     message = exc.message if isinstance(exc, FarmError) else \
         f"{type(exc).__name__}: {text.splitlines()[0] if text else type(exc).__name__}"
     trace = getattr(exc, SHARD_TRACEBACK_ATTR, "") or "".join(traceback.format_exception(exc))
+    bad_start, bad_stop = exc.rows if isinstance(exc, DataError) and exc.rows else (0, 0)
     return result_pb2.ShardFailure(kind=kind, message=bounded(message), traceback=bounded(str(trace)),
-                                   log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))))
+                                   log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))), bad_start=bad_start,
+                                   bad_stop=bad_stop)
 
 
 def send(route: ResultRoute, work: Callable[[Upload], ShardFigures | Callable[[], ShardFigures]]
