@@ -117,7 +117,8 @@ def failure_from_pb(msg: result_pb2.ShardFailure) -> Arrival:
     kind = result_pb2.ShardFailure.Kind
     data = msg.kind == kind.DATA
     bad = (msg.bad_start, msg.bad_stop) if data and msg.bad_stop > msg.bad_start else None  # checked at its shard
-    return Arrival(failure=Failure(node=msg.kind == kind.NODE, message=line, data=data, bad_rows=bad),
+    return Arrival(failure=Failure(node=msg.kind == kind.NODE, message=line, data=data, bad_rows=bad,
+                                   farm_trace=msg.farm_traceback),
                    log=msg.log, traceback=msg.traceback)
 
 

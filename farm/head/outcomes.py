@@ -45,6 +45,7 @@ class Failure:
     message: str
     data: bool = False  # a malformed input (farm.core.errors.DataError): its shard fails, the job's others go on
     bad_rows: tuple[int, int] | None = None  # data's: the range that does not read, as its node said (unchecked)
+    farm_trace: str = ""  # the traceback with Farm's own frames, which the one its node sent leaves out (--verbose)
 
 
 class Uploaded(Exception):
