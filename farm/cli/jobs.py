@@ -19,6 +19,7 @@ from farm.client.api import through_restarts
 from farm.client.preflight import prepare
 from farm.core.errors import UserError
 from farm.core.models import JobState
+from farm.core.tasks import VERBOSE
 from farm.proto import convert
 from farm.proto.v1 import job_pb2
 
@@ -271,6 +272,8 @@ def logs(
                        ] = False,
     shard: Annotated[int | None, typer.Option("--shard", help="Only this shard's lines: placements, output, errors.")
                      ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Tracebacks with Farm's own frames as well.")
+                       ] = False,
     json: Json = False,
     head: Head = None,
     token: Token = None,
@@ -283,7 +286,7 @@ def logs(
         if shard is not None:
             _check_shard(client.job(job_id), shard, follow_)
         if not follow_:
-            lines = client.logs(job_id, shard)
+            lines = [line for line in client.logs(job_id, shard) if verbose or line.level != VERBOSE]
             print_json([log_line_json(line) for line in lines]) if json else [print_log_line(x) for x in lines]
             return
         seen = 0
@@ -291,7 +294,8 @@ def logs(
             for line in through_restarts(lambda: client.follow_logs(job_id, shard, after=seen), RECONNECT_S,
                                          head_gone):
                 seen = line.id
-                print_json(log_line_json(line), indent=None) if json else print_log_line(line)
+                if verbose or line.level != VERBOSE:
+                    print_json(log_line_json(line), indent=None) if json else print_log_line(line)
         except KeyboardInterrupt:
             detach(client, job_id)
 

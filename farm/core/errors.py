@@ -57,7 +57,13 @@ class HeadUnavailableError(UserError):
 
 class DataError(UserError):
     """A malformed input (a bad row, a truncated file, an image that does not decode), named by its file and row:
-    it fails the shard that read it, not the job's other shards."""
+    it fails the shard that read it, not the job's other shards. `rows`: the smallest range [start, stop) that does
+    not read, in the dataset plan's units (row ids; bytes of line files), where the reader knows it: the head then
+    runs the shard's other rows apart (farm.scheduler.bad_rows)."""
+
+    def __init__(self, message: str, rows: tuple[int, int] | None = None) -> None:
+        super().__init__(message)
+        self.rows = rows
 
 
 class AgentError(FarmError):

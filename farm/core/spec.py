@@ -250,6 +250,12 @@ class ModelJobSpec(SpecBase):
     model: str  # package.module:callable returning a torch.nn.Module
     weights: str | None = None  # a state_dict inside the job's code
     dataset: str  # package.module:callable, or a .npy, .npz or .pt file inside the job's code
+    # The error budget, as Ray Data's max_errored_blocks: rows that do not read (a corrupt row group, an image that does
+    # not decode) are skipped and listed in the manifest, and the job still succeeds while they are at most
+    # max_bad_rows, or max_failed_fraction of its rows (the larger). Default 0: any skipped row fails the job, once
+    # its other rows are done (farm job ID --retry-missing runs only what is missing).
+    max_bad_rows: int = Field(default=0, ge=0)
+    max_failed_fraction: float = Field(default=0.0, ge=0, le=1)
 
     @field_validator("model")
     @classmethod

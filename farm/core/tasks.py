@@ -14,7 +14,10 @@ from farm.core.energy import Energy
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
 # traceback (farm_agent.work.capture sets them; the shard's upload sends them to the head with its failure).
 SHARD_LOG_ATTR = "farm_log"
-SHARD_TRACEBACK_ATTR = "farm_traceback"
+SHARD_TRACEBACK_ATTR = "farm_traceback"  # from the user's first frame (Farm's own leading frames left out)
+SHARD_FULL_TRACEBACK_ATTR = "farm_full_traceback"  # Farm's frames included (farm logs --verbose)
+SHARD_ROWS_ATTR = "farm_rows"  # where in its shard a model's exception happened: "rows 0-99, the batch from row 64"
+VERBOSE = "verbose"  # the job log's level of the full traceback, which only `farm logs --verbose` shows
 # The worker environment variable through which the head hands a job's pip requirements to its shards' workers:
 # JSON {"requirements": [...], "find_links": str | null} (farm_agent.work.environment installs them).
 REQUIREMENTS_VAR = "FARM_REQUIREMENTS"

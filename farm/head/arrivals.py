@@ -115,7 +115,10 @@ def failure_from_pb(msg: result_pb2.ShardFailure) -> Arrival:
     """A node's failure as the head sorts every failure (farm.head.outcomes): the job's, its data's, or the node's."""
     line = (msg.message.strip().splitlines() or [""])[0][:MAX_MESSAGE] or "the shard failed (no message)"
     kind = result_pb2.ShardFailure.Kind
-    return Arrival(failure=Failure(node=msg.kind == kind.NODE, message=line, data=msg.kind == kind.DATA),
+    data = msg.kind == kind.DATA
+    bad = (msg.bad_start, msg.bad_stop) if data and msg.bad_stop > msg.bad_start else None  # checked at its shard
+    return Arrival(failure=Failure(node=msg.kind == kind.NODE, message=line, data=data, bad_rows=bad,
+                                   farm_trace=msg.farm_traceback),
                    log=msg.log, traceback=msg.traceback)
 
 

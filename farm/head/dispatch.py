@@ -370,10 +370,10 @@ class Dispatcher:
                 self.outcomes.retry_or_fail(job_id, index, failure.message)
             self.notify(job_id)
             return
-        joblog.record_failure(self.store, job_id, index, output, trace)
-        if failure.data:  # a malformed input: this shard fails, the job's others go on
+        joblog.record_failure(self.store, job_id, index, output, trace, failure.farm_trace)
+        if failure.data:  # a malformed input: its shard keeps the rows that do not read, failed; the rest run again
             job = self.store.job(job_id)
-            self.outcomes.shard_failed(job_id, index, failure.message, self.handler(job), self.spec(job))
+            self.outcomes.shard_failed(job_id, index, failure, self.handler(job), self.spec(job))
         else:
             self.outcomes.fail(job_id, index, failure.message)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.core.models import JobState, ShardState
-from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
+from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR, VERBOSE
 from farm.head.events import JobEvents
 from farm.head.store import Store
 from farm.proto.v1 import agent_pb2
@@ -37,10 +37,13 @@ def record_error(store: Store, job_id: str, index: int, error: BaseException) ->
     record_failure(store, job_id, index, getattr(error, SHARD_LOG_ATTR, ""), getattr(error, SHARD_TRACEBACK_ATTR, ""))
 
 
-def record_failure(store: Store, job_id: str, index: int, output: str, trace: str) -> None:
-    """A failed shard's output and full traceback, as its node sent them with its failure."""
+def record_failure(store: Store, job_id: str, index: int, output: str, trace: str, farm_trace: str = "") -> None:
+    """A failed shard's output and traceback (from the user's first frame), as its node sent them with its failure;
+    the traceback with Farm's own frames as well, at level `verbose` (farm logs --verbose shows it)."""
     _record(store, job_id, index, "output", output)
     _record(store, job_id, index, "error", trace)
+    if farm_trace.strip() != trace.strip():
+        _record(store, job_id, index, VERBOSE, farm_trace)
 
 
 def _record(store: Store, job_id: str, index: int, level: str, text: object) -> None:

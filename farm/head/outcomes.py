@@ -12,11 +12,13 @@ from ray import exceptions as ray_errors
 
 from farm.core.energy import Energy
 from farm.core.errors import DataError, FarmError
-from farm.core.models import JobState, Node, ShardState
+from farm.core.models import JobState, Node, Shard, ShardState
+from farm.core.spec import ModelJobSpec
 from farm.head import output_place
 from farm.head.output import manifest, write_manifest
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
+from farm.scheduler import bad_rows
 from farm.scheduler.calibration import Sample
 
 if TYPE_CHECKING:
@@ -42,6 +44,8 @@ class Failure:
     node: bool  # the node or its worker process failed, not the job's code: the shard may run again
     message: str
     data: bool = False  # a malformed input (farm.core.errors.DataError): its shard fails, the job's others go on
+    bad_rows: tuple[int, int] | None = None  # data's: the range that does not read, as its node said (unchecked)
+    farm_trace: str = ""  # the traceback with Farm's own frames, which the one its node sent leaves out (--verbose)
 
 
 class Uploaded(Exception):
@@ -66,7 +70,7 @@ def sort_failure(exc: BaseException, collective: bool = False) -> Failure:
         cause = exc.cause if isinstance(exc.cause, BaseException) else exc
         message = cause.message if isinstance(cause, FarmError) else f"{type(cause).__name__}: {first_line(cause)}"
         return Failure(collective and any(sign in message for sign in PEER_LOST), message,
-                       data=isinstance(cause, DataError))
+                       data=isinstance(cause, DataError), bad_rows=cause.rows if isinstance(cause, DataError) else None)
     if isinstance(exc, FarmError):
         return Failure(False, exc.message)
     return Failure(False, f"head: {type(exc).__name__}: {exc}")  # the head itself failed at the job's part
@@ -143,19 +147,25 @@ class Outcomes:
         self.store.set_job_state(job_id, JobState.FAILED, f"shard {index}: {error}" if index is not None else error)
         self.notify(job_id)
 
-    def shard_failed(self, job_id: str, index: int, error: str, handler: KindHandler, spec: JobSpec) -> None:
-        """The shard failed on its own input (a bad row, a truncated file): it alone fails; the job's other shards
-        run on, and the job ends failed once they are done (farm results still fetches theirs)."""
-        if self.store.job_state(job_id).finished:
+    def shard_failed(self, job_id: str, index: int, failure: Failure, handler: KindHandler, spec: JobSpec) -> None:
+        """The shard failed on its own input (a corrupt row group, an image that does not decode): it keeps only the
+        range that does not read, failed, and its other rows run again as new shards (farm.scheduler.bad_rows). The
+        job's other shards run on; it ends once they are done, succeeded if what it skipped is within its error
+        budget, else failed (farm results still fetches what is done)."""
+        job = self.store.job(job_id)
+        if job.state.finished:
             return
-        self.store.shard_failed(job_id, index, error)
+        shard = job.shards[index]
+        found = bad_rows.cut((shard.start, shard.stop), failure.bad_rows)
+        self.store.shard_skipped(job_id, index, found.bad, list(found.rest), failure.message)
         self.notify(job_id)
         self.finish_if_done(job_id, handler, spec)
 
     def finish_if_done(self, job_id: str, handler: KindHandler, spec: JobSpec) -> bool:
         """Once every shard is in: the metrics, the kind's joined outputs, then the manifest (written last: its
-        presence says the rest is complete); whether the job finished. Shards that failed on their data leave the
-        job failed, without a manifest, once the others are done."""
+        presence says the rest is complete, bar the rows it lists as skipped); whether the job finished. Shards that
+        failed on their data, over the job's error budget, leave the job failed, without a manifest, once the others
+        are done."""
         job = self.store.job(job_id)
         ended = (ShardState.SUCCEEDED, ShardState.FAILED)
         if job.state.finished or any(s.state not in ended for s in job.shards):
@@ -165,17 +175,28 @@ class Outcomes:
         metrics = {**job_metrics(job), **handler.metrics(job, spec)}
         self.store.set_metrics(job_id, metrics)
         failed = [s for s in job.shards if s.state is ShardState.FAILED]
-        if failed:
-            self.store.set_job_state(job_id, JobState.FAILED, f"{len(failed)} of {len(job.shards)} shards failed on "
-                                     f"their data; shard {failed[0].index}: {failed[0].error}")
+        over = over_budget(job, spec, failed)
+        if over:
+            self.store.set_job_state(job_id, JobState.FAILED, f"{over}; shard {failed[0].index}: {failed[0].error}")
             self.notify(job_id)
             return True
         output_place.recheck(job.output, self.settings)  # a link swapped in since submit: not written through
         fields = handler.finish(job, spec, metrics)
         write_manifest(job.output, manifest(job, metrics, fields, handler.shard_file))
+        if failed:
+            self.store.log(job_id, "warning", f"{sum(s.stop - s.start for s in failed)} rows skipped, within the "
+                                              "job's error budget: the manifest lists them")
         self.store.set_job_state(job_id, JobState.SUCCEEDED)
         self.notify(job_id)
         return True
+
+
+def over_budget(job: Job, spec: JobSpec, failed: list[Shard]) -> str | None:
+    """Why the shards that failed on their data fail the job (None: none did, or they are within its budget)."""
+    if not failed:
+        return None
+    max_rows, max_fraction = (spec.max_bad_rows, spec.max_failed_fraction) if isinstance(spec, ModelJobSpec) else (0, 0)
+    return bad_rows.over_budget([(s.start, s.stop) for s in failed], job.items, max_rows, max_fraction)
 
 
 def job_metrics(job: Job) -> dict[str, float]:

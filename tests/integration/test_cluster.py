@@ -177,6 +177,13 @@ def test_a_model_that_raises_fails_the_job_with_its_error(cluster: Cluster, toy:
     assert "Traceback (most recent call last):" in logs.stdout and "in forward" in logs.stdout
     assert "ValueError: this model is broken on purpose" in logs.stdout
     assert f"[shard {1 - failed}]" not in logs.stdout
+    # Issue 31: the error names the shard's rows and its batch's first row; the traceback starts at the job's code,
+    # Farm's own frames only with --verbose.
+    first = 0 if failed == 0 else 16
+    assert f"shard {failed}: rows {first}-{first + 15}, the batch from row {first}: ValueError" in job["error"]
+    assert "farm_agent" not in logs.stdout
+    verbose = cluster.farm("logs", job["id"], "--shard", str(failed), "--verbose")
+    assert "farm_agent/work/kinds/inference.py" in verbose.stdout
 
 
 def test_cancel_stops_a_running_job(cluster: Cluster, toy: Path) -> None:

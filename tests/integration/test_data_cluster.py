@@ -30,12 +30,12 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def submit(cluster: Cluster, tmp_path: Path, name: str, dataset: dict[str, object], shards: int = 4,
-           output: str | None = None) -> dict[str, object]:
+           output: str | None = None, **more: object) -> dict[str, object]:
     spec = tmp_path / f"{name}.yaml"
     spec.write_text(yaml.safe_dump({
         "name": name, "model": "examples.digits.model:build", "weights": "examples/digits/weights.pt",
         "dataset": dataset, "shards": shards, "batch_size": 64, "backends": ["cpu"],
-        "output": output or str(tmp_path / name)}))
+        "output": output or str(tmp_path / name), **more}))
     done = cluster.farm("submit", str(spec), "--wait", "--json", "--workdir", str(ROOT))
     assert done.stdout, done.stderr
     return json.loads(done.stdout)
@@ -84,8 +84,8 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
     assert [r["row_id"] for r in rows] == list(range(540)) == [r["index"] for r in rows]
 
 
-def test_an_image_that_does_not_decode_fails_its_shard_only(cluster: Cluster, digits: Path, tmp_path: Path
-                                                            ) -> None:
+def test_an_image_that_does_not_decode_is_skipped_alone_and_its_shards_other_rows_complete(
+        cluster: Cluster, digits: Path, tmp_path: Path) -> None:
     images = tmp_path / "images"
     images.mkdir()
     for path in sorted((digits / "digits-images").iterdir())[:256]:
@@ -94,16 +94,44 @@ def test_an_image_that_does_not_decode_fails_its_shard_only(cluster: Cluster, di
     victim.write_bytes(b"\x89PNG\r\n\x1a\n truncated")
     job = submit(cluster, tmp_path, "img", {"location": str(images), "format": "images", "passthrough": ["path"],
                                             "preprocess": "examples.datasets.prep:images"})
-    assert job["state"] == "failed"
-    states = [s["state"] for s in job["shards"]]
-    assert states == ["succeeded", "succeeded", "succeeded", "failed"]  # rows 192-255 hold the bad one
+    assert job["state"] == "failed"  # the error budget is 0 by default
+    # Rows 192-255 held the bad one: the shard keeps row 200 alone, failed; 192-199 and 201-255 ran again.
+    ranges = [(s["start"], s["stop"], s["state"]) for s in job["shards"]]
+    assert ranges[3:] == [(200, 201, "failed"), (192, 200, "succeeded"), (201, 256, "succeeded")]
     error = job["shards"][3]["error"]
     assert f"images/{victim.name} (row 200): the image does not decode" in error and "\n" not in error
-    assert "1 of 4 shards failed on their data" in str(job["error"])
+    assert str(job["error"]).startswith("1 row of 256 do not read (1 range), over the job's error budget of 0")
     output = Path(str(job["output"]))
-    assert sorted(p.name for p in output.iterdir()) == [f"shard-{i:05d}.parquet" for i in range(3)]
-    assert pq.read_table(output / "shard-00002.parquet").column("path").to_pylist()[0] == sorted(
-        p.name for p in images.iterdir())[128]
+    assert sorted(p.name for p in output.iterdir()) == [f"shard-{i:05d}.parquet" for i in (0, 1, 2, 4, 5)]
+    assert sorted(shard_rows(output).column("row_id").to_pylist()) == [r for r in range(256) if r != 200]
+
+
+def test_a_corrupt_row_group_within_the_error_budget_is_skipped_and_listed(cluster: Cluster, digits: Path,
+                                                                          tmp_path: Path) -> None:
+    """Issue 31: one bad row group of one file lost a three-file shard's good rows; now only its rows are skipped."""
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    table = pa.concat_tables(pq.read_table(p) for p in sorted((digits / "digits-parquet").glob("*.parquet")))
+    pq.write_table(table, folder / "all.parquet", row_group_size=60)
+    corrupt_row_group(folder / "all.parquet", 3)  # rows 180-239
+    job = submit(cluster, tmp_path, "rg", {"location": str(folder), "format": "parquet", "inputs": "pixels",
+                                           "passthrough": ["index"], "preprocess": "examples.datasets.prep:pixels"},
+                 shards=2, max_bad_rows=60)
+    assert job["state"] == "succeeded", job.get("error")
+    manifest = json.loads((Path(str(job["output"])) / "_manifest.json").read_text())
+    (skipped,) = manifest["skipped"]
+    assert (skipped["start"], skipped["stop"]) == (180, 240) and "rows 180-239 (row group 3) do not read" in \
+        skipped["error"]
+    ids = shard_rows(Path(str(job["output"]))).column("row_id").to_pylist()
+    assert sorted(ids) == [r for r in range(540) if not 180 <= r < 240]
+
+
+def corrupt_row_group(path: Path, group: int) -> None:
+    """Overwrite bytes inside one row group's first data page, as a bad sector would: the footer still reads."""
+    chunk = pq.read_metadata(path).row_group(group).column(0)
+    raw = bytearray(path.read_bytes())
+    raw[chunk.data_page_offset + 40:chunk.data_page_offset + 80] = b"\xff\x13" * 20
+    path.write_bytes(bytes(raw))
 
 
 def test_jobs_over_a_bucket_and_a_web_server_with_results_in_the_bucket(cluster: Cluster, digits: Path, tmp_path: Path,

@@ -15,14 +15,19 @@ import contextlib
 import dataclasses
 import functools
 import io
+import os
 import sys
 import threading
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
+import farm
+import farm_agent
+from farm.core.tasks import SHARD_FULL_TRACEBACK_ATTR, SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR
 from farm_agent.work import memory
 from farm_agent.work.environment import prepare_from_environment
 
@@ -115,7 +120,8 @@ def captured(stream: BoundedText) -> Iterator[None]:
     except BaseException as exc:
         try:
             setattr(exc, SHARD_LOG_ATTR, stream.unsent())
-            setattr(exc, SHARD_TRACEBACK_ATTR, bounded("".join(traceback.format_exception(exc))))
+            setattr(exc, SHARD_TRACEBACK_ATTR, bounded(user_traceback(exc)))
+            setattr(exc, SHARD_FULL_TRACEBACK_ATTR, bounded("".join(traceback.format_exception(exc))))
         except (AttributeError, TypeError):  # an exception type without a __dict__: it goes on as it is
             pass
         raise
@@ -231,3 +237,24 @@ def bounded(text: str, keep: int = KEEP_BYTES) -> str:
     if len(text) <= 2 * keep:
         return text
     return f"{text[:keep]}\n[... {len(text) - 2 * keep:,} characters dropped ...]\n{text[-keep:]}"
+
+
+# Where Farm's own frames are: a traceback a user reads starts past them.
+FARM_CODE = tuple(str(Path(module.__file__ or "").parent) + os.sep for module in (farm, farm_agent))
+
+
+def user_traceback(exc: BaseException, code: Path | None = None) -> str:
+    """The exception's traceback from the first frame of the job's code (`code`, its folder: the worker's cwd), else
+    from the first frame that is not Farm's (a torch module's, for a model without a forward of its own); the
+    whole traceback when every frame is Farm's."""
+    code_dir = str(code or Path.cwd()) + os.sep
+    frames = list(_frames(exc.__traceback__))
+    first = next((tb for tb in frames if tb.tb_frame.f_code.co_filename.startswith(code_dir)), None) or next(
+        (tb for tb in frames if not tb.tb_frame.f_code.co_filename.startswith(FARM_CODE)), None)
+    return "".join(traceback.format_exception(type(exc), exc, first or exc.__traceback__))
+
+
+def _frames(tb: TracebackType | None) -> Iterator[TracebackType]:
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next

@@ -22,7 +22,8 @@ import grpc
 import pyarrow as pa
 
 from farm.core.errors import AgentError, DataError, FarmError
-from farm.core.tasks import SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR, ResultRoute, ShardFigures
+from farm.core.tasks import (SHARD_FULL_TRACEBACK_ATTR, SHARD_LOG_ATTR, SHARD_ROWS_ATTR, SHARD_TRACEBACK_ATTR,
+                             ResultRoute, ShardFigures)
 from farm.data.locations.head import channel
 from farm.proto.convert import figures_to_pb
 from farm.proto.v1 import result_pb2, result_pb2_grpc
@@ -142,9 +143,15 @@ def failure_of(exc: BaseException) -> result_pb2.ShardFailure:
     text = str(exc).strip()
     message = exc.message if isinstance(exc, FarmError) else \
         f"{type(exc).__name__}: {text.splitlines()[0] if text else type(exc).__name__}"
-    trace = getattr(exc, SHARD_TRACEBACK_ATTR, "") or "".join(traceback.format_exception(exc))
+    rows = getattr(exc, SHARD_ROWS_ATTR, "")  # a model's exception: where in its shard
+    message = f"{rows}: {message}" if rows else message
+    full = "".join(traceback.format_exception(exc))
+    trace = getattr(exc, SHARD_TRACEBACK_ATTR, "") or full
+    bad_start, bad_stop = exc.rows if isinstance(exc, DataError) and exc.rows else (0, 0)
     return result_pb2.ShardFailure(kind=kind, message=bounded(message), traceback=bounded(str(trace)),
-                                   log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))))
+                                   log=bounded(str(getattr(exc, SHARD_LOG_ATTR, ""))), bad_start=bad_start,
+                                   bad_stop=bad_stop,
+                                   farm_traceback=bounded(str(getattr(exc, SHARD_FULL_TRACEBACK_ATTR, "") or full)))
 
 
 def send(route: ResultRoute, work: Callable[[Upload], ShardFigures | Callable[[], ShardFigures]]

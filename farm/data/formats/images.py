@@ -40,7 +40,8 @@ def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int
             except OSError as exc:  # the whole call failed (the head refused it, the connection broke)
                 raise DataError(f"{where(location, file.path)}: does not read: {exc}") from None
             if not isinstance(value, bytes):
-                raise DataError(f"{where(location, file.path)} (row {file.offset}): does not read: {value}")
+                raise DataError(f"{where(location, file.path)} (row {file.offset}): does not read: {value}",
+                                rows=(file.offset, file.offset + 1))
             data.append(value)
         yield pa.record_batch({
             ROW_ID: pa.array([f.offset for f in chunk], pa.int64()),
@@ -97,7 +98,8 @@ def _decode(location: str, row_id: int, data: bytes, path: str) -> np.ndarray:
             image.load()
             return np.asarray(image)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise DataError(f"{where(location, path)} (row {row_id}): the image does not decode: {exc}") from None
+        raise DataError(f"{where(location, path)} (row {row_id}): the image does not decode: {exc}",
+                        rows=(row_id, row_id + 1)) from None
 
 
 @lru_cache(maxsize=4)

@@ -39,22 +39,30 @@ def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int
             # No cache: pyarrow reads each column chunk it needs whole, once; a read-ahead block (the head's 16 MiB)
             # would hold a second copy and bytes past it, a worker's peak then growing with the dataset's files.
             with fs.open(join(root, file.path), "rb", cache_type="none") as handle:
-                yield from _read_file(pq.ParquetFile(handle), file.offset, first, end, columns, batch_rows)
+                yield from _read_file(pq.ParquetFile(handle), name, file.offset, first, end, columns, batch_rows)
         except DataError:
             raise
-        except (OSError, pa.ArrowException, ValueError) as exc:
-            raise DataError(f"{name}: rows {first}-{end - 1} do not read: {exc}") from None
+        except (OSError, pa.ArrowException, ValueError) as exc:  # its footer: none of its rows read
+            raise DataError(f"{name}: rows {first}-{end - 1} do not read: {first_line(exc)}",
+                            rows=(file.offset + first, file.offset + end)) from None
 
 
-def _read_file(parquet: pq.ParquetFile, offset: int, first: int, end: int, columns: list[str] | None,
+def _read_file(parquet: pq.ParquetFile, name: str, offset: int, first: int, end: int, columns: list[str] | None,
                batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows [first, end) of the file, a row group at a time; a group that does not read (a corrupt page) is
+    named alone, with its rows: the file's other groups read."""
     group_start = 0
     for index in range(parquet.metadata.num_row_groups):
         if group_start >= end:
             return
         rows = parquet.metadata.row_group(index).num_rows
         if group_start + rows > first:
-            yield from _read_group(parquet, index, group_start, offset, first, end, columns, batch_rows)
+            try:
+                yield from _read_group(parquet, index, group_start, offset, first, end, columns, batch_rows)
+            except (OSError, pa.ArrowException, ValueError) as exc:
+                lo, hi = max(first, group_start), min(end, group_start + rows)
+                raise DataError(f"{name}: rows {lo}-{hi - 1} (row group {index}) do not read: {first_line(exc)}",
+                                rows=(offset + lo, offset + hi)) from None
         group_start += rows
 
 
@@ -73,3 +81,8 @@ def _read_group(parquet: pq.ParquetFile, index: int, row: int, offset: int, firs
         row += batch.num_rows
         if row >= end:
             return
+
+
+def first_line(exc: BaseException) -> str:
+    """pyarrow's message is often two lines ("Couldn't deserialize thrift ...\nDeserializing page header failed.")."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

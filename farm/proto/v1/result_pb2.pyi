@@ -57,7 +57,7 @@ class ShardFigures(_message.Message):
     def __init__(self, items: _Optional[int] = ..., seconds: _Optional[float] = ..., correct: _Optional[int] = ..., energy: _Optional[_Union[Energy, _Mapping]] = ..., peak_memory_bytes: _Optional[int] = ..., log: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ShardFailure(_message.Message):
-    __slots__ = ("kind", "message", "traceback", "log")
+    __slots__ = ("kind", "message", "traceback", "log", "bad_start", "bad_stop", "farm_traceback")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         JOB: _ClassVar[ShardFailure.Kind]
@@ -70,11 +70,17 @@ class ShardFailure(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
+    BAD_START_FIELD_NUMBER: _ClassVar[int]
+    BAD_STOP_FIELD_NUMBER: _ClassVar[int]
+    FARM_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     kind: ShardFailure.Kind
     message: str
     traceback: str
     log: str
-    def __init__(self, kind: _Optional[_Union[ShardFailure.Kind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., log: _Optional[str] = ...) -> None: ...
+    bad_start: int
+    bad_stop: int
+    farm_traceback: str
+    def __init__(self, kind: _Optional[_Union[ShardFailure.Kind, str]] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., log: _Optional[str] = ..., bad_start: _Optional[int] = ..., bad_stop: _Optional[int] = ..., farm_traceback: _Optional[str] = ...) -> None: ...
 
 class UploadReply(_message.Message):
     __slots__ = ()

@@ -6,7 +6,7 @@ import itertools
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -19,7 +19,7 @@ import pyarrow as pa
 from farm.core.dataset import ROW_ID, DataFormat, Unit
 from farm.core.energy import Energy
 from farm.core.errors import FarmError
-from farm.core.tasks import ResultRoute, ShardFigures, ShardResult, ShardTask, Tuning
+from farm.core.tasks import SHARD_ROWS_ATTR, ResultRoute, ShardFigures, ShardResult, ShardTask, Tuning
 from farm.data import read
 from farm.data.batches import column_to_numpy, model_inputs, numpy_batch, output_column, rebatch
 from farm.data.results import OUTPUT
@@ -65,8 +65,9 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
     first = next(stream, None)
     if first is None:  # a byte range holding no line start: nothing to run
         return _result(task, 0, 0.0, None, None)
-    _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
-             or task.data.plan.unit is Unit.ROWS else None)
+    with _at_rows(task, first):
+        _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
+                 or task.data.plan.unit is Unit.ROWS else None)
     _reset_peak_memory(task.device)
     rows, correct = 0, None
     meter = _meter(task.device)
@@ -75,7 +76,8 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
     with meter.window() as window:
         began = time.perf_counter()
         for batch in itertools.chain([first], stream):
-            outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
+            with _at_rows(task, batch):
+                outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
             if len(outputs) != batch.table.num_rows:
                 raise FarmError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
             out(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
@@ -86,6 +88,22 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
     if later:
         return replace(_result(task, rows, seconds, correct, None), energy_later=lambda: window.energy)
     return _result(task, rows, seconds, correct, window.energy)
+
+
+@contextmanager
+def _at_rows(task: ShardTask, batch: ModelBatch) -> Iterator[None]:
+    """A model's exception says where in the shard it happened: the shard's range and the batch's first row id
+    (for line files, both in bytes: a row's id is its byte offset)."""
+    try:
+        yield
+    except Exception as exc:
+        first = batch.table.column(ROW_ID)[0].as_py() if batch.table.num_rows else task.start
+        lines = task.data is not None and task.data.plan.unit is Unit.BYTES
+        where = (f"bytes {task.start}-{task.stop - 1}, the batch from the row at byte {first}" if lines
+                 else f"rows {task.start}-{task.stop - 1}, the batch from row {first}")
+        with suppress(AttributeError, TypeError):  # an exception type without a __dict__ goes on as it is
+            setattr(exc, SHARD_ROWS_ATTR, where)
+        raise
 
 
 def _result(task: ShardTask, rows: int, seconds: float, correct: int | None, energy: Energy | None) -> ShardResult:
