@@ -81,8 +81,12 @@ def test_farm_head_and_farm_token_reach_a_head_without_a_profile(user: dict[str,
 def test_version_and_shell_completion(user: dict[str, str], head: Head, tmp_path: Path) -> None:
     version = farm("--version", env=user)
     assert version.returncode == 0 and version.stdout.strip().startswith("farm 0.")
-    script = farm("--show-completion", "bash", env={**user, "SHELL": "/bin/bash"})
-    assert script.returncode == 0 and "complete -o default -F _farm_completion farm" in script.stdout
+    # From bash, as a user types it: typer finds the shell among the command's parents (a suite started with no
+    # shell above it, as under setsid, has none of its own to find).
+    command = f"'{sys.executable}' -m farm.cli.main --show-completion; exit $?"  # `; exit`: bash does not exec it
+    script = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **user, "SHELL": "/bin/bash"})
+    assert script.returncode == 0 and "complete -o default -F _farm_completion farm" in script.stdout, script.stderr
     add_lab(user, head, tmp_path)
     for words, expected in (("farm lo", ["logs"]), ("farm --profile ", ["lab", "local"])):
         completed = farm(env={**user, "_FARM_COMPLETE": "complete_bash", "COMP_WORDS": words,
