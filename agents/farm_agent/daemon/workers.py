@@ -41,8 +41,9 @@ log = logging.getLogger("farm.agent")
 
 # Variables of the agent's environment a worker keeps; everything else (the join token, the operator's own secrets)
 # stays behind. A bucket's credentials (AWS_*: farm.data.locations.s3) are the node's to lend: its workers read
-# datasets with them.
-KEPT_PREFIXES = ("AWS_",)
+# datasets with them. OPENBLAS_* and MKL_* are the machine's own (OPENBLAS_CORETYPE is set where OpenBLAS's own
+# detection computes wrong results or crashes on the processor): a worker without them is not the machine's Python.
+KEPT_PREFIXES = ("AWS_", "OPENBLAS_", "MKL_")
 KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
         "TMPDIR", "FARM_REQUIREMENTS_CACHE")
 # Variables a job's `env:` may not set in its workers (they are Farm's).
