@@ -3,8 +3,8 @@ connected now.
 
 Every shard reaches its node this way, over the node's mutual-TLS channel, as protobuf: an Assignment (its task as
 JSON, farm.core.wire) or a cancellation. The node answers with acks, what its attempts print as they run, and,
-when an attempt ends, an Ended report; its result goes separately, by upload ticket, to the ResultService. No node ever holds the head's Ray address or token
-for this, and nothing a node sends on it is more than a ticket and a line of text.
+when an attempt ends, an Ended report; its result goes separately, by upload ticket, to the ResultService. No node
+ever holds the head's Ray address or token for this, and nothing a node sends on it is more than a ticket and text.
 
 A node holds its running shards while its stream is open: once it closes (the agent stopped, its machine or network
 went away), the dispatcher's next round takes them back (farm.head.dispatch)."""
