@@ -29,6 +29,7 @@ from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
 from farm_agent.work.prefetch import prefetch
+from farm_agent.work.staging import staged
 
 if TYPE_CHECKING:
     import torch
@@ -132,7 +133,7 @@ def model_batches(task: ShardTask, root: Path, way: Reach | None = None) -> Iter
             labels = column_to_numpy(batch.column(spec.label), spec.label, batch.column(ROW_ID).to_pylist(),
                                      plan.location)
         kept = batch.select([ROW_ID, *spec.passthrough])
-        yield ModelBatch(kept, inputs, labels)
+        yield ModelBatch(kept, staged(inputs, task.device), labels)  # pinned here, in the reader's thread
 
 
 def _warm_up(backend: Backend, module: torch.nn.Module, sample: np.ndarray, task: ShardTask,
