@@ -150,6 +150,8 @@ def consume(batches: Iterator[np.ndarray], device: str) -> int:
     rows = 0
     target = torch.device(device)
     for found in batches:
+        if isinstance(found, np.ndarray) and found.dtype == object:  # arrays per row (a way that does not stack)
+            found = np.stack(list(found))
         tensor = found if isinstance(found, torch.Tensor) else torch.as_tensor(found)
         on = tensor.to(target, non_blocking=tensor.is_pinned()) if device != "cpu" else tensor
         rows += len(on)
@@ -191,11 +193,8 @@ def main() -> None:
         ("parquet", f"DataLoader, {w} workers", lambda: loader_parquet(table, b, w)),
         ("parquet", f"Farm node reader, {w} CPUs", lambda: farm_reader(table, "parquet", b, w, device)),
     ]
-    if ray_ok:
-        import ray
-
-        ray.init(num_cpus=w, include_dashboard=False, log_to_driver=False)
-        ways.insert(3, ("image folder", f"Ray Data, {w} CPUs", lambda: ray_images(images, b, w)))
+    if ray_ok:  # last, its cluster started just before (not timed) so that its daemons idle in no other row
+        ways.append(("image folder", f"Ray Data, {w} CPUs", lambda: ray_images(images, b, w)))
         ways.append(("parquet", f"Ray Data, {w} CPUs", lambda: ray_parquet(table, b, w)))
     gpu = torch.cuda.get_device_name(0) if device != "cpu" else "no GPU"
     out = Table(title=f"Reading to {device} ({gpu}; {os.cpu_count()} cores, {platform.machine()}; batch {b}; "
@@ -204,12 +203,24 @@ def main() -> None:
     for column in ("data", "way", "rows", "seconds", "rows/s", "x plain loop"):
         out.add_column(column, justify="left" if column in ("data", "way") else "right")
     plain: dict[str, float] = {}
+    rows: dict[str, list[list[str]]] = {}
     for kind, way, run in ways:
+        if way.startswith("Ray Data"):
+            import ray
+
+            if not ray.is_initialized():
+                ray.init(num_cpus=w, include_dashboard=False, log_to_driver=False)
         run_rows, seconds = timed(run, device)
         rate = run_rows / seconds
         plain.setdefault(kind, rate)
-        out.add_row(kind, way, f"{run_rows:,}", f"{seconds:.2f}", f"{rate:,.0f}", f"{rate / plain[kind]:.2f}")
+        rows.setdefault(kind, []).append([kind, way, f"{run_rows:,}", f"{seconds:.2f}", f"{rate:,.0f}",
+                                          f"{rate / plain[kind]:.2f}"])
+        print(" | ".join(rows[kind][-1]), file=sys.stderr, flush=True)
+    for row in (r for found in rows.values() for r in found):
+        out.add_row(*row)
     if ray_ok:
+        import ray
+
         ray.shutdown()
     Console(width=160).print(out)
 

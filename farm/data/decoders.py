@@ -3,8 +3,9 @@ the decoder spends an item mostly in C with the GIL released, on processes where
 One decoder per format that the node decodes itself, from DECODERS; each says which pool suits a batch.
 
 Pillow releases the GIL while its C codec runs, but opens a file, finds its plugin and walks its chunks in Python.
-On a 64x64 PNG (12 KiB) that Python part is about half of its ~60 us, so threads stop scaling near two; on a
-256x256 one (190 KiB) the codec is ~90% of ~900 us and threads scale with the cores (benchmarks/data_read.py).
+On a 64x64 PNG (12 KiB) opening alone is ~20 us of ~60 us (and its load loop is partly Python), so threads gain
+little; on a 256x256 one (190 KiB) the codec's load is ~820 us of ~910 us and threads scale with the cores (one
+core of the 2-core dev box, 2026-12).
 
 A process pool's items go out as bytes and come back as arrays (pickled both ways): its processes run this module's
 code, started by this worker, as the job's user, on the job's own data, so nothing crosses a trust boundary that the
@@ -114,6 +115,8 @@ def _threads(workers: int) -> Executor:
 @lru_cache(maxsize=1)
 def _processes(workers: int) -> Executor:
     """Kept for the worker's life. Started by forkserver (spawn off Linux), never forked from this process: a Ray
-    worker holds gRPC's and Ray's threads, which a fork would copy mid-lock."""
+    worker holds gRPC's and Ray's threads, which a fork would copy mid-lock. Each process imports the parent's main
+    module as `__mp_main__` (a Ray worker's is guarded; a script's needs `if __name__ == "__main__"`) and costs about
+    a second to start on the 2-core dev box: once per worker, not per shard."""
     method = "forkserver" if sys.platform.startswith("linux") else "spawn"
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
