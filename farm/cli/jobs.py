@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from farm.cli.options import Ca, Head, Json, Token, TokenFile, connect, duration, reattach_prefix
 from farm.cli.render import (
     console, count, errors, figure, items_done, job_header, job_json, jobs_table, log_line_json, print_json,
-    print_log_line, print_whole, shards_table, show, sizes_by_device, summary_table,
+    print_log_line, print_whole, read_routes, shards_table, show, sizes_by_device, summary_table,
 )
 from farm.client import Client
 from farm.client.api import through_restarts
@@ -256,8 +256,10 @@ def job(
             for line in sizes:
                 console.print(f"  {line}", highlight=False)
         data = [line.message.removeprefix("data: ") for line in lines if line.message.startswith("data: ")]
+        data += read_routes(record)
         if data:
-            console.print("[bold]data[/] (how the dataset was planned, and where its preprocess runs)")
+            console.print("[bold]data[/] (how the dataset was planned, where its preprocess runs, and per node which "
+                          "way its data came)")
             for line in data:
                 console.print(f"  {line}", highlight=False)
         console.print("[bold]placements[/] (each shard, where it went and the score it went on)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import datetime
 from typing import Any
 
@@ -247,6 +247,20 @@ def summary_table(job: job_pb2.Job) -> Table:
                       f"{row['seconds']:.3f}", figure(rate), joules(row["joules"], source), per_joule,
                       joules(row["marginal"], above), per_marginal)
     return table
+
+
+READ_ROUTES = {"direct": "directly", "head": "through the head",
+               "fallback": "through the head (its shared path did not match the plan there: its log says why)"}
+
+
+def read_routes(job: job_pb2.Job) -> list[str]:
+    """Per node, which way its shards' data came, as the node reported it (shards counted per way)."""
+    by_node: dict[str, Counter[str]] = defaultdict(Counter)
+    for s in job.shards:
+        if s.node_name and s.read_route in READ_ROUTES:
+            by_node[s.node_name][s.read_route] += 1
+    return [f"{node}: " + ", ".join(f"{n} shard{'s' if n != 1 else ''} read {READ_ROUTES[way]}"
+                                    for way, n in sorted(ways.items())) for node, ways in sorted(by_node.items())]
 
 
 def sizes_by_device(job: job_pb2.Job) -> list[str]:

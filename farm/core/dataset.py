@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import bisect
 import re
-from enum import StrEnum
+from collections.abc import Mapping
+from enum import IntEnum, StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
@@ -49,6 +50,29 @@ class Location(StrEnum):
     S3 = "s3"  # s3://bucket/key or a prefix; credentials from the environment of whoever reads it
 
 
+class ReadRoute(IntEnum):
+    """How a node read a shard's data, as it reports it in the shard's figures (metrics[READ_ROUTE], a number: the
+    figures carry numbers only) for `farm job --explain`."""
+
+    HEAD = 0  # through the head's DataService
+    DIRECT = 1  # itself: http(s), S3, or a shared path that it saw as the head planned it
+    FALLBACK = 2  # a shared path that it did not see as planned: through the head
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, float]) -> ReadRoute | None:
+        """The route a shard's figures report; None when they report none (or a number that is none: a node's)."""
+        value = metrics.get(READ_ROUTE)
+        return cls(int(value)) if value is not None and value in set(cls) else None
+
+    @property
+    def text(self) -> str:
+        return {ReadRoute.HEAD: "through the head", ReadRoute.DIRECT: "directly",
+                ReadRoute.FALLBACK: "through the head (its shared path did not match the plan there)"}[self]
+
+
+READ_ROUTE = "read_route"
+
+
 def location_kind(location: str) -> Location:
     if location.startswith(("http://", "https://")):
         return Location.HTTP
@@ -69,6 +93,10 @@ class DatasetSpec(Frozen):
     # module:callable(batch: dict[str, np.ndarray]) -> the model's inputs for the batch; runs on the node, streamed
     # with the model inside the shard's energy window (farm.data says why)
     preprocess: str | None = None
+    # A path the nodes see at the same place as the head (a shared filesystem: NFS, a cluster's Lustre): a node that
+    # finds the plan's files there as the head planned them (size and modification time) reads them itself, others
+    # through the head. Only what the spec declares: the head never tells a node to read one of its paths otherwise.
+    shared: bool = False
 
     @field_validator("inputs", "passthrough", mode="before")
     @classmethod
@@ -107,6 +135,8 @@ class DatasetSpec(Frozen):
             raise ValueError(f"say the format of {self.location!r}: {', '.join(f.value for f in DataFormat)}")
         if self.where is Location.HTTP and self.resolved_format in (DataFormat.IMAGES, DataFormat.HF):
             raise ValueError(f"an http(s) location is one file; format '{self.resolved_format.value}' is a folder")
+        if self.shared and self.where is not Location.HEAD:
+            raise ValueError("shared: true is for a path; nodes read http(s) and s3 locations themselves already")
         fixed = FIXED_COLUMNS.get(self.resolved_format)
         if fixed and self.inputs and not set(self.inputs) <= set(fixed):
             raise ValueError(f"format '{self.resolved_format.value}' has the columns {', '.join(fixed)}")
@@ -132,13 +162,21 @@ class DatasetSpec(Frozen):
         return (self.label,) if self.label else ()
 
 
+class FileStamp(Frozen):
+    """A file of a shared dataset as the head saw it when planning: a node compares the file it sees at that path."""
+
+    size: int = Field(ge=0)
+    mtime_ns: int
+
+
 class DataFile(Frozen):
     """One file of a planned dataset: its path under the location (empty: the location is the file) and the units
-    [offset, offset + units) it holds in the whole dataset."""
+    [offset, offset + units) it holds in the whole dataset; `stamp`: only in a shared dataset's plan."""
 
     path: str
     offset: int = Field(ge=0)
     units: int = Field(ge=0)
+    stamp: FileStamp | None = None
 
     @property
     def stop(self) -> int:
@@ -155,6 +193,7 @@ class DatasetPlan(Frozen):
     files: tuple[DataFile, ...]
     rows: int | None = None  # known for row units; line files are counted only as they are read
     columns: tuple[str, ...] = ()
+    shared: bool = False  # a path on a shared filesystem: its files carry stamps (DatasetSpec.shared)
 
     @property
     def size(self) -> int:

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from pydantic import ConfigDict
 
-from farm.core.dataset import DatasetPlan, DatasetSpec
+from farm.core.dataset import DatasetPlan, DatasetSpec, ReadRoute
 from farm.core.energy import Energy
 
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
@@ -110,6 +110,7 @@ class ShardResult:
     # The energy, where its meter finds it after the shard (an NVML window's end edge, found while the worker's next
     # shard runs): `energy` is None until this is read (farm_agent.work.kinds.inference.attempt).
     energy_later: Callable[[], Energy | None] | None = None
+    read_route: ReadRoute | None = None  # how the node read a located dataset (None: the data came with the code)
 
 
 @dataclass(frozen=True)

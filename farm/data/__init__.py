@@ -13,12 +13,13 @@ batch as Ray Data's `map_batches` does by default (a dict of NumPy arrays).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from farm.core.dataset import DataFile, DatasetPlan, DatasetSpec, Location, location_kind
+from farm.core.dataset import DataFile, DatasetPlan, DatasetSpec, Location, ReadRoute, location_kind
 from farm.core.errors import SpecError
 from farm.data.formats import FORMATS
-from farm.data.locations import filesystem, http
+from farm.data.locations import filesystem, http, is_local, shared
 
 if TYPE_CHECKING:
     import fsspec
@@ -56,6 +57,8 @@ def plan(spec: DatasetSpec, fs: fsspec.AbstractFileSystem | None = None, root: s
         raise SpecError(f"dataset {spec.location!r} is empty (no {fmt.value} data found)")
     result = DatasetPlan(location=spec.location, format=fmt, unit=spec.unit, files=tuple(placed), rows=rows,
                          columns=columns)
+    if spec.shared and is_local(fs):
+        result = shared.stamped(result, root)
     problem = result.check_columns(spec)
     if problem:
         raise SpecError(f"dataset {spec.location!r}: {problem}")
@@ -66,6 +69,32 @@ def one_line(exc: BaseException) -> str:
     """An exception's message, its first line only (pyarrow's run to several)."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How this machine reads a plan's files: the filesystem and root, the route it takes and, for a shared path read
+    through the head after all, why."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    route: ReadRoute
+    why: str = ""
+
+
+def reach(plan: DatasetPlan, access: HeadAccess | None = None) -> Reach:
+    """The way a node reads the plan's files: http(s) and S3 itself (with the credentials in its own environment); a
+    path on the head's machine through the head (`access`), unless the dataset is shared and this machine sees the
+    files as the head planned them; a path without `access` (on the head itself) from the local disk."""
+    if access is None or location_kind(plan.location) is not Location.HEAD:
+        return Reach(*filesystem(plan.location), ReadRoute.DIRECT)
+    if plan.shared:
+        local, root = filesystem(plan.location)
+        why = shared.mismatch(plan, root)
+        if why is None:
+            return Reach(local, root, ReadRoute.DIRECT)
+        return Reach(*filesystem(plan.location, access), ReadRoute.FALLBACK, why)
+    return Reach(*filesystem(plan.location, access), ReadRoute.HEAD)
 
 
 def read(plan: DatasetPlan, start: int, stop: int, columns: list[str] | None = None, batch_rows: int = 1024,

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 from pydantic import ValidationError
 
+from farm.core.dataset import ReadRoute
 from farm.core.energy import DevicePower
 from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
@@ -38,7 +39,9 @@ def job_to_pb(job: Job) -> job_pb2.Job:
         id=job.id, name=job.name, kind=job.kind, state=job.state.value, output=job.output, error=job.error,
         created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, items=job.items,
         metrics=job.metrics, explanation=job.explanation, spec_yaml=job.spec_yaml,
-        shards=[job_pb2.Shard(**s.model_dump(mode="json", exclude_none=True, exclude=SHARD_LOCAL)) for s in job.shards],
+        shards=[job_pb2.Shard(**s.model_dump(mode="json", exclude_none=True, exclude=SHARD_LOCAL),
+                              read_route=route.name.lower() if (route := ReadRoute.of(s.metrics)) is not None else "")
+                for s in job.shards],
         energy_j=job.energy_j, energy_sources=job.energy_sources, marginal_j=job.marginal_j,
     )
 

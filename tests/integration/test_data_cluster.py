@@ -5,6 +5,7 @@ fetched by `farm results`; an image that does not decode fails its own shard, an
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,7 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
 
     explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
     assert "preprocess examples.datasets.prep:pixels runs on the nodes inside the energy window" in explained.stdout
+    assert "agent-a: 2 shards read through the head" in explained.stdout  # a path of the head's, not declared shared
 
     # From another state folder, as on another machine: the head's address, its API token and its CA.
     head = cluster.head
@@ -82,6 +84,23 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
     assert fetched.returncode == 0, fetched.stderr
     rows = [json.loads(line) for line in (tmp_path / "fetched" / "results.jsonl").read_text().splitlines()]
     assert [r["row_id"] for r in rows] == list(range(540)) == [r["index"] for r in rows]
+
+
+def test_a_shared_folder_is_read_by_the_nodes_themselves(cluster: Cluster, digits: Path, tmp_path: Path) -> None:
+    """A path declared shared, which the agents see at the same place (they run on the head's machine): read from
+    their own filesystem, and `farm job --explain` says so per node."""
+    job = submit(cluster, tmp_path, "shared", {
+        "location": str(digits / "digits-parquet"), "format": "parquet", "inputs": "pixels", "passthrough": ["index"],
+        "preprocess": "examples.datasets.prep:pixels", "shared": True})
+    assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
+    assert {s["read_route"] for s in job["shards"]} == {"direct"}
+    np.testing.assert_allclose(read_predictions(Path(str(job["output"]))), expected_predictions(), rtol=1e-4,
+                               atol=1e-4)
+    explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
+    assert "on a shared filesystem" in explained.stdout
+    for node, count in Counter(s["node_name"] for s in job["shards"]).items():
+        assert f"{node}: {count} shard{'s' if count > 1 else ''} read directly\n" in explained.stdout
+    assert "read through the head" not in explained.stdout
 
 
 def test_an_image_that_does_not_decode_is_skipped_alone_and_its_shards_other_rows_complete(
@@ -153,6 +172,7 @@ def test_jobs_over_a_bucket_and_a_web_server_with_results_in_the_bucket(cluster:
                  output=f"s3://{bucket}/out/bucket")
     assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
     assert job["metrics"]["accuracy"] >= 0.9
+    assert {s["read_route"] for s in job["shards"]} == {"direct"}  # the agents read the bucket themselves
     assert sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix="out/")["Contents"]) == [
         "out/bucket/_manifest.json", *(f"out/bucket/shard-{i:05d}.parquet" for i in range(3))]
     expected = expected_predictions()

@@ -4,18 +4,14 @@ arrays (decode_images), so a file that does not decode fails its shard naming th
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
 
-from farm.core.dataset import ROW_ID, DataFile
+from farm.core.dataset import ROW_ID, DataFile, DataFormat
 from farm.core.errors import DataError
-from farm.data.locations import join
-from farm.data.locations import where
+from farm.data.locations import join, where
 
 SUFFIXES = (".png", ".jpg", ".jpeg")
 
@@ -75,34 +71,18 @@ def _one(fs, path: str) -> bytes | Exception:
 
 def decode_images(location: str, batch: pa.RecordBatch, workers: int = 1) -> np.ndarray:
     """The batch's images as arrays (H, W) or (H, W, C) in their own mode: one array [N, ...] when they share a
-    shape, else an object array of arrays (as Ray Data's read_images gives them). Decoded on `workers` threads (the
-    CPUs the node lends): Pillow releases the GIL while it decodes, so threads scale without processes."""
-    rows = list(zip(batch.column(ROW_ID).to_pylist(), batch.column("image").to_pylist(),
-                    batch.column("path").to_pylist()))
-    if workers > 1 and len(rows) > 1:
-        arrays = list(_decoders(workers).map(lambda row: _decode(location, *row), rows))
-    else:
-        arrays = [_decode(location, *row) for row in rows]
-    if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):
-        return np.stack(arrays)
+    shape, else an object array of arrays (as Ray Data's read_images gives them). Decoded on `workers` threads or
+    processes (the CPUs the node lends; farm.data.decoders chooses which by the images' size)."""
+    from farm.data.decoders import DECODERS, decode_all
+
+    arrays = decode_all(DECODERS[DataFormat.IMAGES], batch.column("image").to_pylist(), workers)
+    failed = next((i for i, a in enumerate(arrays) if isinstance(a, str)), None)
+    if failed is not None:
+        path, row = batch.column("path")[failed].as_py(), batch.column(ROW_ID)[failed].as_py()
+        raise DataError(f"{where(location, path)} (row {row}): the image does not decode: {arrays[failed]}",
+                        rows=(row, row + 1))
+    if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):  # type: ignore[union-attr]
+        return np.stack(arrays)  # type: ignore[arg-type]
     ragged = np.empty(len(arrays), dtype=object)
     ragged[:] = arrays
     return ragged
-
-
-def _decode(location: str, row_id: int, data: bytes, path: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-            return np.asarray(image)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise DataError(f"{where(location, path)} (row {row_id}): the image does not decode: {exc}",
-                        rows=(row_id, row_id + 1)) from None
-
-
-@lru_cache(maxsize=4)
-def _decoders(workers: int) -> ThreadPoolExecutor:
-    """One pool per size, kept for the worker's life (a pool a batch would start threads a batch)."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="farm-decode")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from farm.core.errors import SpecError
 from farm.core.models import Shard
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
-from farm.core.dataset import ROW_ID, Unit
+from farm.core.dataset import READ_ROUTE, ROW_ID, ReadRoute, Unit
 from farm.core.tasks import DataTask, ShardTask, Tuning
 from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
@@ -92,7 +92,9 @@ class Inference(ShardedKind[InferenceSpec]):
 
     def measured(self, result: Arrival) -> ShardRecord:
         found = figures(result)
-        return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes)
+        route = ReadRoute.of(found.metrics)  # for `farm job --explain`: which way the node's data came
+        return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes,
+                           metrics={READ_ROUTE: float(route)} if route is not None else {})
 
     def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: Arrival) -> ShardRecord:
         output_place.recheck(job.output, self.settings)

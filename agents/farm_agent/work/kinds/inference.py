@@ -16,11 +16,11 @@ import numpy as np
 import psutil
 import pyarrow as pa
 
-from farm.core.dataset import ROW_ID, DataFormat, Unit
+from farm.core.dataset import READ_ROUTE, ROW_ID, DataFormat, Unit
 from farm.core.energy import Energy
 from farm.core.errors import FarmError
 from farm.core.tasks import SHARD_ROWS_ATTR, ResultRoute, ShardFigures, ShardResult, ShardTask, Tuning
-from farm.data import read
+from farm.data import Reach, reach, read
 from farm.data.batches import column_to_numpy, model_inputs, numpy_batch, output_column, rebatch
 from farm.data.results import OUTPUT
 from farm_agent import backends
@@ -29,6 +29,7 @@ from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
 from farm_agent.work.prefetch import prefetch
+from farm_agent.work.staging import staged
 
 if TYPE_CHECKING:
     import torch
@@ -56,8 +57,12 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     root = Path.cwd()
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)
-    with closing(prefetch(model_batches(task, root))) as stream:  # closing: the reader stops if the model fails
-        return _run(task, module, backend, stream, out, later)
+    way = reach(task.data.plan, task.data.access) if task.data is not None else None
+    if way is not None and way.why:  # a shared path read through the head after all: the shard's log says why
+        print(f"farm: the dataset is read {way.route.text}: {way.why}")
+    with closing(prefetch(model_batches(task, root, way))) as stream:  # closing: the reader stops if the model fails
+        result = _run(task, module, backend, stream, out, later)
+    return replace(result, read_route=way.route if way is not None else None)
 
 
 def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch],
@@ -121,8 +126,9 @@ class ModelBatch:
     labels: np.ndarray | None
 
 
-def model_batches(task: ShardTask, root: Path) -> Iterator[ModelBatch]:
-    """The shard's rows, `batch_size` at a time, as the model reads them."""
+def model_batches(task: ShardTask, root: Path, way: Reach | None = None) -> Iterator[ModelBatch]:
+    """The shard's rows, `batch_size` at a time, as the model reads them; `way`: how this node reaches a located
+    dataset (farm.data.reach, found once a shard)."""
     if task.data is None:  # a callable or a .npy/.npz/.pt file in the job's code: loaded whole, sliced here
         inputs, labels = load_dataset(task.dataset, root)
         for start in range(task.start, task.stop, task.batch_size):
@@ -135,7 +141,8 @@ def model_batches(task: ShardTask, root: Path) -> Iterator[ModelBatch]:
     wanted = list(dict.fromkeys([*columns, *spec.passthrough, *spec.label_columns]))
     needed = ["image", "path"] if plan.format is DataFormat.IMAGES else wanted
     preprocess = resolve(spec.preprocess, root, "preprocess") if spec.preprocess else None
-    stream = read(plan, task.start, task.stop, needed, task.batch_size, task.data.access)
+    way = way or reach(plan, task.data.access)
+    stream = read(plan, task.start, task.stop, needed, task.batch_size, fs=way.fs, root=way.root)
     for batch in rebatch(stream, task.batch_size):
         arrays = numpy_batch(batch, columns, plan.format, plan.location, workers=max(task.threads, 1))
         inputs = model_inputs(arrays, columns, plan.location, preprocess, spec.preprocess or "")
@@ -144,7 +151,7 @@ def model_batches(task: ShardTask, root: Path) -> Iterator[ModelBatch]:
             labels = column_to_numpy(batch.column(spec.label), spec.label, batch.column(ROW_ID).to_pylist(),
                                      plan.location)
         kept = batch.select([ROW_ID, *spec.passthrough])
-        yield ModelBatch(kept, inputs, labels)
+        yield ModelBatch(kept, staged(inputs, task.device), labels)  # pinned here, in the reader's thread
 
 
 def _warm_up(backend: Backend, module: torch.nn.Module, sample: np.ndarray, task: ShardTask,
@@ -198,6 +205,7 @@ def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | None:
     def work(upload: Upload) -> Callable[[], ShardFigures]:
         result = run_shard(task, upload.write, later=True)
         energy = result.energy_later or (lambda: result.energy)
-        return lambda: figures(replace(result, energy=energy(), energy_later=None))
+        route = {READ_ROUTE: float(result.read_route)} if result.read_route is not None else {}
+        return lambda: figures(replace(result, energy=energy(), energy_later=None), **route)
 
     return send(route, work)

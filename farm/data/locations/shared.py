@@ -1,0 +1,56 @@
+"""A path on the head's machine that the nodes see at the same place (a shared filesystem), declared so by the spec
+(`shared: true`). The head stamps each file of the plan with its size and modification time as it plans; a node
+compares what it sees at those paths before it reads, and reads them itself only when they match, else through the
+head's DataService as for any path of the head's. A modification time is the filesystem server's, so a shared mount
+shows every client the same one; a node's own copy made with its times kept (rsync -a) matches too, and holds the
+same bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from farm.core.dataset import DataFile, DatasetPlan, FileStamp
+from farm.data.locations import join
+
+SAMPLE = 8  # files of a shard's slice a node compares: a stat each, which on a network filesystem is a round trip
+
+
+def stamp(path: str) -> FileStamp:
+    found = os.stat(path)
+    return FileStamp(size=found.st_size, mtime_ns=found.st_mtime_ns)
+
+
+def stamped(plan: DatasetPlan, root: str) -> DatasetPlan:
+    """The plan with each file's stamp, as planning sees it on the head (a stat a file)."""
+    files = tuple(f.model_copy(update={"stamp": stamp(join(root, f.path))}) for f in plan.files)
+    return plan.model_copy(update={"files": files, "shared": True})
+
+
+def mismatch(plan: DatasetPlan, root: str) -> str | None:
+    """Why this machine does not see the plan's files as the head planned them (the first that differs), or None
+    when it does. A sample of SAMPLE files, the first and last among them: a node that mounts another filesystem at
+    that path, or none, differs at the first."""
+    files = plan.files
+    if not files:
+        return None
+    step = max(len(files) / SAMPLE, 1.0)
+    chosen = sorted({min(int(i * step), len(files) - 1) for i in range(SAMPLE)} | {len(files) - 1})
+    for file in (files[i] for i in chosen):
+        why = _differs(file, join(root, file.path))
+        if why:
+            return why
+    return None
+
+
+def _differs(file: DataFile, path: str) -> str | None:
+    if file.stamp is None:
+        return f"{path}: the plan holds no stamp of it"
+    try:
+        seen = stamp(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if seen != file.stamp:
+        return (f"{path}: {seen.size:,} bytes modified at {seen.mtime_ns} ns where the head planned "
+                f"{file.stamp.size:,} bytes modified at {file.stamp.mtime_ns} ns")
+    return None
