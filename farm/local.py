@@ -284,7 +284,8 @@ def ray_start_command(args: Sequence[str], loopback: bool) -> list[str]:
 
 # What a Ray node Farm starts keeps of its starter's environment (scrubbed_env): never the rest, where the head's and
 # the agent's secrets are (FARM_TOKEN, a cloud's keys), since every task on that node could read it.
-RAY_NODE_KEEPS = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+RAY_NODE_KEEPS = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES",
+                  "NVIDIA_VISIBLE_DEVICES")
 RAY_NODE_KEEPS_PREFIXES = ("RAY_", "NCCL_", "MALLOC_")
 
 

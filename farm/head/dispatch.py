@@ -86,7 +86,7 @@ class Dispatcher:
         while True:
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.wake.clear()
             await self.refresh_nodes()
@@ -185,7 +185,8 @@ class Dispatcher:
         nodes, busy = self.round.nodes, self.round.busy
         rates = calibration.rates([*self.store.samples(job.model_key), *self._writing(job)],
                                   autoshard.meter_steps(list(nodes.values())), spec.energy)
-        decided = schedule_round(requests, list(nodes.values()), self.attempts.queueing(job.id, busy), running_items, rates,
+        decided = schedule_round(requests, list(nodes.values()), self.attempts.queueing(job.id, busy), running_items,
+                                 rates,
                                  self._deadline(job, spec), now=time.time())
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
@@ -200,8 +201,8 @@ class Dispatcher:
         (from the rows that never ran first, then the uncut rest), launched there."""
         started = {index: r.started for index, r in self.attempts.of_job(job.id).items()}
         nodes, busy = self.round.nodes, self.round.busy
-        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), self.attempts.queueing(job.id, busy),
-                                 started, self.store,
+        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()),
+                                 self.attempts.queueing(job.id, busy), started, self.store,
                                  self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec),
                                  writing=self._writing(job), overheads=self.overheads.medians())
         if decided.infeasible:

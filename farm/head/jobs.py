@@ -142,7 +142,7 @@ class Jobs:
                 try:
                     # The timeout is a safety net only: every change publishes an event.
                     await asyncio.wait_for(changed.wait(), timeout=5.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 changed.clear()
 

@@ -85,7 +85,8 @@ _ALLOWED_THREADS = _allowed_thread_classes()
 
 # Inductor's compile pools start threads of their own (torch.compile inside a candidate, or the compile-default
 # baseline) that outlive the call that started them: the subprocess pool's reader and its quiesce timer
-# ("subproc_worker_timer"), and the thread pool's workers (below). A thread's name proves nothing (anyone can name a thread so), so a thread is Inductor's only when it is a
+# ("subproc_worker_timer"), and the thread pool's workers (below). A thread's name proves nothing (anyone can name a
+# thread so), so a thread is Inductor's only when it is a
 # plain Thread whose target is one of these functions, as taken here before any candidate ran, bound to an object of
 # exactly Inductor's class; and the timer's callback must itself be the pool's quiesce. Such a thread can only run
 # Inductor's own code, never a candidate's work.

@@ -100,8 +100,8 @@ def captured(stream: BoundedText) -> Iterator[None]:
 
 def job_shard(run: Callable[P, R]) -> Callable[P, R]:
     """Run a shard in its job's environment with its stdout and stderr captured, and the memory it freed given back
-    when it ends (farm_agent.work.memory). Its result gets the output in its `log` field; an exception it raises gets the
-    output and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR) and goes on up."""
+    when it ends (farm_agent.work.memory). Its result gets the output in its `log` field; an exception it raises gets
+    the output and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR) and goes on up."""
 
     @functools.wraps(run)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

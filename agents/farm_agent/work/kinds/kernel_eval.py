@@ -44,7 +44,8 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
             runnable[f"file:{pair.candidate}"] = pair
         except FarmError as exc:
             rows[pair] = _failed(pair, f"not a candidate: {exc.message}", task)
-    candidates = [COMPILE_DEFAULT, *(Candidate(name=name, file=root / pair.candidate) for name, pair in runnable.items())]
+    candidates = [COMPILE_DEFAULT,
+                  *(Candidate(name=name, file=root / pair.candidate) for name, pair in runnable.items())]
     began = time.perf_counter()
     with meter_for(task.device).window() as window:
         try:

@@ -13,9 +13,10 @@ calls `train` for each stretch of steps between checkpoints. Every worker walks 
 Collectives go through Ray's collective API: gloo (torch.distributed over TCP) for CPU tensors, NCCL when every
 worker is on CUDA. Torch is imported inside the actor only: the head imports this module without it.
 
-The head calls a worker through `call`, which sends the result back by the call's upload ticket (farm_agent.work.upload):
-figures as protobuf, a stretch's losses as an Arrow table, the checkpoint as a safetensors file. Never a Ray return
-value, which the head would have to unpickle; and a checkpoint holds tensors and plain numbers, never a pickle.
+The head calls a worker through `call`, which sends the result back by the call's upload ticket
+(farm_agent.work.upload): figures as protobuf, a stretch's losses as an Arrow table, the checkpoint as a safetensors
+file. Never a Ray return value, which the head would have to unpickle; and a checkpoint holds tensors and plain
+numbers, never a pickle.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ PROBE_STEPS = 5
 
 
 class TrainWorker:
-    """Each method the head calls runs with the job code's output captured (farm_agent.work.capture.worker_call): what the
-    worker printed since the last stretch, its model's construction and speed probe included, goes to the head with
+    """Each method the head calls runs with the job code's output captured (farm_agent.work.capture.worker_call): what
+    the worker printed since the last stretch, its model's construction and speed probe included, goes to the head with
     the next stretch's result, and a failure carries it with its traceback."""
 
     @worker_call
