@@ -187,6 +187,7 @@ def _join_token(token: str | None, token_file: Path | None, required: bool = Tru
                         f"input), or as {JOIN_TOKEN_ENV}=TOKEN")
     if token is not None:
         return token
+    assert token_file is not None  # exactly one of the two, checked above
     try:
         read = sys.stdin.read().strip() if str(token_file) == "-" else token_file.read_text().strip()
     except OSError as exc:

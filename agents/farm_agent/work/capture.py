@@ -84,7 +84,7 @@ def captured(stream: BoundedText) -> Iterator[None]:
     """sys.stdout and sys.stderr into `stream` (and through to the worker's own) while inside. An exception that
     leaves gets what was printed and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR)."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)
     try:
         yield
     except BaseException as exc:

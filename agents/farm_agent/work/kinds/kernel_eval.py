@@ -24,6 +24,7 @@ from farm_agent.power import meter_for
 
 if TYPE_CHECKING:
     from farm_agent.tuner.evaluator import Result
+    from farm_agent.work.upload import Finishing
 
 
 @job_shard
@@ -111,7 +112,7 @@ def _failed(pair: KernelPair, error: str, task: KernelEvalTask) -> KernelResult:
     )
 
 
-def attempt(task: KernelEvalTask, route: ResultRoute) -> ShardFigures | None:
+def attempt(task: KernelEvalTask, route: ResultRoute) -> ShardFigures | Finishing | None:
     """One problem's candidates through the hardened evaluator, in its worker: its rows as the table."""
     from farm_agent.work.upload import Upload, figures, send
 

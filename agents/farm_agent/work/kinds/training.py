@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from farm.core.errors import AgentError, SpecError
-from farm.core.spec import JobSpec, Optimizer, SyncMode, parse_spec
+from farm.core.spec import Optimizer, SyncMode, TrainingSpec, parse_spec
 from farm.core.tasks import ResultRoute, ShardFigures
 from farm_agent.work.capture import take_output, worker_call
 from farm_agent.work.environment import prepare_from_environment
@@ -61,8 +61,9 @@ class TrainWorker:
 
         prepare_from_environment()  # the job's requirements, before its code imports them
 
-        self.spec: JobSpec = parse_spec(spec_yaml, job_id)
-        assert self.spec.training is not None  # the head only starts workers for training jobs
+        spec = parse_spec(spec_yaml, job_id)
+        assert isinstance(spec, TrainingSpec)  # the head only starts workers for training jobs
+        self.spec = spec
         self.training = self.spec.training
         self.rank, self.world, self.group, self.nccl = rank, world, group, nccl
         self.device = torch.device(device)
@@ -109,7 +110,8 @@ class TrainWorker:
         if self.world > 1:
             import ray.util.collective as col
 
-            col.init_collective_group(self.world, self.rank, backend="nccl" if self.nccl else "gloo",
+            # ray annotates `backend` as its Backend class, which is made from (and compares as) the name
+            col.init_collective_group(self.world, self.rank, backend="nccl" if self.nccl else "gloo",  # type: ignore[arg-type]
                                       group_name=self.group)
             for tensor in self.model.state_dict().values():
                 self._broadcast(tensor)
@@ -331,7 +333,7 @@ def load_checkpoint(data: bytes, model: torch.nn.Module, optimizer: torch.optim.
     return int(metadata["step"])
 
 
-def _optimizer(spec: JobSpec, params: Any) -> torch.optim.Optimizer:
+def _optimizer(spec: TrainingSpec, params: Any) -> torch.optim.Optimizer:
     import torch
 
     t = spec.training
