@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import psutil
 
@@ -106,7 +106,7 @@ def pid_alive(pid: int, started: float) -> bool:
         return False
 
 
-def recorded_alive(record: Mapping[str, Any] | None) -> bool:
+def recorded_alive(record: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, Any]]:
     """Whether the process a state file records (this_process()) still runs. A record without a start time is not
     trusted: its pid may be anyone's by now."""
     if not record:
@@ -185,6 +185,7 @@ _PR_SET_PDEATHSIG = 1
 def _death_signal() -> None:
     """In the child between fork and exec, after subprocess changed its user (a change of user clears the request):
     SIGTERM at the parent thread's death. One C call: nothing here takes a lock."""
+    assert _PRCTL is not None  # only installed where there is one
     _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -284,7 +285,8 @@ def ray_start_command(args: Sequence[str], loopback: bool) -> list[str]:
 
 # What a Ray node Farm starts keeps of its starter's environment (scrubbed_env): never the rest, where the head's and
 # the agent's secrets are (FARM_TOKEN, a cloud's keys), since every task on that node could read it.
-RAY_NODE_KEEPS = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+RAY_NODE_KEEPS = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "CUDA_VISIBLE_DEVICES",
+                  "NVIDIA_VISIBLE_DEVICES")
 RAY_NODE_KEEPS_PREFIXES = ("RAY_", "NCCL_", "MALLOC_")
 
 
@@ -426,6 +428,7 @@ class RayProcess:
 
     def _use_folder(self, folder: Path) -> None:
         """The node's folder as made: another name than asked where someone else took that one (a planted link)."""
+        assert self.folder is not None  # only a node given a folder moves it
         if folder != self.folder:
             self.args = [str(folder / "r") if arg == str(self.folder / "r") else arg for arg in self.args]
             self.folder = folder

@@ -206,7 +206,8 @@ class Job:
         """The job's log lines so far, then each new one as it is written, until the job ends (across a head's
         restart)."""
         seen = 0
-        for line in api.through_restarts(lambda: self.client.api.follow_logs(self.id, shard, after=seen)):
+        # Late binding on purpose: a reconnect resumes after the last line seen.
+        for line in api.through_restarts(lambda: self.client.api.follow_logs(self.id, shard, after=seen)):  # noqa: B023
             seen = line.id
             yield _log_line(line)
 

@@ -39,7 +39,7 @@ NODE_DAYS = 365  # a node's client certificate; a new one at each Register
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:

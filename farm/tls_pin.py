@@ -75,5 +75,6 @@ def _der_hash(der: bytes) -> str:
 def _unverified_chain(tls: ssl.SSLSocket) -> list[bytes]:
     """The certificates the peer sent, as DER: public from Python 3.13, a private method of the same name before."""
     public = getattr(tls, "get_unverified_chain", None)
-    chain = public() if public is not None else tls._sslobj.get_unverified_chain()  # type: ignore[union-attr]
+    # _sslobj: typeshed does not declare the private attribute
+    chain = public() if public is not None else tls._sslobj.get_unverified_chain()  # type: ignore[attr-defined]
     return [c if isinstance(c, bytes) else c.public_bytes(ssl._ssl.ENCODING_DER) for c in chain or []]  # type: ignore[attr-defined]

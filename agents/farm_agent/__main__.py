@@ -94,7 +94,8 @@ def main() -> None:
         admin_token = args.admin_token_file.read_text().strip()
         args.admin_token_file.unlink()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(AgentSettings(trusted=args.trusted, admin_token=admin_token, head=args.head, token=args.token or "", name=args.name, state_dir=args.state_dir,
+    serve(AgentSettings(trusted=args.trusted, admin_token=admin_token, head=args.head, token=args.token or "",
+                        name=args.name, state_dir=args.state_dir,
                         cpus=args.cpus, ca_hash=args.ca_hash, insecure=args.insecure,
                         max_foreign_cpu=args.max_foreign_cpu, drain_grace_s=args.drain_grace_s,
                         busy_file=args.busy_file,

@@ -67,7 +67,8 @@ def start(
     insecure: Insecure = False,
     ray_user: RayUser = None,
     state: StateDir = None,
-    detach: Annotated[bool, typer.Option("--detach", help="Run in the background; return once the node is ready.")] = False,
+    detach: Annotated[bool, typer.Option(
+        "--detach", help="Run in the background; return once the node is ready.")] = False,
     trusted: Annotated[bool, typer.Option(
         "--trusted", help="This machine is the head operator's own: it joins the head's Ray too (training runs "
         "only on trusted nodes). Needs the head's API token (FARM_TOKEN, or the local head's).")] = False,
@@ -91,7 +92,8 @@ def start(
     rejoining = bool(joined.get("node_id") and joined.get("node_token")) and joined.get("head", head) == head
     join_token = _join_token(token, token_file, required=not rejoining)
     settings = AgentSettings(
-        head=head, token=join_token, name=name, state_dir=agent_dir(state_dir(state), name), cpus=cpus or os.cpu_count() or 1,
+        head=head, token=join_token, name=name, state_dir=agent_dir(state_dir(state), name),
+        cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
         busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
         ray_user=chosen_ray_user(ray_user), trusted=trusted, admin_token=_admin_token(state) if trusted else "",
@@ -185,6 +187,7 @@ def _join_token(token: str | None, token_file: Path | None, required: bool = Tru
                         f"input), or as {JOIN_TOKEN_ENV}=TOKEN")
     if token is not None:
         return token
+    assert token_file is not None  # exactly one of the two, checked above
     try:
         read = sys.stdin.read().strip() if str(token_file) == "-" else token_file.read_text().strip()
     except OSError as exc:
@@ -208,7 +211,8 @@ def _start_detached(settings: AgentSettings) -> None:
         write_private(admin_file, settings.admin_token.encode())
     proc = spawn_detached(python_command(  # --option=value: a value may start with "-"
         "farm_agent", f"--head={settings.head}", *([f"--token-file={token_file}"] if settings.token else []),
-        *([f"--ca-hash={settings.ca_hash}"] if settings.ca_hash else []), *(["--insecure"] if settings.insecure else []),
+        *([f"--ca-hash={settings.ca_hash}"] if settings.ca_hash else []),
+        *(["--insecure"] if settings.insecure else []),
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
@@ -227,7 +231,8 @@ def _start_detached(settings: AgentSettings) -> None:
         if proc.poll() is None:
             terminate(proc.pid)
         last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise UserError(f"agent {settings.name!r} did not become ready: {last[0] if last else 'no output'} (log: {log})")
+        raise UserError(
+            f"agent {settings.name!r} did not become ready: {last[0] if last else 'no output'} (log: {log})")
     status = read_json(settings.status_path) or {}
     console.print(f"agent {settings.name} running (pid {proc.pid}) as node {status.get('node_id')}; log in {log}")
 

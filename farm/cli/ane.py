@@ -14,6 +14,7 @@ from farm.cli.options import Json
 from farm.cli.render import console, print_json
 from farm.client.preflight import read_spec
 from farm.core.errors import UserError
+from farm.core.spec import ModelJobSpec
 
 if TYPE_CHECKING:
     from farm_agent.coreml.convert import Conversion
@@ -46,6 +47,8 @@ def convert(
         raise UserError(f"--out {out}: the package's name must end in .mlpackage")
     sizes = parse_buckets(buckets)
     _, job = read_spec(spec, workdir)
+    if not isinstance(job, ModelJobSpec):
+        raise UserError(f"{spec}: a {job.kind.value} job has no model to convert")
     try:
         from farm_agent.coreml.convert import ConversionError
         from farm_agent.coreml.convert import convert as convert_model

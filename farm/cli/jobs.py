@@ -289,12 +289,17 @@ def logs(
             _check_shard(client.job(job_id), shard, follow_)
         if not follow_:
             lines = [line for line in client.logs(job_id, shard) if verbose or line.level != VERBOSE]
-            print_json([log_line_json(line) for line in lines]) if json else [print_log_line(x) for x in lines]
+            if json:
+                print_json([log_line_json(line) for line in lines])
+            else:
+                for line in lines:
+                    print_log_line(line)
             return
         seen = 0
         try:  # one JSON object a line with --json: a stream
-            for line in through_restarts(lambda: client.follow_logs(job_id, shard, after=seen), RECONNECT_S,
-                                         head_gone):
+            # Late binding on purpose: a reconnect resumes after the last line seen.
+            for line in through_restarts(lambda: client.follow_logs(job_id, shard, after=seen),  # noqa: B023
+                                         RECONNECT_S, head_gone):
                 seen = line.id
                 if verbose or line.level != VERBOSE:
                     print_json(log_line_json(line), indent=None) if json else print_log_line(line)

@@ -252,7 +252,8 @@ def propose_command(
         if backend not in ("cuda", "cpu"):
             raise UserError(f"--backend {backend}: use cuda or cpu")
         with connect(head, token, ca, token_file) as client:
-            offers = {o.detail or o.device for n in client.nodes() for o in n.backends if o.name == backend and o.available}
+            offers = {o.detail or o.device
+                      for n in client.nodes() for o in n.backends if o.name == backend and o.available}
             hardware = ", ".join(sorted(offers)) or backend
             proposal = propose(problem, chat, fleet_evaluator(client, backends=[backend], runs=runs,
                                                               timeout_s=timeout_s), rounds=rounds, hardware=hardware)

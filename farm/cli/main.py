@@ -48,7 +48,7 @@ class TidyGroup(TyperGroup):
         super().__init__(**kwargs)
         tidy_help(self)
 
-    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:  # click's Context, as typer vendors it
         tidy_help(self)
         super().format_help(ctx, formatter)
 

@@ -131,8 +131,8 @@ class Client:
             raise self._error(exc) from None
 
     def _error(self, exc: grpc.RpcError) -> FarmError:
-        code = exc.code()  # type: ignore[attr-defined]
-        details = str(exc.details())  # type: ignore[attr-defined]
+        code = exc.code()
+        details = str(exc.details())
         if code is grpc.StatusCode.UNAVAILABLE:
             return HeadUnavailableError(_unavailable(self.head, details) + self._through())
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -82,7 +82,7 @@ def evaluate(client: Client, problems: Problems, candidates: Candidates, *, name
         spec_yaml, spec = kernel_eval_spec(name, output=work / "out", **options)  # type: ignore[arg-type]
         job_id = client.submit_prepared(prepare_kernel_eval(spec, spec_yaml, work))
         final = None
-        for final in client.watch(job_id):
+        for final in client.watch(job_id):  # noqa: B007 (the last state is the one wanted)
             pass
         if final is None or final.state != "succeeded":
             raise FarmError(f"kernel-eval job {job_id} {final.state if final else 'vanished'}: "
@@ -95,8 +95,9 @@ def stage(problems: Problems, candidates: Candidates) -> Iterator[Path]:
     """A temporary working directory laid out as a kernel-eval job wants it.
 
     problems: a folder, a list of files, or {stem: file or source}; candidates: a folder laid out as <stem>/*.py, or
-    {problem stem: [file or source, ...]} (a single one may stand alone). A value that names an existing .py file is that file; anything else is source
-    text. Candidates are named by their file's stem, or c0000, c0001, ... when given as source.
+    {problem stem: [file or source, ...]} (a single one may stand alone). A value that names an existing .py file is
+    that file; anything else is source text. Candidates are named by their file's stem, or c0000, c0001, ... when given
+    as source.
     """
     with tempfile.TemporaryDirectory(prefix="farm-kernels-") as folder:
         work = Path(folder)

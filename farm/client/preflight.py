@@ -14,6 +14,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from farm.client.check import Preflight, check_job
 from farm.core.dataset import Location
@@ -107,7 +108,7 @@ class PreflightCache:
         cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
         self.path = path or cache_home / "farm" / "preflight.json"
 
-    def _read(self) -> dict[str, dict[str, int]]:
+    def _read(self) -> dict[str, dict[str, Any]]:
         try:
             entries = json.loads(self.path.read_text())
         except (OSError, ValueError):

@@ -8,7 +8,9 @@ from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, model_validator,
+)
 
 from farm.core import yaml_strict
 from farm.core.backends import BACKENDS

@@ -13,11 +13,12 @@ from yaml.nodes import Node
 
 
 class NoAliasLoader(yaml.SafeLoader):
-    def compose_node(self, parent: Node | None, index: object) -> Node | None:  # type: ignore[override]
+    # index: a sequence position or a mapping's key node (types-PyYAML says int only)
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(AliasEvent):
-            event = self.peek_event()
+            event = self.peek_event()  # type: ignore[no-untyped-call]  # unannotated in types-PyYAML
             raise ComposerError(None, None, "aliases (*name) are not allowed", event.start_mark)
-        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        return super().compose_node(parent, index)
 
 
 def load(text: str) -> Any:

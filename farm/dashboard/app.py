@@ -244,7 +244,8 @@ class Dashboard:
 
     async def fleet(self, request: web.Request) -> web.Response:
         self._check_read(request)
-        nodes, running, work = self.store.nodes(), self.store.jobs(states=(JobState.RUNNING,)), self.store.work_by_node()
+        nodes, running = self.store.nodes(), self.store.jobs(states=(JobState.RUNNING,))
+        work = self.store.work_by_node()
         return await _json_response(fleet_view, nodes, running, work, self.store.jobs(limit=JOBS_SHOWN))
 
     async def job_list(self, request: web.Request) -> web.Response:

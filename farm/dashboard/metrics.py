@@ -8,7 +8,7 @@ that one). Power and energy carry `source` (counter | vendor-estimate | model-es
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -141,8 +141,8 @@ class FarmCollector(Collector):
             progress.add_metric(labels, job.items_done / job.items if job.items else 0.0)
             job_items.add_metric(labels, job.items)
             job_shards.add_metric(labels, sum(1 for s in job.shards if s.state is ShardState.RUNNING))
-            joules: Counter[str] = Counter()
-            above: Counter[str] = Counter()
+            joules: defaultdict[str, float] = defaultdict(float)
+            above: defaultdict[str, float] = defaultdict(float)
             for shard in job.shards:
                 if shard.state is ShardState.SUCCEEDED and shard.energy_source:
                     joules[shard.energy_source] += shard.energy_j

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from farm.core.energy import EnergySource
-from farm.core.models import GpuMemory, Node, NodeState, ShardState, cpu_split
+from farm.core.models import BackendOffer, GpuMemory, JobState, Node, NodeState, ShardState, cpu_split
 from farm.head.store import Job, NodeWork
 
 JSON = dict[str, Any]
@@ -60,9 +60,32 @@ def gpu_memory_percent(memory: Iterable[GpuMemory]) -> float:
     return 100.0 * used / total if total else math.nan
 
 
-def node_view(node: Node, shards_running: int, work: list[NodeWork], models: Iterable[JSON] = ()) -> JSON:
-    """A node's figures. Its perf/W is per model (`models`, perf_by_model for this node), never one figure over the
-    models it ran."""
+def running_jobs_by_node(running_jobs: Iterable[Job]) -> defaultdict[str, list[JSON]]:
+    """Each node's jobs with a shard running there now: id and name, in the jobs' order."""
+    jobs: defaultdict[str, list[JSON]] = defaultdict(list)
+    for job in running_jobs:
+        for node_id in dict.fromkeys(s.node_id for s in job.shards if s.state is ShardState.RUNNING):
+            jobs[node_id].append({"id": job.id, "name": job.name})
+    return jobs
+
+
+def idle_draw(offer: BackendOffer) -> JSON:
+    """A backend's idle draw as the page shows it. An estimate of 0 W is no reading (an estimate counts work only, so
+    its idle is 0 by construction): it is shown as not metered, with why, rather than as a meter reading 0."""
+    if not offer.idle_source or offer.idle_w is None:
+        return {"idle_w": None, "idle_source": "", "idle_estimate": False, "idle_unmetered": ""}
+    if is_estimate(offer.idle_source) and offer.idle_w <= 0:
+        return {"idle_w": None, "idle_source": offer.idle_source, "idle_estimate": True,
+                "idle_unmetered": f"not metered: this device's power is a {offer.idle_source}, which gives no "
+                                  "idle draw"}
+    return {"idle_w": offer.idle_w, "idle_source": offer.idle_source, "idle_estimate": is_estimate(offer.idle_source),
+            "idle_unmetered": ""}
+
+
+def node_view(node: Node, shards_running: int, work: list[NodeWork], models: Iterable[JSON] = (),
+              jobs: Iterable[JSON] = ()) -> JSON:
+    """A node's figures and the jobs running on it (`jobs`: running_jobs_by_node's). Its perf/W is per model
+    (`models`, perf_by_model for this node), never one figure over the models it ran."""
     power_w = sum(p.watts for p in node.power)
     owner_cpu, farm_cpu = cpu_split(node)
     power_sources = [p.source.value for p in node.power]
@@ -75,8 +98,7 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork], models: Ite
         "busy": node.busy, "drain": node.drain,
         "backends": [
             {"name": b.name.value, "device": b.device, "available": b.available, "reason": b.reason,
-             "detail": b.detail, "idle_w": b.idle_w if b.idle_source else None, "idle_source": b.idle_source,
-             "idle_estimate": is_estimate(b.idle_source), "meter_step_s": b.meter_step_s}
+             "detail": b.detail, **idle_draw(b), "meter_step_s": b.meter_step_s}
             for b in node.backends
         ],
         "cpu_percent": node.cpu_percent, "owner_cpu_percent": owner_cpu, "farm_cpu_percent": farm_cpu,
@@ -88,7 +110,8 @@ def node_view(node: Node, shards_running: int, work: list[NodeWork], models: Ite
         "power_estimate": _mixed_estimate(power_sources),
         "power": [{"device": p.device, "watts": p.watts, "source": p.source.value, "scope": p.scope.value,
                    "estimate": is_estimate(p.source.value)} for p in node.power],
-        "shards_running": shards_running, "shards_done": sum(w.shards for w in work), "items_done": items,
+        "shards_running": shards_running, "jobs": list(jobs),
+        "shards_done": sum(w.shards for w in work), "items_done": items,
         "energy_j": energy_j, "energy_source": combined_source(energy_sources),
         "energy_estimate": _mixed_estimate(energy_sources),
         "marginal_j": marginal_j,
@@ -104,10 +127,11 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork],
                ) -> JSON:
     """The overview: every node, the fleet's totals, nodes per backend, and perf/W per model over the recent jobs."""
     running = running_shards_by_node(running_jobs)
+    jobs_on = running_jobs_by_node(running_jobs)
     work_of: defaultdict[str, list[NodeWork]] = defaultdict(list)
     for w in work:
         work_of[w.node_id].append(w)
-    views = [node_view(n, running[n.id], work_of[n.id]) for n in nodes]
+    views = [node_view(n, running[n.id], work_of[n.id], jobs=jobs_on[n.id]) for n in nodes]
     live = [v for v in views if v["state"] in LIVE_STATES]
     by_backend: dict[str, JSON] = {}
     for node in nodes:
@@ -148,19 +172,28 @@ def fleet_view(nodes: list[Node], running_jobs: list[Job], work: list[NodeWork],
     }
 
 
+# What can set one model's rows apart, in the order a row's label names them (perf_by_model's `setup`).
+SETUP_FIELDS = ("backend", "device", "batch_size", "dataset", "weights")
+_SETUP_NAMES = {"batch_size": "batch"}
+
+
 def perf_by_model(jobs: Iterable[Job], node_id: str | None = None) -> list[JSON]:
-    """Items per joule per model and backend, over the finished shards whose energy was measured (those of node
-    `node_id` only, when given). Never one figure across models: an item of one model is not an item of another (a
-    digit against a 512-token passage)."""
-    groups: dict[tuple[str, str], JSON] = {}
+    """Items per joule per model, backend and device, over the finished shards whose energy was measured (those of
+    node `node_id` only, when given). Never one figure across models: an item of one model is not an item of another
+    (a digit against a 512-token passage). Rows of one model are told apart by `setup`: what differs between them
+    (backend, device, batch size, dataset, weights; else the calibration key: the job's code or environment)."""
+    groups: dict[tuple[str, str, str], JSON] = {}
     for job in jobs:
+        spec = _spec(job)
         for shard in job.shards:
             if shard.state is not ShardState.SUCCEEDED or not shard.energy_source or shard.energy_j <= 0:
                 continue
             if node_id is not None and shard.node_id != node_id:
                 continue
-            group = groups.setdefault((job.model_key or job.id, shard.backend), {
-                "model": _model_name(job), "model_key": job.model_key, "backend": shard.backend, "jobs": set(),
+            group = groups.setdefault((job.model_key or job.id, shard.backend, shard.device), {
+                "model": _model_name(job, spec), "model_key": job.model_key, "backend": shard.backend,
+                "device": shard.device, "batch_size": str(spec.get("batch_size", "")),
+                "dataset": _text(spec.get("dataset")), "weights": str(spec.get("weights") or ""), "jobs": set(),
                 "items": 0, "energy_j": 0.0, "sources": set()})
             group["jobs"].add(job.id)
             group["items"] += shard.items
@@ -171,16 +204,36 @@ def perf_by_model(jobs: Iterable[Job], node_id: str | None = None) -> list[JSON]
         sources = group.pop("sources")
         rows.append({**group, "jobs": len(group["jobs"]), "items_per_j": group["items"] / group["energy_j"],
                      "energy_source": combined_source(sources), "energy_estimate": _mixed_estimate(sources)})
+    by_model: defaultdict[str, list[JSON]] = defaultdict(list)
+    for row in rows:
+        by_model[row["model"]].append(row)
+    for same in by_model.values():
+        differing = [f for f in SETUP_FIELDS if len({r[f] for r in same}) > 1]
+        for row in same:
+            named = [f"{_SETUP_NAMES.get(f, f)} {row[f] or '-'}" for f in differing if f != "backend"]
+            row["setup"] = " · ".join(named) or (f"calibration key {row['model_key'][:12]}" if len(same) > 1 else "")
     return sorted(rows, key=lambda r: (r["model"], -r["items_per_j"]))
 
 
-def _model_name(job: Job) -> str:
-    """What a person calls the job's model: its spec's `model` (kernel-eval jobs have none: the job's name)."""
+def _spec(job: Job) -> dict[str, Any]:
+    """The job's spec as its YAML says (what tells runs of one model apart); {} if it does not parse."""
     try:
         spec = yaml.safe_load(job.spec_yaml)
     except yaml.YAMLError:
         spec = None
-    model = spec.get("model") if isinstance(spec, dict) else None
+    return spec if isinstance(spec, dict) else {}
+
+
+def _text(value: Any) -> str:
+    """A spec field as one short line: a dataset given as a mapping by its location."""
+    if isinstance(value, dict):
+        return str(value.get("location") or value)
+    return "" if value is None else str(value)
+
+
+def _model_name(job: Job, spec: dict[str, Any]) -> str:
+    """What a person calls the job's model: its spec's `model` (kernel-eval jobs have none: the job's name)."""
+    model = spec.get("model")
     return str(model) if model else job.name
 
 
@@ -190,10 +243,17 @@ def log_view(lines: list[JSON]) -> list[JSON]:
              "shard": line["shard"]} for line in lines]
 
 
-def job_summary(job: Job) -> JSON:
-    """A row of the jobs list: its state, progress and what it has spent."""
+def job_summary(job: Job, now: float | None = None) -> JSON:
+    """A row of the jobs list: its state, progress and what it has spent; while it runs, its rate so far (items/s
+    since it started) and the time left at that rate (`eta_s`; None until a first item is done)."""
     done = sum(1 for s in job.shards if s.state is ShardState.SUCCEEDED)
+    now = time.time() if now is None else now
+    rate = eta_s = None
+    if job.state is JobState.RUNNING and job.started_at and job.items_done > 0 and now > job.started_at:
+        rate = job.items_done / (now - job.started_at)
+        eta_s = max(job.items - job.items_done, 0) / rate
     return {
+        "rate_items_per_s": rate, "eta_s": eta_s,
         "id": job.id, "name": job.name, "kind": job.kind, "state": job.state.value, "error": job.error,
         "items": job.items, "items_done": job.items_done,
         "progress": job.items_done / job.items if job.items else 0.0,

@@ -77,7 +77,7 @@ class RowIds(Sequence[int]):
     def __len__(self) -> int:
         return len(self.column)
 
-    def __getitem__(self, index):  # type: ignore[no-untyped-def,override]
+    def __getitem__(self, index):
         return self.column[index].as_py() if isinstance(index, int) else self.column[index].to_pylist()
 
 

@@ -1,7 +1,7 @@
-"""A shard's result as it arrives from its node (farm_agent.work.upload): the table's Arrow IPC stream written to a Parquet
-file as its parts come in (a staged file, hidden, beside the shard's final one: nothing holds the whole table), then
-its figures or its failure, last. Arrow's IPC reader and protobuf are the only readers of a node's bytes here: nothing
-a node sends is unpickled.
+"""A shard's result as it arrives from its node (farm_agent.work.upload): the table's Arrow IPC stream written to a
+Parquet file as its parts come in (a staged file, hidden, beside the shard's final one: nothing holds the whole
+table), then its figures or its failure, last. Arrow's IPC reader and protobuf are the only readers of a node's bytes
+here: nothing a node sends is unpickled.
 
 pyarrow's IPC stream reader reads from a pipe fed by the event loop (a short queue: the node waits when the disk
 is slower than the network); a thread drains it into pyarrow's ParquetWriter. Hand-written: the pipe is the one
@@ -183,7 +183,7 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             if staged is not None:
                 staged.discard()
             raise
-    except BaseException as exc:
+    except BaseException:
         if file is not None:
             file.close()
         if pipe is not None and writing is not None:

@@ -15,7 +15,6 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from farm.core.tasks import ResultRoute
 from farm.head.arrivals import Arrival

@@ -86,7 +86,7 @@ class Dispatcher:
         while True:
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             self.wake.clear()
             await self.refresh_nodes()
@@ -99,6 +99,12 @@ class Dispatcher:
 
     def handler(self, job: Job) -> KindHandler[Any]:
         return self.handlers[job.kind]
+
+    def sharded(self, job: Job) -> ShardedKind[Any]:
+        """The handler of a job whose attempts upload their results (training's calls come back through `expect`)."""
+        handler = self.handler(job)
+        assert isinstance(handler, ShardedKind), job.kind
+        return handler
 
     def spec(self, job: Job) -> JobSpec:
         """The job's spec: parsed at submit, or once from the store after a head restart."""
@@ -185,7 +191,8 @@ class Dispatcher:
         nodes, busy = self.round.nodes, self.round.busy
         rates = calibration.rates([*self.store.samples(job.model_key), *self._writing(job)],
                                   autoshard.meter_steps(list(nodes.values())), spec.energy)
-        decided = schedule_round(requests, list(nodes.values()), self.attempts.queueing(job.id, busy), running_items, rates,
+        decided = schedule_round(requests, list(nodes.values()), self.attempts.queueing(job.id, busy), running_items,
+                                 rates,
                                  self._deadline(job, spec), now=time.time())
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
@@ -200,8 +207,8 @@ class Dispatcher:
         (from the rows that never ran first, then the uncut rest), launched there."""
         started = {index: r.started for index, r in self.attempts.of_job(job.id).items()}
         nodes, busy = self.round.nodes, self.round.busy
-        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()), self.attempts.queueing(job.id, busy),
-                                 started, self.store,
+        decided = autoshard.size(job, spec, handler.backends(spec), list(nodes.values()),
+                                 self.attempts.queueing(job.id, busy), started, self.store,
                                  self._deadline(job, spec), in_bytes=handler.counts_bytes(job, spec),
                                  writing=self._writing(job), overheads=self.overheads.medians())
         if decided.infeasible:
@@ -296,7 +303,7 @@ class Dispatcher:
         running.receiving = True
         job = self.store.job(key[0])
         try:
-            arrival = await arrivals.receive(parts, self.handler(job).staging(job, key[1]),
+            arrival = await arrivals.receive(parts, self.sharded(job).staging(job, key[1]),
                                              lambda: self.attempts.running.get(key) is running)
         except Cut:  # its sender went away: its task's end says so (reap), the ticket used
             raise
@@ -337,7 +344,7 @@ class Dispatcher:
                 self._failed(key, running, arrival.failure, arrival.log, arrival.traceback)
                 return
             joblog.record_output(self.store, job_id, index, arrival.figures)
-            handler, spec = self.handler(job), self.spec(job)
+            handler, spec = self.sharded(job), self.spec(job)
             await asyncio.to_thread(handler.check_result, job, spec, job.shards[index], arrival)
             measured = handler.measured(arrival)
             if measured is not None:  # its device takes its next shard, sized by this one, while the output is written
@@ -396,5 +403,5 @@ class Dispatcher:
         """Stop a job's attempts and workers on its nodes; its tickets void now, whatever the nodes still send."""
         for node_id in self.job_nodes.of(job_id):
             self.links.cancel_job(node_id, job_id)
-        for key in list(self.attempts.of_job(job_id)):
-            self.attempts.release(key)
+        for index in list(self.attempts.of_job(job_id)):
+            self.attempts.release((job_id, index))

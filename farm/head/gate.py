@@ -74,9 +74,9 @@ class AuthGate(grpc.aio.ServerInterceptor):
         self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        metadata = dict(details.invocation_metadata or ())  # type: ignore[attr-defined]
+        metadata = dict(details.invocation_metadata or ())
         presented = bearer(metadata)
-        needs = NEEDS.get(details.method, Needs.API)  # type: ignore[attr-defined]
+        needs = NEEDS.get(details.method, Needs.API)
         if self.admits(needs, presented, str(metadata.get(NODE_ID_KEY, ""))):
             return refusing_malformed(await continuation(details))
         return self._refusing(REFUSAL[needs], presented)

@@ -114,7 +114,7 @@ async def follow(store: Store, events: JobEvents, job_id: str, shard: int | None
                 return
             try:
                 await asyncio.wait_for(changed.wait(), timeout=FOLLOW_POLL_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             changed.clear()
 

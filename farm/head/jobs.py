@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins  # `list` in this module's class is a method
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -89,7 +90,7 @@ class Jobs:
         self.dispatcher.cancel(job_id)
         return self.store.job(job_id)
 
-    async def delete(self, job_ids: list[str], outputs: bool = False) -> list[Deleted]:
+    async def delete(self, job_ids: builtins.list[str], outputs: bool = False) -> builtins.list[Deleted]:
         """Forget finished jobs: their records in one transaction (all or none: a job not finished is refused), then
         their files (`outputs`: their results too)."""
         job_ids = list(dict.fromkeys(job_ids))
@@ -99,7 +100,8 @@ class Jobs:
                                     "in a moment")
         return await self._remove_files(self.store.delete_jobs(job_ids), outputs)
 
-    async def prune(self, older_than_s: float, states: list[str], outputs: bool = False) -> list[Deleted]:
+    async def prune(self, older_than_s: float, states: builtins.list[str], outputs: bool = False
+                    ) -> builtins.list[Deleted]:
         """Delete every job in `states` (finished ones; none: all three) that ended `older_than_s` ago or earlier."""
         finished = [s.value for s in JobState if s.finished]
         if any(s not in finished for s in states):
@@ -110,7 +112,7 @@ class Jobs:
         pruned = self.store.prune_jobs(time.time() - older_than_s, chosen, keep=self.dispatcher.holds)
         return await self._remove_files(pruned, outputs)
 
-    async def _remove_files(self, jobs: list[Job], outputs: bool) -> list[Deleted]:
+    async def _remove_files(self, jobs: builtins.list[Job], outputs: bool) -> builtins.list[Deleted]:
         """Each deleted job's folder in the state folder (its code package, its dataset's plan and read credential),
         its code package in Ray's GCS (Dispatcher.forget_code) and, with `outputs`, its results, unless a job still on
         record has the same output (it took the folder over with --overwrite). Files go after the records: a head
@@ -142,7 +144,7 @@ class Jobs:
                 try:
                     # The timeout is a safety net only: every change publishes an event.
                     await asyncio.wait_for(changed.wait(), timeout=5.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 changed.clear()
 

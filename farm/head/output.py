@@ -1,5 +1,6 @@
 """A job's output folder: every file written atomically (fsynced, then renamed), and _manifest.json, of one shape for
-every kind, written last once every shard is in. Inference's own files (Parquet, one per shard) are farm.data.results'."""
+every kind, written last once every shard is in. Inference's own files (Parquet, one per shard) are
+farm.data.results'."""
 
 from __future__ import annotations
 

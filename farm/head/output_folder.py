@@ -105,7 +105,8 @@ def _results(fd: int) -> list[str]:
     """The names of Farm's own regular files in the folder open as `fd`."""
     try:
         with os.scandir(fd) as entries:
-            return sorted(e.name for e in entries if RESULT_NAMES.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+            return sorted(e.name for e in entries
+                          if RESULT_NAMES.fullmatch(e.name) and e.is_file(follow_symlinks=False))
     except OSError:
         return []
 

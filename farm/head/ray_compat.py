@@ -39,7 +39,7 @@ def keep_loopback() -> None:
     """This process's Ray driver reaches a Ray head on loopback at 127.0.0.1, as farm.local.RAY_START_ON_LOOPBACK has
     its node keep it (Ray turns 127.0.0.1 into the machine's reachable address, where that head does not listen)."""
     from ray._private import services
-    from ray._raylet import get_localhost_ip, is_localhost
+    from ray._raylet import get_localhost_ip, is_localhost  # type: ignore[attr-defined]  # not in ray's _raylet.pyi
 
     services.resolve_ip_for_localhost = lambda host: get_localhost_ip() if is_localhost(host) else host
 
@@ -47,7 +47,7 @@ def keep_loopback() -> None:
 def use_ray_token(token_path: Path) -> None:
     """Point this process's Ray driver at Farm's token. Ray reads its auth settings once, when it is imported, so
     they are reloaded here after the environment names the token."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    from ray._raylet import AuthenticationTokenLoader, Config  # type: ignore[attr-defined]  # not in ray's _raylet.pyi
 
     os.environ.update(ray_env(token_path))
     Config.initialize("")

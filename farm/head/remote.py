@@ -12,7 +12,8 @@ from farm.core.ids import NODE_LABEL
 from farm_agent import entry
 
 # No Ray restarts: a failed stretch goes back through the head's own retry path (farm.head.outcomes).
-TrainWorker = ray.remote(num_cpus=0, max_restarts=0)(entry.train_worker())
+# Any: the class is made at run time (entry.train_worker), so Ray's typing of its actors says nothing useful.
+TrainWorker: Any = ray.remote(num_cpus=0, max_restarts=0)(entry.train_worker())
 
 
 def pinned(node_id: str, backend: str, runtime_env: dict[str, Any], name: str) -> dict[str, Any]:

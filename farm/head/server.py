@@ -12,6 +12,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -168,9 +169,11 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[AuthGate(
         tokens, store, dispatcher.takes_upload, datasets.ReadCredentials(settings.state_dir, store).admits)])
     agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(store, tokens, settings, dispatcher.wake, tls, dispatcher.links, dispatcher.job_nodes.code_for), server)
+        AgentServicer(store, tokens, settings, dispatcher.wake, tls, dispatcher.links, dispatcher.job_nodes.code_for),
+        server)
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
-    job_pb2_grpc.add_JobServiceServicer_to_server(JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
+    job_pb2_grpc.add_JobServiceServicer_to_server(
+        JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
     data_pb2_grpc.add_DataServiceServicer_to_server(DataServicer(store, tokens, settings), server)
     result_pb2_grpc.add_ResultServiceServicer_to_server(ResultServicer(dispatcher), server)
     if tls is None:

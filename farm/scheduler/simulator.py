@@ -287,9 +287,10 @@ def _farm_plan(job: SimJob, fleet: _Fleet, capable: Sequence[int], now: float,
     result = plan(job.shard_items, rates, policy, job.deadline_s)
     # plan gives counts per device; hand out the shards, largest first, to devices in plan's own order of preference.
     preference = sorted(rates, key=lambda r: (-(r.items_per_j or 0.0), -r.items_per_s))
-    shards, placed = iter(job.shard_items), []
-    for rate in preference:
-        placed += [(next(shards), index[rate.key], None) for _ in range(result.quotas.get(rate.key, 0))]
+    shards = iter(job.shard_items)
+    placed: list[Placed] = []
+    for chosen in preference:
+        placed += [(next(shards), index[chosen.key], None) for _ in range(result.quotas.get(chosen.key, 0))]
     return placed, result.why
 
 
@@ -417,7 +418,9 @@ class _Problem:
         hi: list[float] = []
 
         def add(row: np.ndarray, low: float, high: float) -> None:
-            rows.append(row), lo.append(low), hi.append(high)
+            rows.append(row)
+            lo.append(low)
+            hi.append(high)
 
         upper = np.full(size, np.inf)
         upper[n * c:n * c + n] = 1
@@ -486,19 +489,25 @@ def _fluid(devices: Sequence[Device], jobs: Sequence[SimJob]) -> float:
     items = {w: sum(j.items for j in jobs if j.workload == w) for w in workloads}
     pairs = [(d, w) for d, device in enumerate(devices) for w in workloads if device.runs(w)]
     size = len(pairs) + 1
-    rows, lo, hi = [], [], []
+    rows: list[np.ndarray] = []
+    lo: list[float] = []
+    hi: list[float] = []
     for w in workloads:
         row = np.zeros(size)
         for p, (_, pw) in enumerate(pairs):
             row[p] = 1.0 if pw == w else 0.0
-        rows.append(row), lo.append(items[w]), hi.append(items[w])
+        rows.append(row)
+        lo.append(items[w])
+        hi.append(items[w])
     for d, device in enumerate(devices):
         row = np.zeros(size)
         for p, (pd, w) in enumerate(pairs):
             if pd == d:
                 row[p] = 1.0 / (device.rate(w).items_per_s * device.profile.slots)
         row[-1] = -1.0
-        rows.append(row), lo.append(-np.inf), hi.append(0.0)
+        rows.append(row)
+        lo.append(-np.inf)
+        hi.append(0.0)
     objective = np.zeros(size)
     objective[-1] = 1.0
     result = milp(objective, constraints=LinearConstraint(np.array(rows), lo, hi))

@@ -286,6 +286,7 @@ def size_round(
         if rate is not None and rate.prior and running.get(key):
             lines.append(f"{label}: its first shard of this job is confirming other jobs' figure")
             continue
+        rows: float  # a tail's share may be a fraction
         rows, why = size_for(rate, offer.meter_step_s, batch_size, rules.for_device(overheads.get(key)))
         tail = ""  # the tail's reason; its count is the size as cut, known once cut
         if rate is not None and rate.items_per_s > 0 and not rate.prior:  # a prior's shard is short already

@@ -129,9 +129,13 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
     page.evaluate("window.sameDocument = true")  # gone if the page reloads
     items_before = page.evaluate(ITEMS_DONE)
     # Record every state the job's row shows, as the live view redraws it.
-    page.evaluate("""() => { window.seen = []; new MutationObserver(() => {
+    # Also what the page said while it ran: its rate and time left.
+    page.evaluate(r"""() => { window.seen = []; window.running = new Set(); new MutationObserver(() => {
         for (const row of document.querySelectorAll('tr[data-job]'))
-            window.seen.push(row.dataset.job + ':' + row.dataset.state); })
+            window.seen.push(row.dataset.job + ':' + row.dataset.state);
+        for (const eta of document.querySelectorAll('tr[data-job] .job-eta'))
+            if (/items\/s · (about .* left|finishing)/.test(eta.textContent))
+                window.running.add('eta:' + eta.closest('tr').dataset.job); })
         .observe(document.getElementById('view'), {childList: true, subtree: true}); }""")
 
     job_id = submit(cluster, work, "slow-toy", "toyjob:slow", shards=4, batch_size=4)  # ≈ 1 s a shard
@@ -140,6 +144,8 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
     page.wait_for_function(f"document.querySelector(\"tr[data-job='{job_id}']\").dataset.state === 'succeeded'")
     seen = [s.split(":")[1] for s in page.evaluate("window.seen") if s.startswith(job_id + ":")]
     assert seen[0] in ("queued", "running") and seen[-1] == "succeeded", seen  # it changed before our eyes
+    running = page.evaluate("[...window.running]")
+    assert f"eta:{job_id}" in running
     assert "32/32 items" in row.locator(".job-progress").inner_text()
     page.wait_for_function(f"({ITEMS_DONE})() >= {items_before + 32}")  # the nodes' counts followed
     assert page.evaluate("window.sameDocument") is True
@@ -147,6 +153,10 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
     assert points is not None and int(points) >= 2
     assert page.locator("#chart-owner-cpu .u-legend").inner_text().lower().count("agent-") == 2
     assert page.locator("#chart-power .u-legend").inner_text().lower().count("agent-") == 2
+    markers = page.locator("#chart-power .u-legend .u-series .u-marker").evaluate_all(
+        "els => els.map(e => getComputedStyle(e).borderColor)")
+    # Each node its own colour, from Okabe and Ito's palette (colour-blind readers tell them apart too).
+    assert set(markers[1:]) == {"rgb(0, 114, 178)", "rgb(230, 159, 0)"}, markers
 
     if os.environ.get("FARM_SCREENSHOT"):
         page.screenshot(path=str(ROOT / os.environ["FARM_SCREENSHOT"]), full_page=True)

@@ -1,9 +1,9 @@
 """PyTorch on NVIDIA GPUs: one offer per GPU that NVML found; shards run on `cuda:<index>`, through the kernel tuner's
 cached winner for the model and batch shape when there is one (farm kernels tune), eager PyTorch otherwise.
 
-Offering runs in the agent daemon from the hardware already detected through NVML (farm_agent.daemon.hardware): no torch,
-no CUDA context here. A machine with no NVIDIA GPU offers no CUDA at all (not an unavailable offer: a CPU box simply
-has no CUDA). Running happens in a Ray worker, which imports torch.
+Offering runs in the agent daemon from the hardware already detected through NVML (farm_agent.daemon.hardware): no
+torch, no CUDA context here. A machine with no NVIDIA GPU offers no CUDA at all (not an unavailable offer: a CPU box
+simply has no CUDA). Running happens in a Ray worker, which imports torch.
 """
 
 from __future__ import annotations

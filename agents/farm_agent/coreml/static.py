@@ -41,7 +41,7 @@ def _sentence_embedder(module: nn.Module) -> StaticForm:
         "Linear -> 1x1 Conv2d, attention split per head (einsum, softmax over keys on axis 1), channel-axis "
         "LayerNorm, fp16-safe -1e4 mask (farm_agent/coreml/ane_bert.py)"
     )
-    return StaticForm(MeanPooledEmbedderANE(module.encoder).eval(), (static, layout))
+    return StaticForm(MeanPooledEmbedderANE(module.get_submodule("encoder")).eval(), (static, layout))
 
 
 # By the model class's qualified name: the class lives in a job's code, which this package does not import.

@@ -170,5 +170,5 @@ class HeadClient:
             await self.node_stub.Deregister(agent_pb2.DeregisterRequest(node_id=node_id, node_token=node_token),
                                             metadata=credentials(node_token, node_id),
                                             timeout=5)
-        except (grpc.aio.AioRpcError, asyncio.TimeoutError):
+        except (TimeoutError, grpc.aio.AioRpcError):
             pass  # the head is gone or forgot us: it will mark the node offline on its own

@@ -96,7 +96,7 @@ class IdlePolicy:
         self.machine_percent = 0.0  # the last reading, which the heartbeat reports as the node's CPU use
         self.farm_percent = 0.0  # Farm's own share of it (the rest is the owner's), reported beside it
         if farm_percent is None:
-            root, known = psutil.Process(), {}
+            root, known = psutil.Process(), dict[int, psutil.Process]()
             farm_percent = lambda: farm_cpu_percent(root, known)  # noqa: E731
         self._farm_percent = farm_percent
         self._foreign: deque[float] = deque(maxlen=WINDOW)

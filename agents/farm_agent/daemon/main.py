@@ -77,7 +77,8 @@ class Agent:
         self.ray: RayProcess | None = None
         self.ray_args: list[str] = []
         self.ray_failure: AgentError | None = None
-        self.ray_paused = False  # the agent stopped its workers (and Ray node) on purpose: the owner busy past the grace
+        # The agent stopped its workers (and Ray node) on purpose: the owner busy past the grace.
+        self.ray_paused = False
         self.workers: Workers | None = None
         self.reports: asyncio.Queue[agent_pb2.WorkReport] = asyncio.Queue()
         self.order_tasks: set[asyncio.Task[None]] = set()
@@ -217,10 +218,11 @@ class Agent:
             reports = self.reports
             hello = agent_pb2.WorkReport(hello=agent_pb2.WorkHello(node_id=self.node_id, node_token=self.node_token))
 
+            # Consumed within this round (the call below), so the loop's variables are this round's.
             async def outgoing() -> AsyncIterator[agent_pb2.WorkReport]:
-                yield hello
+                yield hello  # noqa: B023
                 while True:
-                    yield await reports.get()
+                    yield await reports.get()  # noqa: B023
 
             assert self.workers is not None
             self.workers.report = reports.put_nowait
@@ -238,7 +240,7 @@ class Agent:
                 await self.workers.stop_all("its node's work stream closed")
             try:
                 await asyncio.wait_for(self.stopping.wait(), backoff.next_delay())
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _follow_order(self, order: agent_pb2.WorkOrder) -> None:
@@ -278,7 +280,7 @@ class Agent:
                 delay = backoff.next_delay()  # the head ended the stream: as lost, though it answered before
             try:
                 await asyncio.wait_for(self.stopping.wait(), delay)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _beats(self) -> AsyncIterator[agent_pb2.HeartbeatRequest]:
@@ -300,7 +302,7 @@ class Agent:
             )
             try:
                 await asyncio.wait_for(self.stopping.wait(), self.interval)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _ray_died(self, ray: RayProcess) -> None:

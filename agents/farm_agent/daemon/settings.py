@@ -25,7 +25,8 @@ class AgentSettings(BaseModel):
     state_dir: Path  # this agent's own folder: agents/<name>/ under the Farm state directory
     cpus: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     object_store_mb: int = Field(default=1024, ge=100)
-    # The idle policy (farm_agent.daemon.idle): the owner's share of the machine's CPU above which the node takes no work.
+    # The idle policy (farm_agent.daemon.idle): the owner's share of the machine's CPU above which the node takes no
+    # work.
     max_foreign_cpu: float = Field(default=90.0, gt=0, le=100)
     # Once the owner has been busy this long, the agent stops its Ray node: shards still running there go back to
     # the head's queue. It starts the node again when the owner is idle.

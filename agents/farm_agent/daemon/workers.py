@@ -6,8 +6,8 @@ loaded between them (farm_agent.work.host).
 A worker runs as the node's unprivileged account (farm.ray_user's farm-ray, where the agent is root), in a folder of
 its own holding the job's code (fetched from the head for each worker, checked against its sha256), with a scrubbed
 environment: never the agent's (its join token, the owner's other secrets), only PATH, PYTHONPATH, the locale, a
-bucket's credentials (AWS_*), the job's own `env:` and the few variables Farm's worker needs. Each worker is a group of processes (farm.node_group): ending it ends
-whatever its job code started.
+bucket's credentials (AWS_*), the job's own `env:` and the few variables Farm's worker needs. Each worker is a group
+of processes (farm.node_group): ending it ends whatever its job code started.
 
 A worker that dies takes its queued shards with it: each is reported ended with the reason, and the head runs them
 again (its retry path); the job's next shard on that device starts a new worker."""
@@ -220,7 +220,7 @@ class Workers:
         worker.writer.close()  # the worker leaves once the shard it runs ends; it has STOP_S to
         try:
             await asyncio.wait_for(worker.proc.wait(), STOP_S if not reason else 0.5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         await asyncio.to_thread(worker.group.end)
         if worker.proc.returncode is None:

@@ -44,8 +44,10 @@ MAX_DEFAULT_WATTS = 150.0
 
 
 class CpuTimes(Protocol):
-    user: float
-    system: float
+    @property
+    def user(self) -> float: ...
+    @property
+    def system(self) -> float: ...
 
 
 class Process(Protocol):

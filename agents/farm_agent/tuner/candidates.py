@@ -237,7 +237,7 @@ def _channels_last(model: nn.Module) -> Built:
     """NHWC weights and inputs (the layout cuDNN's tensor-core convolutions want), with cudnn.benchmark choosing
     each convolution's algorithm by timing it at these shapes; the switch is on only during this candidate's calls,
     so that it does not leak into whatever runs next in the process."""
-    model = model.to(memory_format=torch.channels_last)
+    model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stub omits it
 
     def run(*inputs: Any) -> Any:
         saved = torch.backends.cudnn.benchmark

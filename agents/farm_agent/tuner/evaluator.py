@@ -297,7 +297,8 @@ def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], time
                     child = None
             except ChildFailed as exc:
                 raw[candidate.name] = _failure(problem, candidate, str(exc), compiled=exc.compiled)
-                child.close()
+                if child is not None:
+                    child.close()
                 child = None
     finally:
         if child is not None:

@@ -85,7 +85,8 @@ _ALLOWED_THREADS = _allowed_thread_classes()
 
 # Inductor's compile pools start threads of their own (torch.compile inside a candidate, or the compile-default
 # baseline) that outlive the call that started them: the subprocess pool's reader and its quiesce timer
-# ("subproc_worker_timer"), and the thread pool's workers (below). A thread's name proves nothing (anyone can name a thread so), so a thread is Inductor's only when it is a
+# ("subproc_worker_timer"), and the thread pool's workers (below). A thread's name proves nothing (anyone can name a
+# thread so), so a thread is Inductor's only when it is a
 # plain Thread whose target is one of these functions, as taken here before any candidate ran, bound to an object of
 # exactly Inductor's class; and the timer's callback must itself be the pool's quiesce. Such a thread can only run
 # Inductor's own code, never a candidate's work.
@@ -127,7 +128,7 @@ def is_inductor_thread(thread: threading.Thread) -> bool:
     if target is _POOL_WORKER:
         args = getattr(thread, "_args", ())
         executor = args[0]() if args else None  # the worker holds a weak reference to its executor
-        return executor is not None and executor is _inductor_executor() and _idle_worker(thread, executor)
+        return executor is _inductor_executor() and executor is not None and _idle_worker(thread, executor)
     timer = getattr(target, "__self__", None)
     return _bound(target, _TIMER_CHECK, InductorTimer) and _bound(getattr(timer, "call", None), _POOL_QUIESCE,
                                                                    SubprocPool)
@@ -495,7 +496,7 @@ class Session:
             if is_cuda_fault(exc):
                 raise
         finally:
-            fn = None  # noqa: F841 (drop the candidate before the next one is built)
+            fn = None  # type: ignore[assignment]  # noqa: F841 (drop the candidate before the next one is built)
             if "torch._dynamo" in sys.modules:  # free compiled graphs (and what they hold) of this candidate
                 torch._dynamo.reset()
             gc.collect()

@@ -114,7 +114,7 @@ def captured(stream: BoundedText) -> Iterator[None]:
     """sys.stdout and sys.stderr into `stream` (and through to the worker's own) while inside. An exception that
     leaves gets what was printed and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR)."""
     out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)  # type: ignore[assignment]
+    sys.stdout, sys.stderr = _Tee(stream, out), _Tee(stream, err)
     try:
         yield
     except BaseException as exc:
@@ -131,8 +131,8 @@ def captured(stream: BoundedText) -> Iterator[None]:
 
 def job_shard(run: Callable[P, R]) -> Callable[P, R]:
     """Run a shard in its job's environment with its stdout and stderr captured, and the memory it freed given back
-    when it ends (farm_agent.work.memory). Its result gets the output in its `log` field; an exception it raises gets the
-    output and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR) and goes on up."""
+    when it ends (farm_agent.work.memory). Its result gets the output in its `log` field; an exception it raises gets
+    the output and its formatted traceback as attributes (SHARD_LOG_ATTR, SHARD_TRACEBACK_ATTR) and goes on up."""
 
     @functools.wraps(run)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

@@ -1,7 +1,7 @@
 """A persistent worker: one process per (job, device) on a node, started by the agent (farm_agent.daemon.workers) as the
 node's unprivileged account, in the job's code folder, with a scrubbed environment. It keeps the job's model loaded
-and warm between shards (farm_agent.work.jobcode caches it per process) and takes its shards from a queue the agent fills,
-so that a device never waits for its next shard's model load.
+and warm between shards (farm_agent.work.jobcode caches it per process) and takes its shards from a queue the agent
+fills, so that a device never waits for its next shard's model load.
 
 `python -P -m farm_agent.work.host` with FARM_WORK_FD naming its end of a socket pair to the agent: Assignments come
 in, WorkReports go out (farm_agent.work.frames). Each shard sends its own result to the head by its upload ticket

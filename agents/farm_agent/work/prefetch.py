@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -15,7 +15,7 @@ DEPTH = 3  # batches read ahead: enough to ride out one slow block from the head
 _DONE = object()
 
 
-def prefetch(items: Iterator[T], depth: int = DEPTH) -> Iterator[T]:
+def prefetch(items: Iterator[T], depth: int = DEPTH) -> Generator[T]:
     """`items` in order, read by a background thread at most `depth` ahead of the consumer. An error raised while
     reading is raised here, the same exception, when the consumer reaches it. When the consumer stops early (close(),
     an error of its own, or garbage collection), the thread stops after the item it is reading and closes `items`."""

@@ -180,7 +180,8 @@ class Finishing:
 
     def __init__(self, upload: Upload, measured: Callable[[], ShardFigures]) -> None:
         self.upload, self.measured = upload, measured
-        self.reason, self.figures = "", None
+        self.reason = ""
+        self.figures: ShardFigures | None = None
         self.thread = threading.Thread(target=self._finish, name="farm-finish")  # not a daemon: the worker waits
         self.thread.start()
 

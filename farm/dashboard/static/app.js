@@ -6,8 +6,9 @@
 
 const WINDOW_S = 15 * 60;
 const CHARTED_MAX = 24;  // the head's /api/history default: the busiest nodes, when there are more
-const COLOURS = ["#2563eb", "#16a34a", "#dc2626", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d",
-                 "#ea580c", "#4f46e5", "#0d9488", "#9333ea"];
+// Okabe and Ito's palette, which colour-blind readers can tell apart too; past eight nodes the lines dash as well.
+const COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"];
+const DASHES = [null, [6, 3], [2, 3], [8, 3, 2, 3]];
 
 const state = {
   fleet: null,            // the latest /api/fleet (or tick's fleet)
@@ -86,6 +87,25 @@ function gpuMemoryText(memory) {
   const used = memory.reduce((sum, m) => sum + m.used_bytes, 0);
   const total = memory.reduce((sum, m) => sum + m.total_bytes, 0);
   return `${num(used / 2 ** 30, 1)}/${num(total / 2 ** 30)} GiB`;
+}
+
+// The jobs running on a node, each a link to its page.
+function jobLinks(jobs) {
+  if (!jobs || !jobs.length) return null;
+  return h("div", {class: "node-jobs"}, jobs.map((j, i) => [i ? ", " : "",
+    h("a", {href: `#/jobs/${encodeURIComponent(j.id)}`, "data-job": j.id}, j.name)]));
+}
+
+// A backend's idle draw: the figure, or "not metered" with why (an estimate of 0 W is no reading).
+function idleDraw(b) {
+  if (b.idle_unmetered) return h("span", {class: "dim idle-unmetered", title: b.idle_unmetered}, "not metered");
+  return b.idle_w == null ? null : figure(watts(b.idle_w), b.idle_estimate, b.idle_source);
+}
+
+// A running job's rate so far and the time left at it.
+function rateText(j) {
+  if (j.rate_items_per_s == null) return null;
+  return `${num(j.rate_items_per_s, 1)} items/s · ${j.eta_s < 1 ? "finishing" : `about ${duration(j.eta_s)} left`}`;
 }
 
 function stateCell(value, prefix = "state") { return h("span", {class: `state ${prefix}-${value}`}, value); }
@@ -173,7 +193,7 @@ function fleetSkeleton() {
     h("p", {class: "dim", id: "chart-note"}),
     h("h2", {}, "Perf/W by model"),
     h("p", {class: "dim"}, "Items per joule of each model on each backend, over the latest jobs' measured shards: " +
-      "never one figure across models, whose items are not alike."),
+      "never one figure across models, whose items are not alike. A model's rows differ in what Setup says."),
     h("div", {class: "table-wrap"}, h("table", {id: "models"})),
     h("h2", {}, "Jobs"), h("div", {class: "table-wrap"}, h("table", {id: "jobs"})));
 }
@@ -219,11 +239,10 @@ function renderFleet() {
     h("td", {class: "node-state", title: n.drain ? "drained by an operator" : null}, stateCell(n.state),
       n.drain ? h("div", {class: "dim"}, "by an operator") : null),
     h("td", {class: "node-activity", title: n.busy ? `owner busy: ${n.busy}` : null},
-      stateCell(n.activity, "act"), n.busy ? h("div", {class: "dim"}, n.busy) : null),
+      stateCell(n.activity, "act"), n.busy ? h("div", {class: "dim"}, n.busy) : null, jobLinks(n.jobs)),
     h("td", {}, n.backends.map(b => h("div", {class: b.available ? null : "dim",
       title: b.available ? b.detail : b.reason}, `${b.name} (${b.device})${b.available ? "" : ": unavailable"}`,
-      b.idle_w == null ? null : h("span", {class: "dim"}, " idle ", figure(watts(b.idle_w), b.idle_estimate,
-        b.idle_source))))),
+      idleDraw(b) && h("span", {class: "dim"}, " idle ", idleDraw(b))))),
     // An offline node's last figures are stale: they are not shown as if current.
     h("td", {class: "node-cpu"}, live ? cpuSplit(n) : "-"),
     h("td", {class: "num node-memory"}, live ? `${num(n.memory_percent)}%` : "-", live && n.gpu_memory.length ?
@@ -243,17 +262,19 @@ function renderFleet() {
 }
 
 function renderModels(models, id = "models") {
-  const head = h("tr", {}, ["Model", "Backend", "Jobs", "Items", "Energy", "Perf/W (items/J)"].map((c, i) =>
-    h("th", {class: i >= 2 ? "num" : null}, c)));
+  const head = h("tr", {}, ["Model", "Backend", "Setup", "Jobs", "Items", "Energy", "Perf/W (items/J)"]
+    .map((c, i) => h("th", {class: i >= 3 ? "num" : null}, c)));
   const rows = models.map(m => h("tr", {"data-model": m.model, "data-backend": m.backend},
-    h("td", {}, m.model), h("td", {}, m.backend), h("td", {class: "num"}, num(m.jobs)),
+    h("td", {}, m.model), h("td", {}, m.backend),
+    h("td", {class: "model-setup", title: "what sets this row apart from the model's others"}, m.setup || "-"),
+    h("td", {class: "num"}, num(m.jobs)),
     h("td", {class: "num"}, num(m.items)),
     h("td", {class: "num"}, figure(joules(m.energy_j), m.energy_estimate, m.energy_source)),
     h("td", {class: "num model-perf"}, figure(num(m.items_per_j, 1), m.energy_estimate, m.energy_source))));
   const table = document.getElementById(id);
   if (!table) return;
   table.replaceChildren(h("thead", {}, head), h("tbody", {}, rows.length ? rows :
-    h("tr", {}, h("td", {colspan: 6, class: "empty"}, "No measured shards yet."))));
+    h("tr", {}, h("td", {colspan: 7, class: "empty"}, "No measured shards yet."))));
 }
 
 // An operator's drain: no new shards for the node, what runs there finishes. Like cancel, it needs the API token.
@@ -287,7 +308,7 @@ function renderJobs() {
   const rows = state.jobs.map(j => h("tr", {"data-job": j.id, "data-job-name": j.name, "data-state": j.state},
     h("td", {}, h("a", {href: `#/jobs/${encodeURIComponent(j.id)}`}, j.name), h("div", {class: "dim"}, j.id)),
     h("td", {class: "job-state", title: j.error || null}, stateCell(j.state)),
-    h("td", {class: "job-progress"}, progressBar(j)),
+    h("td", {class: "job-progress"}, progressBar(j), rateText(j) && h("div", {class: "dim job-eta"}, rateText(j))),
     h("td", {class: "num"}, `${j.shards_done}/${j.shards}`, j.shards_running ?
       h("div", {class: "dim"}, `${j.shards_running} running`) : null),
     h("td", {class: "num"}, j.energy_sources.length ? figure(joules(j.energy_j), j.energy_estimate,
@@ -350,7 +371,7 @@ function buildCharts() {
       scales: {x: {time: true}, y: range ? {range: () => range} : {range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)]}},
       axes: [{}, {values: (u, ticks) => ticks.map(v => `${num(v)}${unit === "%" ? "%" : ""}`), size: 50}],
       series: [{}, ...charted.map(n => ({label: n.name, stroke: COLOURS[nodes.indexOf(n) % COLOURS.length],
-        width: 1.5,
+        dash: DASHES[Math.floor(nodes.indexOf(n) / COLOURS.length) % DASHES.length] || undefined, width: 1.5,
         points: {show: false},
         value: (u, v) => v == null ? "-" : `${num(v, 1)} ${unit}`}))],
       legend: {live: true},
@@ -477,6 +498,7 @@ async function loadNode(id) {
   const meta = [
     ["State", stateCell(node.state)], ["Activity", stateCell(node.activity, "act")],
     ["Owner", node.busy ? `busy: ${node.busy}` : "idle"],
+    ["Jobs", jobLinks(node.jobs)],
     ["CPU", cpuSplit(node)], ["Memory", `${num(node.memory_percent)}%`],
     ["GPU memory", node.gpu_memory.length ? gpuMemoryText(node.gpu_memory) : null],
     ["Power", node.power.length ? figure(watts(node.power_w), node.power_estimate, node.power_source) : "-"],
@@ -490,7 +512,7 @@ async function loadNode(id) {
   const backends = node.backends.map(b => h("tr", {"data-backend": b.name},
     h("td", {}, b.name), h("td", {}, b.device), h("td", {}, b.available ? "available" : `unavailable: ${b.reason}`),
     h("td", {}, b.detail || "-"),
-    h("td", {class: "num"}, b.idle_w == null ? "-" : figure(watts(b.idle_w), b.idle_estimate, b.idle_source))));
+    h("td", {class: "num"}, idleDraw(b) || "-")));
   const power = node.power.map(p => h("tr", {}, h("td", {}, p.device),
     h("td", {class: "num"}, figure(watts(p.watts), p.estimate, p.source, p.scope))));
   document.getElementById("view").replaceChildren(h("div", {id: "node-page", "data-node": node.name},
@@ -530,6 +552,7 @@ function renderJob() {
       job.energy_sources.join(", ")) : "-"],
     ["Above idle", job.marginal_j == null ? null : figure(joules(job.marginal_j), job.energy_estimate,
       job.energy_sources.join(", "))],
+    ["Rate", rateText(job)],
     ["Items/s", job.items_per_s ? num(job.items_per_s) : "-"],
     ["Items/J", job.items_per_j ? figure(num(job.items_per_j, 1), job.energy_estimate,
       job.energy_sources.join(", ")) : "-"],

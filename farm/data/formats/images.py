@@ -82,7 +82,7 @@ def decode_images(location: str, batch: pa.RecordBatch, workers: int = 1) -> np.
         raise DataError(f"{where(location, path)} (row {row}): the image does not decode: {arrays[failed]}",
                         rows=(row, row + 1))
     if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):  # type: ignore[union-attr]
-        return np.stack(arrays)  # type: ignore[arg-type]
+        return np.stack(arrays)
     ragged = np.empty(len(arrays), dtype=object)
     ragged[:] = arrays
     return ragged

@@ -239,7 +239,7 @@ def _gathered(paths: list[str], call: Any) -> Iterator[tuple[str, bytes | OSErro
 
 
 def _error(path: str, exc: grpc.RpcError) -> OSError:
-    code = exc.code()  # type: ignore[attr-defined]
+    code = exc.code()
     if code is grpc.StatusCode.NOT_FOUND:
         return FileNotFoundError(path)
-    return OSError(f"the head's data service: {code.name}: {exc.details()}")  # type: ignore[attr-defined]
+    return OSError(f"the head's data service: {code.name}: {exc.details()}")

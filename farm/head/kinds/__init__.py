@@ -28,7 +28,7 @@ from farm.head.kinds.kernel_eval import KernelEval
 from farm.head.kinds.training import Training
 from farm.head.settings import HeadSettings
 
-HANDLERS: dict[JobKind, type[KindHandler]] = {  # type: ignore[type-arg]
+HANDLERS: dict[JobKind, type[KindHandler]] = {
     JobKind.INFERENCE: Inference,
     JobKind.TRAINING: Training,
     JobKind.KERNEL_EVAL: KernelEval,
@@ -36,6 +36,6 @@ HANDLERS: dict[JobKind, type[KindHandler]] = {  # type: ignore[type-arg]
 }
 
 
-def handlers(settings: HeadSettings) -> dict[JobKind, KindHandler]:  # type: ignore[type-arg]
+def handlers(settings: HeadSettings) -> dict[JobKind, KindHandler]:
     """A handler of every kind, for one head (a handler may hold what it drives, as training does)."""
     return {kind: handler(settings) for kind, handler in HANDLERS.items()}

@@ -5,6 +5,7 @@ no outputs (the manifest alone, with the per-device table)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from farm.core.models import Shard
@@ -60,14 +61,14 @@ class Evaluate(ShardedKind[EvaluateSpec]):
         return {"format": "none", "loss": spec.loss, "devices": devices}
 
 
-def _by_device(shards: list[Shard]) -> dict[str, list[Shard]]:
+def _by_device(shards: Sequence[Shard]) -> dict[str, list[Shard]]:
     grouped: defaultdict[str, list[Shard]] = defaultdict(list)
     for shard in shards:
         grouped[f"{shard.node_name}/{shard.device}"].append(shard)
     return dict(sorted(grouped.items()))
 
 
-def _mean_loss(shards: list[Shard]) -> float:
+def _mean_loss(shards: Sequence[Shard]) -> float:
     """Each shard's mean loss weighted by its rows."""
     items = sum(s.items for s in shards)
     return sum(s.metrics["loss"] * s.items for s in shards) / items if items else 0.0

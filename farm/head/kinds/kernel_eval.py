@@ -61,7 +61,8 @@ class KernelEval(ShardedKind[KernelEvalSpec]):
         ))
 
     def staging(self, job: Job, index: int) -> Path:
-        """Its rows arrive as a table (farm_agent.work.kinds.kernel_eval.rows_table), staged hidden in the job's folder."""
+        """Its rows arrive as a table (farm_agent.work.kinds.kernel_eval.rows_table), staged hidden in the job's
+        folder."""
         output_place.recheck(job.output, self.settings)  # a link swapped in since submit: not written through
         shard = job.shards[index]  # its upload is refused past its range's rows (farm.head.arrivals)
         return arrivals.bounded(Results(job.output).staging(index), shard.stop - shard.start)

@@ -184,7 +184,7 @@ class Run:
         nccl = all(BACKENDS[a.backend].nccl for a in chosen)
         runtime_env = environment.runtime_env(spec, self.driver.working_dir(job))
         actors = [
-            remote.TrainWorker.options(  # type: ignore[attr-defined]
+            remote.TrainWorker.options(
                 **remote.pinned(a.node_id, a.backend.value, runtime_env, f"farm:{job.name}:rank{rank}:{group}"),
             ).remote(job.spec_yaml, job.id, rank, len(chosen), group, a.device, a.threads, checkpoint, nccl)
             for rank, a in enumerate(chosen)

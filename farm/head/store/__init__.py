@@ -9,7 +9,7 @@ All calls happen on the head's event-loop thread; each is a short transaction.
 from __future__ import annotations
 
 from farm.head.store.calibration import CalibrationRecords, NodeWork
-from farm.head.store.jobs import Job, JobRecords
+from farm.head.store.jobs import Job
 from farm.head.store.nodes import NodeRecords
 from farm.head.store.skipped import SkippedRecords
 from farm.head.store.tokens import TokenRecords

@@ -241,8 +241,9 @@ class JobRecords(Database):
         joules, source, scope = (energy.joules, energy.source.value, energy.scope.value) if energy else (0.0, "", "")
         with self._tx() as db:
             db.execute(
-                """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?, energy_scope=?,
-                   marginal_j=?, metrics=?, peak_memory_bytes=?, finished_at=? WHERE job_id=? AND idx=?""",
+                """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?,
+                   energy_scope=?, marginal_j=?, metrics=?, peak_memory_bytes=?, finished_at=?
+                   WHERE job_id=? AND idx=?""",
                 (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope,
                  marginal_j if energy else None, json.dumps(metrics or {}), peak_memory_bytes, time.time(), job_id,
                  index),
@@ -264,7 +265,8 @@ class JobRecords(Database):
         """A pending shard [start, stop) becomes [start, at), and [at, stop) a new pending shard after the job's
         last: an auto-sized job's device takes the front of a range that never ran. The new shard's index."""
         with self._tx() as db:
-            row = db.execute("SELECT start, stop, state FROM shards WHERE job_id=? AND idx=?", (job_id, index)).fetchone()
+            row = db.execute("SELECT start, stop, state FROM shards WHERE job_id=? AND idx=?",
+                             (job_id, index)).fetchone()
             if row is None or row["state"] != ShardState.PENDING.value or not row["start"] < at < row["stop"]:
                 raise ConflictError(f"shard {index} of job {job_id} cannot be split at {at}")
             (last,) = db.execute("SELECT MAX(idx) FROM shards WHERE job_id=?", (job_id,)).fetchone()

@@ -17,4 +17,4 @@ ATTEMPTS = {"run_shard": "inference", "run_evaluate_shard": "evaluate", "run_ker
 def attempt(entry: str) -> Callable[[Any, Any], Any]:
     """The `attempt` function of the kind that runs `entry` (KeyError: no kind does)."""
     module = importlib.import_module(f"{__name__}.{ATTEMPTS[entry]}")
-    return module.attempt  # type: ignore[no-any-return]
+    return module.attempt

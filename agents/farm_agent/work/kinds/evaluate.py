@@ -5,6 +5,7 @@ node."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -16,6 +17,9 @@ from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset
 from farm_agent.work.kinds.inference import run_shard
 from farm_agent.work.kinds.training import loss_function
+
+if TYPE_CHECKING:
+    from farm_agent.work.upload import Finishing
 
 
 @job_shard
@@ -37,7 +41,7 @@ def evaluate_shard(task: EvaluateTask) -> EvaluateResult:
                           node_ray_id=ran.node_ray_id, energy=ran.energy, peak_memory_bytes=ran.peak_memory_bytes)
 
 
-def attempt(task: EvaluateTask, route: ResultRoute) -> ShardFigures | None:
+def attempt(task: EvaluateTask, route: ResultRoute) -> ShardFigures | Finishing | None:
     """A model over one shard's rows scored against their labels, in its worker: its figures and mean loss alone."""
     from farm_agent.work.upload import figures, send
 

@@ -34,7 +34,7 @@ from farm_agent.work.staging import staged
 if TYPE_CHECKING:
     import torch
 
-    from farm_agent.work.upload import Upload
+    from farm_agent.work.upload import Finishing, Upload
 
 # What each loaded model has already run in this worker process: (device, tuning, batch rows). load_model keeps
 # models cached, and Ray reuses a worker for the next job with the same code, whose tuning may differ.
@@ -198,7 +198,7 @@ def _meter(device: str) -> PowerMeter:
     return meter_for(device)
 
 
-def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | None:
+def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | Finishing | None:
     """One attempt of an inference shard in its worker: its outputs to the head batch by batch, then its figures."""
     from farm_agent.work.upload import figures, send
 

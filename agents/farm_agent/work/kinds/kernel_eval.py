@@ -24,6 +24,7 @@ from farm_agent.power import meter_for
 
 if TYPE_CHECKING:
     from farm_agent.tuner.evaluator import Result
+    from farm_agent.work.upload import Finishing
 
 
 @job_shard
@@ -44,7 +45,8 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
             runnable[f"file:{pair.candidate}"] = pair
         except FarmError as exc:
             rows[pair] = _failed(pair, f"not a candidate: {exc.message}", task)
-    candidates = [COMPILE_DEFAULT, *(Candidate(name=name, file=root / pair.candidate) for name, pair in runnable.items())]
+    candidates = [COMPILE_DEFAULT,
+                  *(Candidate(name=name, file=root / pair.candidate) for name, pair in runnable.items())]
     began = time.perf_counter()
     with meter_for(task.device).window() as window:
         try:
@@ -110,7 +112,7 @@ def _failed(pair: KernelPair, error: str, task: KernelEvalTask) -> KernelResult:
     )
 
 
-def attempt(task: KernelEvalTask, route: ResultRoute) -> ShardFigures | None:
+def attempt(task: KernelEvalTask, route: ResultRoute) -> ShardFigures | Finishing | None:
     """One problem's candidates through the hardened evaluator, in its worker: its rows as the table."""
     from farm_agent.work.upload import Upload, figures, send
 

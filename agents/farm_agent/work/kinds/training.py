@@ -13,9 +13,10 @@ calls `train` for each stretch of steps between checkpoints. Every worker walks 
 Collectives go through Ray's collective API: gloo (torch.distributed over TCP) for CPU tensors, NCCL when every
 worker is on CUDA. Torch is imported inside the actor only: the head imports this module without it.
 
-The head calls a worker through `call`, which sends the result back by the call's upload ticket (farm_agent.work.upload):
-figures as protobuf, a stretch's losses as an Arrow table, the checkpoint as a safetensors file. Never a Ray return
-value, which the head would have to unpickle; and a checkpoint holds tensors and plain numbers, never a pickle.
+The head calls a worker through `call`, which sends the result back by the call's upload ticket
+(farm_agent.work.upload): figures as protobuf, a stretch's losses as an Arrow table, the checkpoint as a safetensors
+file. Never a Ray return value, which the head would have to unpickle; and a checkpoint holds tensors and plain
+numbers, never a pickle.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from farm.core.errors import AgentError, SpecError
-from farm.core.spec import JobSpec, Optimizer, SyncMode, parse_spec
+from farm.core.spec import Optimizer, SyncMode, TrainingSpec, parse_spec
 from farm.core.tasks import ResultRoute, ShardFigures
 from farm_agent.work.capture import take_output, worker_call
 from farm_agent.work.environment import prepare_from_environment
@@ -48,8 +49,8 @@ PROBE_STEPS = 5
 
 
 class TrainWorker:
-    """Each method the head calls runs with the job code's output captured (farm_agent.work.capture.worker_call): what the
-    worker printed since the last stretch, its model's construction and speed probe included, goes to the head with
+    """Each method the head calls runs with the job code's output captured (farm_agent.work.capture.worker_call): what
+    the worker printed since the last stretch, its model's construction and speed probe included, goes to the head with
     the next stretch's result, and a failure carries it with its traceback."""
 
     @worker_call
@@ -60,8 +61,9 @@ class TrainWorker:
 
         prepare_from_environment()  # the job's requirements, before its code imports them
 
-        self.spec: JobSpec = parse_spec(spec_yaml, job_id)
-        assert self.spec.training is not None  # the head only starts workers for training jobs
+        spec = parse_spec(spec_yaml, job_id)
+        assert isinstance(spec, TrainingSpec)  # the head only starts workers for training jobs
+        self.spec = spec
         self.training = self.spec.training
         self.rank, self.world, self.group, self.nccl = rank, world, group, nccl
         self.device = torch.device(device)
@@ -108,7 +110,8 @@ class TrainWorker:
         if self.world > 1:
             import ray.util.collective as col
 
-            col.init_collective_group(self.world, self.rank, backend="nccl" if self.nccl else "gloo",
+            # ray annotates `backend` as its Backend class, which is made from (and compares as) the name
+            col.init_collective_group(self.world, self.rank, backend="nccl" if self.nccl else "gloo",  # type: ignore[arg-type]
                                       group_name=self.group)
             for tensor in self.model.state_dict().values():
                 self._broadcast(tensor)
@@ -330,7 +333,7 @@ def load_checkpoint(data: bytes, model: torch.nn.Module, optimizer: torch.optim.
     return int(metadata["step"])
 
 
-def _optimizer(spec: JobSpec, params: Any) -> torch.optim.Optimizer:
+def _optimizer(spec: TrainingSpec, params: Any) -> torch.optim.Optimizer:
     import torch
 
     t = spec.training
