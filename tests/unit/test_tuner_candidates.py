@@ -64,7 +64,7 @@ def test_precision_is_lowered_only_when_the_tolerance_allows_and_is_marked() -> 
     assert "tf32" in tf32_only and "autocast-fp16" not in tf32_only
     loose = candidates_for(model, inputs, 1e-2, "cuda")
     lowered = {c.name for c in loose if c.lowers_precision}
-    assert lowered == {"tf32", "compile-tf32", "triton-fused-tf32", "triton-templates-tf32", "autocast-bf16",
+    assert lowered == {"pytorch-defaults", "tf32", "compile-tf32", "triton-fused-tf32", "triton-templates-tf32", "autocast-bf16",
                        "autocast-fp16", "compile-autocast-fp16", "triton-fused-fp16"}
 
 

@@ -51,6 +51,10 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("eager"),
+    # The model as an untuned job runs it where its tolerance allows TF32: PyTorch's default flags (cuDNN's
+    # convolutions in TF32, matrix products in fp32). The evaluator starts a candidate that lowers precision from
+    # those defaults (worker.precision_flags), so building it is the model itself.
+    Family("pytorch-defaults", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
     Family("compile-default"),
     Family("compile-max-autotune"),
     Family("compile-reduce-overhead", needs_cuda=True),
@@ -76,6 +80,8 @@ FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 # The region kinds whose templates compute matrix products (the only work tf32x3 and tf32 change).
 DOT_REGIONS = ("conv", "gemm", "distance", "attention")
 BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
+# What the job runs when no candidate beats it (farm_agent.tuner.tune.baseline_for): run untuned, not built.
+UNTUNED = frozenset({"eager", "pytorch-defaults"})
 # Families whose fp32 result comes from split-TF32 products (see the module's docstring): marked in tables.
 EMULATED_FP32 = frozenset({"triton-templates-3xtf32"})
 
@@ -156,6 +162,49 @@ def _tf32(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+@contextlib.contextmanager
+def precision_flags(cudnn_tf32: bool) -> Iterator[None]:
+    """PyTorch's precision flags as the evaluator's worker starts a candidate from (worker.precision_flags): cuDNN's
+    TF32 as given, matrix products in fp32; restored on exit."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def untuned_precision(rtol: float) -> contextlib.AbstractContextManager[None]:
+    """The precision an untuned job runs at: PyTorch's defaults (cuDNN convolutions in TF32, ~1e-3 relative error)
+    where the job's tolerance allows TF32, else strict fp32 (its tolerance asks for fp32's accuracy, which TF32
+    convolutions can miss). The tuner's baseline is the same (pytorch-defaults or eager)."""
+    return precision_flags(cudnn_tf32=rtol >= TF32_MIN_RTOL)
+
+
+class Untuned:
+    """The model as an untuned job runs it (untuned_precision)."""
+
+    def __init__(self, model: nn.Module, rtol: float) -> None:
+        self.model, self.rtol = model, rtol
+
+    def __call__(self, *inputs: Any) -> Any:
+        with untuned_precision(self.rtol):
+            return self.model(*inputs)
+
+
+def as_measured(fn: Built, lowers_precision: bool) -> Built:
+    """A built candidate under the flags the evaluator measured it from: PyTorch's defaults for one that lowers
+    precision, strict fp32 otherwise (a family that needs other flags sets them itself, inside these)."""
+    def run(*inputs: Any) -> Any:
+        with precision_flags(cudnn_tf32=lowers_precision):
+            return fn(*inputs)
+    return run
 
 
 def _to_float32(out: Any) -> Any:
@@ -275,6 +324,7 @@ def build(transform: str, model: nn.Module, example_inputs: list[Any], params: d
     # The other families that keep fp32 arithmetic run with TF32 off (_with_fp32, _graphed_fp32).
     builders: dict[str, Callable[[], Built]] = {
         "eager": lambda: model,
+        "pytorch-defaults": lambda: model,
         # The baseline exactly as users get it (PyTorch's defaults: cuDNN may use TF32), like the evaluator's eager.
         "compile-default": lambda: torch.compile(model),
         "compile-max-autotune": lambda: _with_fp32(torch.compile(model, mode="max-autotune-no-cudagraphs")),
