@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from farm_agent.tuner.evaluator import Candidate
 from farm_agent.tuner.features import model_features
@@ -265,14 +265,63 @@ class _Graphed:
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
 
 
+# Ops whose output's shape depends on the data (a captured graph replays fixed shapes), and the op behind every
+# device-to-host read (.item(), .tolist(), a tensor in an `if`): a host sync, which a capture cannot hold.
+_DATA_DEPENDENT_SHAPES = frozenset({"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                                    "argwhere", "repeat_interleave"})
+_HOST_READS = frozenset({"_local_scalar_dense"})
+
+
+def _mask_index(name: str, args: Any) -> bool:
+    """x[mask]: indexing by a boolean tensor keeps as many rows as the mask has True values."""
+    return name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                            for i in tree_leaves(list(args[1:])))
+
+
+def graph_capture_refusal(model: nn.Module, example_inputs: Sequence[Any]) -> str | None:
+    """Why `model` cannot be captured as one static CUDA graph, or None: one forward on the example inputs (on any
+    device: this runs on a CPU) watched op by op for data-dependent shapes and host syncs, and for outputs whose
+    shapes differ between two batches of the same shape."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reason: str | None = None
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = func._overloadpacket.__name__
+            if self.reason is None and name in _HOST_READS:
+                self.reason = "a host sync (.item(), .tolist() or a tensor's value in Python control flow)"
+            elif self.reason is None and (name in _DATA_DEPENDENT_SHAPES or _mask_index(name, args)):
+                self.reason = f"a data-dependent shape ({name})"
+            return func(*args, **(kwargs or {}))
+
+    shapes = []
+    with torch.no_grad():
+        for scale in (1.0, -0.5):  # two batches of one shape, different values
+            batch = [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in example_inputs]
+            with Watch() as watch:
+                out = model(*batch)
+            if watch.reason is not None:
+                return f"not capturable as a static CUDA graph: {watch.reason}"
+            shapes.append([tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+    return None if shapes[0] == shapes[1] else "not capturable as a static CUDA graph: output shapes follow the data"
+
+
 def _graphed_fp32(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
+    if (refusal := graph_capture_refusal(model, example_inputs)) is not None:
+        raise ValueError(refusal)
     with _tf32(False):  # the graph keeps the kernels chosen while capturing: choose fp32 ones
         return _Graphed(model, example_inputs)
 
 
-def _reduce_overhead(model: nn.Module) -> Built:
+def _reduce_overhead(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
     """torch.compile's CUDA-graph mode. Its outputs live in the graph's memory pool and the next replay overwrites
-    them, so each call marks a new step and returns copies."""
+    them, so each call marks a new step and returns copies. Refused, like cuda-graph, for a model that cannot be one
+    static graph (Inductor would otherwise split it silently and replay little)."""
+    if (refusal := graph_capture_refusal(model, example_inputs)) is not None:
+        raise ValueError(refusal)
     compiled = torch.compile(model, mode="reduce-overhead")
 
     def run(*inputs: Any) -> Any:
@@ -328,7 +377,7 @@ def build(transform: str, model: nn.Module, example_inputs: list[Any], params: d
         # The baseline exactly as users get it (PyTorch's defaults: cuDNN may use TF32), like the evaluator's eager.
         "compile-default": lambda: torch.compile(model),
         "compile-max-autotune": lambda: _with_fp32(torch.compile(model, mode="max-autotune-no-cudagraphs")),
-        "compile-reduce-overhead": lambda: _with_fp32(_reduce_overhead(model)),
+        "compile-reduce-overhead": lambda: _with_fp32(_reduce_overhead(model, example_inputs)),
         "cuda-graph": lambda: _graphed_fp32(model, example_inputs),
         "channels-last": lambda: _with_fp32(_channels_last(model)),
         "triton-fused": lambda: _with_fp32(_triton_fused(model, "ieee")),
