@@ -43,10 +43,13 @@ from farm_agent.tuner.problem import problem_paths  # noqa: E402
 from farm_agent.tuner.tune import LOOSE, STRICT, TuneReport, format_table, summarize, tune  # noqa: E402
 
 SCORINGS = ("strict", "strict-ieee", "loose")
-# The default candidate set: the baselines, the fp32 template families, and fp16 autocast, the cheap precision-lowering
-# candidate that won most of the loose column before (docs/kernels-h200.md); the rest (triton-templates-tf32 among
-# them: a third set of template compiles) cost time that ~9 minutes for 56 problems do not have.
-DEFAULT_FAMILIES = ("eager", "compile-default", "triton-templates", "triton-templates-3xtf32", "autocast-fp16")
+# The default candidate set: the baselines, the fp32 template families, fp16 autocast, the cheap precision-lowering
+# candidate that won most of the loose column before (docs/kernels-h200.md), and the two CUDA-graph families, which
+# remove launch overhead where it rules (whole models: issue 29; each refuses a model one static graph cannot hold);
+# the rest (triton-templates-tf32 among them: a third set of template compiles) cost time that ~9 minutes for 56
+# problems do not have.
+DEFAULT_FAMILIES = ("eager", "compile-default", "triton-templates", "triton-templates-3xtf32", "autocast-fp16",
+                    "cuda-graph", "compile-reduce-overhead")
 FAMILY_PRECISION = {"triton-templates": "ieee", "triton-templates-compile": "ieee", "triton-templates-3xtf32": "tf32x3",
                     "triton-templates-tf32": "tf32"}
 

@@ -10,6 +10,7 @@ from pydantic import ConfigDict
 
 from farm.core.dataset import DatasetPlan, DatasetSpec, ReadRoute
 from farm.core.energy import Energy
+from farm.core.tuning import Objective
 
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
 # traceback (farm_agent.work.capture sets them; the shard's upload sends them to the head with its failure).
@@ -27,12 +28,15 @@ _BYTES_AS_BASE64 = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
 @dataclass(frozen=True)
 class Tuning:
-    """How far a faster implementation of the model may drift from it in fp32 (the job's tolerance), and whether to
-    tune before running (the CUDA backend's kernel tuner; other backends run the model as it is)."""
+    """How far a faster implementation of the model may drift from it in fp32 (the job's tolerance), whether to
+    tune before running (the CUDA backend's kernel tuner; other backends run the model as it is), what a winner
+    must save (the job policy's objective) and over how many rows it can pay for its tuning."""
 
     atol: float = 1e-4
     rtol: float = 1e-4
     budget_s: float | None = None  # tune first, once per model, batch shape and GPU, within this many seconds
+    objective: Objective = Objective.ENERGY  # the `efficiency` policy's, a job's default
+    rows_left: int | None = None  # the job's rows not yet done when this shard was sent: caps the budget
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from farm.core.tuning import Objective
 from farm_agent.tuner.cache import Winner, WinnerCache, make_key, model_hash
+from farm_agent.tuner.candidates import Untuned
 
 
 def small_model(seed: int = 0) -> nn.Module:
@@ -27,6 +29,7 @@ def test_a_put_winner_is_found_under_the_same_key_only(tmp_path: Path) -> None:
     assert cache.get(make_key(model, [torch.randn(64, 8)], 1e-4, 1e-4, "cpu")) is None  # other shapes
     assert cache.get(make_key(model, inputs, 1e-2, 1e-2, "cpu")) is None  # another tolerance
     assert cache.get(make_key(small_model(seed=1), inputs, 1e-4, 1e-4, "cpu")) is None  # other weights
+    assert cache.get(make_key(model, inputs, 1e-4, 1e-4, "cpu", Objective.ENERGY)) is None  # another objective
 
 
 def test_the_model_hash_follows_weights_and_structure_not_identity() -> None:
@@ -51,7 +54,8 @@ def test_tuned_module_runs_the_cached_winner_and_falls_back_to_the_module(tmp_pa
 
     cache = WinnerCache(tmp_path)
     model, batch = small_model().eval(), torch.randn(16, 8)
-    assert tuned_module(model, batch, device="cpu", cache=cache) is model  # nothing cached: the model itself
+    untuned = tuned_module(model, batch, device="cpu", cache=cache)
+    assert isinstance(untuned, Untuned) and untuned.model is model  # nothing cached: the model as it runs untuned
     key = make_key(model, [batch], 1e-4, 1e-4, "cpu")
     cache.put(key, Winner("triton-fused", {"precision": "ieee"}, False, 1.0, 2.0, 1.5))
     tuned = tuned_module(model, batch, device="cpu", cache=cache)
@@ -70,3 +74,31 @@ def test_tune_module_tunes_a_job_model_and_caches_it_under_that_model(tmp_path: 
     assert report.winner in {"eager", "compile-default"} and report.trial("eager").correct
     winner = cache.get(make_key(model, [batch], 1e-4, 1e-4, "cpu"))
     assert winner is not None and winner.candidate == report.winner
+
+
+def test_a_second_job_with_the_same_model_tunes_nothing(tmp_path: Path, capsys) -> None:
+    """The first job's tuning run caches its winner under (device, driver, torch, model, shapes, tolerance,
+    objective); the next job's worker, with a model loaded anew, finds it and tunes nothing."""
+    from farm_agent.tuner.tune import tuned_module
+
+    batch = torch.rand(16, 8)
+    tuned_module(small_model().eval(), batch, device="cpu", cache=WinnerCache(tmp_path), tune_first=True,
+                 budget_s=1.0, objective=Objective.ENERGY)
+    assert "farm tuner: tuning" in capsys.readouterr().err
+    [entry] = list(tmp_path.glob("*.json"))
+    written = entry.stat().st_mtime_ns
+
+    tuned_module(small_model().eval(), batch, device="cpu", cache=WinnerCache(tmp_path), tune_first=True,
+                 budget_s=1.0, objective=Objective.ENERGY)
+    assert "tuning" not in capsys.readouterr().err  # a cache hit: no plan, no run
+    assert [entry] == list(tmp_path.glob("*.json")) and entry.stat().st_mtime_ns == written
+
+
+def test_a_job_with_few_rows_left_does_not_tune(tmp_path: Path, capsys) -> None:
+    from farm_agent.tuner.tune import tuned_module
+
+    model = small_model().eval()
+    tuned = tuned_module(model, torch.rand(16, 8), device="cpu", cache=WinnerCache(tmp_path), tune_first=True,
+                         budget_s=120.0, rows_left=1000)
+    assert "not tuning: not worth it" in capsys.readouterr().err
+    assert isinstance(tuned, Untuned) and not list(tmp_path.glob("*.json"))

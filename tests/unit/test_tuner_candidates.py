@@ -4,6 +4,7 @@ is checked against the original here; the kernels themselves ran on the H200: do
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -64,7 +65,7 @@ def test_precision_is_lowered_only_when_the_tolerance_allows_and_is_marked() -> 
     assert "tf32" in tf32_only and "autocast-fp16" not in tf32_only
     loose = candidates_for(model, inputs, 1e-2, "cuda")
     lowered = {c.name for c in loose if c.lowers_precision}
-    assert lowered == {"tf32", "compile-tf32", "triton-fused-tf32", "triton-templates-tf32", "autocast-bf16",
+    assert lowered == {"pytorch-defaults", "tf32", "compile-tf32", "triton-fused-tf32", "triton-templates-tf32", "autocast-bf16",
                        "autocast-fp16", "compile-autocast-fp16", "triton-fused-fp16"}
 
 
@@ -125,3 +126,25 @@ def test_built_candidates_compute_the_model_function_on_cpu() -> None:
         expected = model(x)
         for transform in ("eager", "triton-fused"):
             torch.testing.assert_close(build(transform, model, [x], {})(x), expected)
+
+
+class HostSync(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum() > 0 else x  # the branch reads a value back to the host
+
+
+class DataShaped(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[x > 0]  # as many outputs as positive inputs
+
+
+def test_the_cuda_graph_families_refuse_what_one_static_graph_cannot_hold_with_a_reason() -> None:
+    from farm_agent.tuner.candidates import build, graph_capture_refusal
+
+    x = [torch.randn(4, 16)]
+    assert graph_capture_refusal(Block().eval(), x) is None
+    assert "host sync" in (graph_capture_refusal(HostSync(), x) or "")
+    assert "data-dependent shape" in (graph_capture_refusal(DataShaped(), x) or "")
+    for family in ("cuda-graph", "compile-reduce-overhead"):  # refused before anything touches CUDA
+        with pytest.raises(ValueError, match="not capturable as a static CUDA graph: a host sync"):
+            build(family, HostSync(), x, {})

@@ -1,5 +1,7 @@
 """PyTorch on NVIDIA GPUs: one offer per GPU that NVML found; shards run on `cuda:<index>`, through the kernel tuner's
-cached winner for the model and batch shape when there is one (farm kernels tune), eager PyTorch otherwise.
+cached winner for the model, batch shape, tolerance and objective when there is one (farm kernels tune), eager
+PyTorch otherwise, at the precision the job's tolerance allows (farm_agent.tuner.candidates.untuned_precision:
+PyTorch's defaults, cuDNN's TF32 convolutions included, from rtol 1e-3; strict fp32 below).
 
 Offering runs in the agent daemon from the hardware already detected through NVML (farm_agent.daemon.hardware): no
 torch, no CUDA context here. A machine with no NVIDIA GPU offers no CUDA at all (not an unavailable offer: a CPU box
@@ -41,18 +43,20 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
 
 def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tuning, device: str
                    ) -> Callable[..., Any]:
-    """The tuner's cached winner for this GPU, model, batch shape and tolerance (farm kernels tune), found by a
-    tuning run now when the job gives a budget and there is none yet; else the module itself."""
+    """The tuner's cached winner for this GPU, model, batch shape, tolerance and objective (farm kernels tune),
+    found by a tuning run now when the job gives a budget, there is none yet and it can pay for itself over the
+    job's rows left; else the module as an untuned job runs it."""
     from farm_agent.tuner.tune import tuned_module
 
     built = _tuned.setdefault(module, {})
     tolerance = (tuning.atol, tuning.rtol)
     # A lookup without a tuning run must not stand in for a job that asks for one (Ray reuses this worker for the
     # next job with the same code).
-    key = (device, tuple(example.shape), example.dtype, tolerance, tuning.budget_s is not None)
+    key = (device, tuple(example.shape), example.dtype, tolerance, tuning.objective, tuning.budget_s is not None)
     if key not in built:
         built[key] = tuned_module(module, example, tolerance, device, tune_first=tuning.budget_s is not None,
-                                  budget_s=tuning.budget_s or 0.0)
+                                  budget_s=tuning.budget_s or 0.0, objective=tuning.objective,
+                                  rows_left=tuning.rows_left)
     return built[key]
 
 
@@ -71,13 +75,16 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
         host = host.pin_memory()
     except RuntimeError:  # pinning can fail (locked-memory limits): pageable copies still work
         pass
+    from farm_agent.tuner.candidates import Untuned
+
     outputs = []
+    eager = Untuned(module, tuning.rtol)
     with torch.inference_mode():
-        forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if len(host) else module
+        forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if len(host) else eager
         for start in range(0, len(host), batch_size):
             batch = host[start : start + batch_size].to(target, non_blocking=True)
             # The winner was chosen (and a compiled one specialised) for full batches; a short last one runs eager.
-            outputs.append(forward(batch) if len(batch) == batch_size else module(batch))
+            outputs.append(forward(batch) if len(batch) == batch_size else eager(batch))
         result = torch.cat(outputs).cpu() if outputs else torch.empty(0)
     # .cpu() already waited for this stream; synchronize the whole device anyway so that the power meter's window,
     # which closes when this returns, covers every kernel the module launched (on any stream).

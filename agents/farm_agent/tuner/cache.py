@@ -1,8 +1,8 @@
-"""The tuner's winners, cached per (GPU name, driver, torch version, model hash, input shapes, tolerance).
+"""The tuner's winners, cached per (GPU name, driver, torch version, model hash, input shapes, tolerance, objective).
 
 A winner measured on one GPU, driver or torch version says nothing sure about another, so each is part of the key;
-so are the model (its structure and weights, hashed), the shapes and types of its inputs and the tolerance it was
-judged under. One JSON file per key under FARM_STATE_DIR/tuner/cache/ (default ~/.farm), written atomically.
+so are the model (its structure and weights, hashed), the shapes and types of its inputs, the tolerance it was
+judged under and the objective it was ranked by (the fastest candidate need not spend the fewest joules). One JSON file per key under FARM_STATE_DIR/tuner/cache/ (default ~/.farm), written atomically.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from farm.core.tuning import Objective
 
 def default_dir() -> Path:
     return Path(os.environ.get("FARM_STATE_DIR", Path.home() / ".farm")) / "tuner" / "cache"
@@ -32,6 +33,7 @@ class CacheKey:
     input_shapes: tuple[str, ...]  # "float32[64, 3, 32, 32]" per input
     atol: float
     rtol: float
+    objective: str = Objective.TIME.value  # farm.core.tuning.Objective
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:32]
@@ -50,6 +52,10 @@ class Winner:
     # A proposed winner (farm kernels propose): the candidate file's source, defining ModelNew. No transform builds
     # it; it is kept for whoever reuses the problem's winner.
     source: str | None = None
+    joules_per_call: float | None = None  # above idle, on the device's energy counter (None: not measured)
+    baseline: str = "eager"  # what the job runs untuned (farm_agent.tuner.tune.baseline_for), which it had to beat
+    baseline_ms: float | None = None
+    baseline_joules: float | None = None
 
 
 def _nvml_driver() -> str | None:
@@ -101,10 +107,10 @@ def input_signature(inputs: Sequence[Any]) -> tuple[str, ...]:
 
 
 def make_key(model: torch.nn.Module, inputs: Sequence[Any], atol: float, rtol: float,
-             device: str | torch.device) -> CacheKey:
+             device: str | torch.device, objective: Objective = Objective.TIME) -> CacheKey:
     name, driver = device_identity(device)
     return CacheKey(device_name=name, driver=driver, torch_version=torch.__version__, model_hash=model_hash(model),
-                    input_shapes=input_signature(inputs), atol=atol, rtol=rtol)
+                    input_shapes=input_signature(inputs), atol=atol, rtol=rtol, objective=objective.value)
 
 
 class WinnerCache:

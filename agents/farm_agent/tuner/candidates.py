@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from farm_agent.tuner.evaluator import Candidate
 from farm_agent.tuner.features import model_features
@@ -51,6 +51,10 @@ class Family:
 
 FAMILIES: tuple[Family, ...] = (
     Family("eager"),
+    # The model as an untuned job runs it where its tolerance allows TF32: PyTorch's default flags (cuDNN's
+    # convolutions in TF32, matrix products in fp32). The evaluator starts a candidate that lowers precision from
+    # those defaults (worker.precision_flags), so building it is the model itself.
+    Family("pytorch-defaults", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
     Family("compile-default"),
     Family("compile-max-autotune"),
     Family("compile-reduce-overhead", needs_cuda=True),
@@ -76,6 +80,8 @@ FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 # The region kinds whose templates compute matrix products (the only work tf32x3 and tf32 change).
 DOT_REGIONS = ("conv", "gemm", "distance", "attention")
 BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
+# What the job runs when no candidate beats it (farm_agent.tuner.tune.baseline_for): run untuned, not built.
+UNTUNED = frozenset({"eager", "pytorch-defaults"})
 # Families whose fp32 result comes from split-TF32 products (see the module's docstring): marked in tables.
 EMULATED_FP32 = frozenset({"triton-templates-3xtf32"})
 
@@ -158,6 +164,49 @@ def _tf32(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
+@contextlib.contextmanager
+def precision_flags(cudnn_tf32: bool) -> Iterator[None]:
+    """PyTorch's precision flags as the evaluator's worker starts a candidate from (worker.precision_flags): cuDNN's
+    TF32 as given, matrix products in fp32; restored on exit."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+             torch.get_float32_matmul_precision())
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def untuned_precision(rtol: float) -> contextlib.AbstractContextManager[None]:
+    """The precision an untuned job runs at: PyTorch's defaults (cuDNN convolutions in TF32, ~1e-3 relative error)
+    where the job's tolerance allows TF32, else strict fp32 (its tolerance asks for fp32's accuracy, which TF32
+    convolutions can miss). The tuner's baseline is the same (pytorch-defaults or eager)."""
+    return precision_flags(cudnn_tf32=rtol >= TF32_MIN_RTOL)
+
+
+class Untuned:
+    """The model as an untuned job runs it (untuned_precision)."""
+
+    def __init__(self, model: nn.Module, rtol: float) -> None:
+        self.model, self.rtol = model, rtol
+
+    def __call__(self, *inputs: Any) -> Any:
+        with untuned_precision(self.rtol):
+            return self.model(*inputs)
+
+
+def as_measured(fn: Built, lowers_precision: bool) -> Built:
+    """A built candidate under the flags the evaluator measured it from: PyTorch's defaults for one that lowers
+    precision, strict fp32 otherwise (a family that needs other flags sets them itself, inside these)."""
+    def run(*inputs: Any) -> Any:
+        with precision_flags(cudnn_tf32=lowers_precision):
+            return fn(*inputs)
+    return run
+
+
 def _to_float32(out: Any) -> Any:
     """Half-precision outputs back to fp32, so that the result has the reference's type."""
     return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16)
@@ -216,14 +265,63 @@ class _Graphed:
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.static_out)
 
 
+# Ops whose output's shape depends on the data (a captured graph replays fixed shapes), and the op behind every
+# device-to-host read (.item(), .tolist(), a tensor in an `if`): a host sync, which a capture cannot hold.
+_DATA_DEPENDENT_SHAPES = frozenset({"nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                                    "argwhere", "repeat_interleave"})
+_HOST_READS = frozenset({"_local_scalar_dense"})
+
+
+def _mask_index(name: str, args: Any) -> bool:
+    """x[mask]: indexing by a boolean tensor keeps as many rows as the mask has True values."""
+    return name.startswith("index") and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                            for i in tree_leaves(list(args[1:])))
+
+
+def graph_capture_refusal(model: nn.Module, example_inputs: Sequence[Any]) -> str | None:
+    """Why `model` cannot be captured as one static CUDA graph, or None: one forward on the example inputs (on any
+    device: this runs on a CPU) watched op by op for data-dependent shapes and host syncs, and for outputs whose
+    shapes differ between two batches of the same shape."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Watch(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.reason: str | None = None
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = func._overloadpacket.__name__
+            if self.reason is None and name in _HOST_READS:
+                self.reason = "a host sync (.item(), .tolist() or a tensor's value in Python control flow)"
+            elif self.reason is None and (name in _DATA_DEPENDENT_SHAPES or _mask_index(name, args)):
+                self.reason = f"a data-dependent shape ({name})"
+            return func(*args, **(kwargs or {}))
+
+    shapes = []
+    with torch.no_grad():
+        for scale in (1.0, -0.5):  # two batches of one shape, different values
+            batch = [x * scale if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in example_inputs]
+            with Watch() as watch:
+                out = model(*batch)
+            if watch.reason is not None:
+                return f"not capturable as a static CUDA graph: {watch.reason}"
+            shapes.append([tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+    return None if shapes[0] == shapes[1] else "not capturable as a static CUDA graph: output shapes follow the data"
+
+
 def _graphed_fp32(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
+    if (refusal := graph_capture_refusal(model, example_inputs)) is not None:
+        raise ValueError(refusal)
     with _tf32(False):  # the graph keeps the kernels chosen while capturing: choose fp32 ones
         return _Graphed(model, example_inputs)
 
 
-def _reduce_overhead(model: nn.Module) -> Built:
+def _reduce_overhead(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
     """torch.compile's CUDA-graph mode. Its outputs live in the graph's memory pool and the next replay overwrites
-    them, so each call marks a new step and returns copies."""
+    them, so each call marks a new step and returns copies. Refused, like cuda-graph, for a model that cannot be one
+    static graph (Inductor would otherwise split it silently and replay little)."""
+    if (refusal := graph_capture_refusal(model, example_inputs)) is not None:
+        raise ValueError(refusal)
     compiled = torch.compile(model, mode="reduce-overhead")
 
     def run(*inputs: Any) -> Any:
@@ -275,10 +373,11 @@ def build(transform: str, model: nn.Module, example_inputs: list[Any], params: d
     # The other families that keep fp32 arithmetic run with TF32 off (_with_fp32, _graphed_fp32).
     builders: dict[str, Callable[[], Built]] = {
         "eager": lambda: model,
+        "pytorch-defaults": lambda: model,
         # The baseline exactly as users get it (PyTorch's defaults: cuDNN may use TF32), like the evaluator's eager.
         "compile-default": lambda: torch.compile(model),
         "compile-max-autotune": lambda: _with_fp32(torch.compile(model, mode="max-autotune-no-cudagraphs")),
-        "compile-reduce-overhead": lambda: _with_fp32(_reduce_overhead(model)),
+        "compile-reduce-overhead": lambda: _with_fp32(_reduce_overhead(model, example_inputs)),
         "cuda-graph": lambda: _graphed_fp32(model, example_inputs),
         "channels-last": lambda: _with_fp32(_channels_last(model)),
         "triton-fused": lambda: _with_fp32(_triton_fused(model, "ieee")),

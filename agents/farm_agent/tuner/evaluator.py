@@ -93,6 +93,11 @@ class Result:
     flops: float | None = None
     bytes: float | None = None
     device_name: str = ""
+    # Its energy run (GPU, when asked): back-to-back calls over METER_STEPS of the device's energy counter's steps
+    # (farm_agent.tuner.energy); the joules are all the device drew, idle included.
+    energy_calls: int = 0
+    energy_s: float | None = None
+    energy_j: float | None = None
 
     def speed_of_light(self) -> SpeedOfLight | None:
         """This problem's fp32 speed of light on the device (None: the device's peaks are not recorded)."""
@@ -191,6 +196,7 @@ def evaluate(
     peak_flops_per_s: float | None = None,
     peak_bytes_per_s: float | None = None,
     parallel: int = 1,
+    energy: bool = False,
 ) -> list[Result]:
     """Evaluate `candidates` on one problem; "eager" (the baseline) is always evaluated, first. Returns one Result
     per candidate, eager first, then in the order given.
@@ -201,6 +207,7 @@ def evaluate(
     written between timed runs (default 256 MiB on a GPU, 8 MiB on a CPU: more than its L2). peak_*: override the
     device's peak rates in the speed-of-light bound. parallel: how many candidate files are evaluated at once, each
     in its own child; above 1 their timings disturb one another, so only for screening correctness (the tests do).
+    energy: also read each candidate's energy per call on the GPU's energy counter (Result.energy_*), ~2 s each.
     """
     loaded = load_problem(problem)
     for candidate in candidates:
@@ -220,7 +227,7 @@ def evaluate(
     setup = {
         "op": "setup", "problem": str(loaded.path), "device": device, "seeds": seeds,
         "timing_seeds": [max(seeds) + 1, max(seeds) + 2], "runs": runs, "warmup": warmup, "atol": atol, "rtol": rtol,
-        "memory_limit_bytes": memory_limit_bytes,
+        "memory_limit_bytes": memory_limit_bytes, "energy": energy,
         "flush_bytes": flush_bytes or (256 << 20 if device.startswith("cuda") else 8 << 20),
     }
     eager = next((c for c in candidates if c.transform == "eager"), EAGER)  # the baseline, given or not

@@ -1,5 +1,11 @@
 """The optimizer: for one problem, the policy orders the candidates, the hardened evaluator measures them one by one
-within a time budget, the fastest correct one wins, and the winner cache and the policy learn from the run.
+within a time budget, the cheapest correct one under the run's objective wins (if it beats the baseline by a margin),
+and the winner cache and the policy learn from the run.
+
+The objective (farm.core.tuning.Objective) is a job's policy's: `energy` (efficiency, a job's default) ranks by
+joules per call above the device's idle draw, read on its energy counter over ~20 of its steps; `time` (throughput)
+by the median milliseconds of cold-cache calls. The baseline a winner must beat is what the job runs untuned
+(baseline_for): PyTorch's defaults (cuDNN convolutions in TF32) where its tolerance allows TF32, else strict fp32.
 
 Each candidate is measured once and judged three ways from its recorded errors (Result.correct_under): under the
 run's tolerance (which picks the winner), under fp32-strict 1e-4 and under loose 1e-2, so that one run yields both
@@ -20,9 +26,13 @@ from typing import Any
 
 import torch
 
-from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
 from farm.core.speed_of_light import SpeedOfLight, speed_of_light
-from farm_agent.tuner.candidates import BASELINES, EMULATED_FP32, build, candidate, candidates_for
+from farm.core.tuning import CallCost, Objective, TuningPlan, call_cost, plan_tuning
+from farm.core.tuning import pick as pick_winner
+from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
+from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, UNTUNED, as_measured, build, candidate,
+                                         candidates_for, Untuned, untuned_precision)
+from farm_agent.tuner.energy import idle_watts, open_meter
 from farm_agent.tuner.evaluator import Candidate, Result, evaluate
 from farm_agent.tuner.features import model_features
 from farm_agent.tuner.policy import PRIOR_OTHER_TRIAL_S, Policy, reward
@@ -49,6 +59,15 @@ class Trial:
     seconds: float  # wall time of its evaluation: building, compiling, checking, timing
     searched: bool  # False: measured after the search stopped, only as a baseline for the report
     error: str | None = None
+    joules_per_call: float | None = None  # above idle, over its energy run (None: no energy counter)
+
+    def cost(self) -> CallCost | None:
+        return CallCost(self.median_ms, self.joules_per_call) if self.median_ms is not None else None
+
+    def on(self, objective: Objective) -> float | None:
+        """Its cost on the objective; energy falls back to time where no counter read it."""
+        value = self.joules_per_call if objective is Objective.ENERGY else None
+        return value if value is not None else self.median_ms
 
     def correct_by(self, scoring: str) -> bool:
         return {"run": self.correct, "strict": self.correct_strict, "strict-ieee": self.correct_strict,
@@ -74,6 +93,9 @@ class TuneReport:
     extra: dict[str, Any] = field(default_factory=dict)
     flops: float | None = None  # the reference's matrix/conv FLOPs and its bytes (inputs, parameters, outputs)
     nbytes: float | None = None
+    objective: Objective = Objective.TIME
+    baseline: str = "eager"  # what the job runs untuned: the winner had to beat it by farm.core.tuning.MARGIN
+    idle_w: float | None = None  # the device's idle draw the joules per call are above
 
     def speed_of_light(self) -> SpeedOfLight | None:
         """The problem's fp32 speed of light on this device (farm.core.kernels.speed_of_light)."""
@@ -90,13 +112,13 @@ class TuneReport:
         return next((t for t in self.trials if t.candidate == name), None)
 
     def pick(self, scoring: str = "run") -> Trial | None:
-        """The fastest trial correct under `scoring` ("run", "strict", "strict-ieee" or "loose"); under strict, only
-        candidates that keep fp32 arithmetic qualify; under strict-ieee, only those whose products are fp32 too (no
-        split-TF32)."""
+        """The cheapest trial on the report's objective correct under `scoring` ("run", "strict", "strict-ieee" or
+        "loose"); under strict, only candidates that keep fp32 arithmetic qualify; under strict-ieee, only those
+        whose products are fp32 too (no split-TF32)."""
         ok = [t for t in self.trials if t.correct_by(scoring) and t.median_ms is not None
               and not (scoring.startswith("strict") and t.lowers_precision)
               and not (scoring == "strict-ieee" and t.candidate in EMULATED_FP32)]
-        return min(ok, key=lambda t: t.median_ms or math.inf, default=None)
+        return min(ok, key=lambda t: t.on(self.objective) or math.inf, default=None)
 
     def baseline_ms(self, name: str) -> float | None:
         """A baseline's time as PyTorch runs it by default (cuDNN's TF32 convolutions included, which can miss
@@ -123,8 +145,11 @@ class TuneReport:
                 "sol_share": {s: self.sol_share(s) for s in ("run", "strict", "loose")}}
 
 
-def _trial(result: Result, cand: Candidate, seconds: float, searched: bool) -> Trial:
-    return Trial(
+def _trial(result: Result, cand: Candidate, seconds: float, searched: bool, idle_w: float | None = None) -> Trial:
+    joules = None
+    if result.energy_calls and result.energy_s and result.energy_j is not None:
+        joules = call_cost(result.energy_calls, result.energy_s, result.energy_j, idle_w).joules
+    return Trial(joules_per_call=joules,
         candidate=cand.name, lowers_precision=cand.lowers_precision, compiled=bool(result.compiled),
         correct=bool(result.correct), correct_strict=bool(result.correct_under(*STRICT)),
         correct_loose=bool(result.correct_under(*LOOSE)), median_ms=result.median_ms,
@@ -137,10 +162,12 @@ MeasureRound = Callable[[list[Candidate]], tuple[list[Result], float]]
 """Evaluates candidates in one evaluator call (one child process; eager comes back first): results and seconds."""
 
 
-def _evaluator_round(path: Path, device: str, atol: float, rtol: float, runs: int, timeout_s: float) -> MeasureRound:
+def _evaluator_round(path: Path, device: str, atol: float, rtol: float, runs: int, timeout_s: float,
+                     energy: bool = False) -> MeasureRound:
     def measure(cands: list[Candidate]) -> tuple[list[Result], float]:
         started = time.perf_counter()
-        results = evaluate(path, cands, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=timeout_s)
+        results = evaluate(path, cands, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=timeout_s,
+                           energy=energy)
         return results, time.perf_counter() - started
     return measure
 
@@ -154,12 +181,14 @@ class Measured:
 
 
 def search(names: Sequence[str], context: Sequence[float], policy: Policy, budget_s: float, measure: MeasureRound,
-           *, exhaustive: bool = False, round_size: int = 3) -> tuple[list[str], list[Measured], list[str], str]:
+           *, exhaustive: bool = False, round_size: int = 3, always: Sequence[str] = BASELINES
+           ) -> tuple[list[str], list[Measured], list[str], str]:
     """Measure candidates in the policy's order, a round at a time, until the budget or the chance of a better one
     runs out. Returns the search order, the measurements, what was skipped and why the search stopped.
 
     A round is one evaluator call: one child process and one eager reference for several candidates, since a child's
-    start costs seconds. The first round also carries compile-default, the report's baseline. A round's wall time
+    start costs seconds. The first round also carries the baselines (`always`: compile-default, the report's, and
+    the job's untuned one). A round's wall time
     is shared among its candidates in proportion to their predicted cost (the evaluator reports no per-candidate
     time), which is what the policy's cost regression learns from.
     """
@@ -189,7 +218,7 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
             else:
                 skipped.append(name)
                 stop_reason = "budget"
-        baseline = [n for n in BASELINES if first and n in estimates and n not in batch]
+        baseline = [n for n in always if first and n in estimates and n not in batch]
         pending = [n for n in pending if n not in baseline]
         skipped = [n for n in skipped if n not in baseline]
         if not first and not batch:
@@ -210,14 +239,35 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
     return order, measured, skipped, stop_reason
 
 
+def baseline_for(names: Sequence[str]) -> str:
+    """What the job runs untuned, among the candidates offered: PyTorch's defaults where they are offered (a GPU,
+    a model with convolutions or matrix products, and a tolerance that allows TF32), else strict fp32 eager."""
+    return "pytorch-defaults" if "pytorch-defaults" in names else "eager"
+
+
+def choose(trials: Sequence[Trial], baseline: str, objective: Objective) -> Trial | None:
+    """The winner: the cheapest correct trial on the objective if it beats the baseline by farm.core.tuning.MARGIN,
+    else the baseline (counted at its cost even where it misses the tolerance: the job runs it all the same)."""
+    costs = {t.candidate: c for t in trials if (t.correct or t.candidate == baseline) and (c := t.cost()) is not None}
+    if baseline not in costs:
+        return None
+    name = pick_winner(costs, baseline, objective)
+    return next(t for t in trials if t.candidate == name)
+
+
 def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float = STRICT[0], rtol: float = STRICT[1],
          device: str = "cuda", policy: Policy | None = None, policy_path: Path | None = None,
          cache: WinnerCache | None = None, runs: int = 20, exhaustive: bool = False,
          candidates: Sequence[str] | None = None, cache_key: CacheKey | None = None,
-         candidate_timeout_s: float = 300.0) -> TuneReport:
-    """Tune one problem file: returns the report; updates the winner cache (under `cache_key`, by default the
-    problem's model and inputs) and the policy (saved to policy_path, default FARM_STATE_DIR/tuner/policy.json,
-    unless a policy object is passed in)."""
+         candidate_timeout_s: float = 300.0, objective: Objective = Objective.TIME,
+         idle_w: float | None = None) -> TuneReport:
+    """Tune one problem file for `objective`: returns the report; updates the winner cache (under `cache_key`, by
+    default the problem's model, inputs, tolerance and objective) and the policy (saved to policy_path, default
+    FARM_STATE_DIR/tuner/policy.json, unless a policy object is passed in).
+
+    Under `energy` on a GPU with an energy counter, each candidate's joules per call are read on it (~2 s more per
+    candidate) above `idle_w` (measured here first when not given: ~2 s with nothing running). Elsewhere energy
+    ranks by time, and the report says so (no joules in its trials)."""
     started = time.perf_counter()
     prob = problem if isinstance(problem, Problem) else load_problem(problem)
     model = prob.model(device)
@@ -227,12 +277,17 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     owns_policy = policy is None
     policy = policy if policy is not None else Policy.load(policy_path)
     names = [c.name for c in candidates_for(model, inputs, rtol, device)]
+    baseline = baseline_for(names)
     if candidates is not None:
-        names = [n for n in names if n in candidates or n in BASELINES]
+        names = [n for n in names if n in candidates or n in BASELINES or n == baseline]
+    energy = objective is Objective.ENERGY and torch.device(device).type == "cuda"
+    if energy and idle_w is None:
+        idle_w = idle_watts(open_meter(torch.device(device)))
 
-    measure = _evaluator_round(prob.path, device, atol, rtol, runs, candidate_timeout_s)
-    order, measured, skipped, stop_reason = search(names, context, policy, budget_s, measure, exhaustive=exhaustive)
-    trials = [_trial(m.result, candidate(m.name), m.seconds, m.searched) for m in measured]
+    measure = _evaluator_round(prob.path, device, atol, rtol, runs, candidate_timeout_s, energy=energy)
+    order, measured, skipped, stop_reason = search(names, context, policy, budget_s, measure, exhaustive=exhaustive,
+                                                   always=tuple(dict.fromkeys([*BASELINES, baseline])))
+    trials = [_trial(m.result, candidate(m.name), m.seconds, m.searched, idle_w) for m in measured]
     eager_result = next((m.result for m in measured if m.name == "eager"), None)
 
     eager = next((t for t in trials if t.candidate == "eager"), None)
@@ -243,19 +298,23 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     if owns_policy:
         policy.save(policy_path)
 
-    key = cache_key or make_key(model, inputs, atol, rtol, device)
+    key = cache_key or make_key(model, inputs, atol, rtol, device, objective)
     report = TuneReport(problem=prob.name, device=device, device_name=key.device_name, atol=atol, rtol=rtol,
                         budget_s=budget_s, features=features.to_json(), order=order, trials=trials,
                         skipped=skipped, stop_reason=stop_reason, seconds=time.perf_counter() - started,
                         flops=eager_result.flops if eager_result else None,
-                        nbytes=eager_result.bytes if eager_result else None)
-    best = report.pick("run")
+                        nbytes=eager_result.bytes if eager_result else None, objective=objective,
+                        baseline=baseline, idle_w=idle_w)
+    best = choose(trials, baseline, objective)
     if best is None:
         return report
+    base = report.trial(baseline)
     compile_trial = report.trial("compile-default")
     winner = Winner(candidate=best.candidate, params=dict(candidate(best.candidate).params),
                     lowers_precision=best.lowers_precision, median_ms=float(best.median_ms or 0.0),
-                    eager_ms=eager_ms, compile_ms=compile_trial.median_ms if compile_trial else None)
+                    eager_ms=eager_ms, compile_ms=compile_trial.median_ms if compile_trial else None,
+                    joules_per_call=best.joules_per_call, baseline=baseline,
+                    baseline_ms=base.median_ms if base else None, baseline_joules=base.joules_per_call if base else None)
     path = (cache or WinnerCache()).put(key, winner, extra={"problem": prob.name})
     return TuneReport(**{**report.__dict__, "winner": best.candidate, "cache_path": str(path)})
 
@@ -293,13 +352,13 @@ def get_init_inputs():
 
 def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
                 device: str = "cuda", budget_s: float = 120.0, cache: WinnerCache | None = None,
-                policy: Policy | None = None) -> TuneReport:
+                policy: Policy | None = None, objective: Objective = Objective.TIME) -> TuneReport:
     """Tune a job's model for batches shaped like `example_batch`: the model is saved whole and wrapped in a
     problem file, so that the evaluator measures it in its own process like any problem; the winner is cached
     under the job's model itself."""
 
     atol, rtol = tolerance
-    key = make_key(module, [example_batch], atol, rtol, device)
+    key = make_key(module, [example_batch], atol, rtol, device, objective)
     low, high = float(example_batch.min()), float(example_batch.max())
     if high <= low:
         high = low + 1.0
@@ -311,29 +370,56 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
             sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
             dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
         return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key,
-                    policy=policy)
+                    policy=policy, objective=objective)
+
+
+def untuned_s_per_row(module: torch.nn.Module, example_batch: torch.Tensor, rtol: float, calls: int = 3) -> float:
+    """Seconds per row of the model as the job runs it untuned, from a few calls on the example batch (after one
+    untimed call, which pays the first call's one-off costs)."""
+    device = example_batch.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    with torch.inference_mode(), untuned_precision(rtol):
+        module(example_batch)
+        sync()
+        began = time.perf_counter()
+        for _ in range(calls):
+            module(example_batch)
+        sync()
+    return (time.perf_counter() - began) / (calls * max(len(example_batch), 1))
 
 
 def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
                  device: str = "cuda", cache: WinnerCache | None = None, tune_first: bool = False,
-                 budget_s: float = 120.0) -> Callable[..., Any]:
-    """`module` as the tuner's cached winner runs it, for this GPU, model, batch shape and tolerance. Without a
-    cached winner: the module itself, or, with `tune_first`, the winner of a tuning run made now."""
+                 budget_s: float = 120.0, objective: Objective = Objective.TIME, rows_left: int | None = None
+                 ) -> Callable[..., Any]:
+    """`module` as the tuner's cached winner runs it, for this GPU, model, batch shape, tolerance and objective.
+    Without a cached winner: the module itself, or, with `tune_first`, the winner of a tuning run made now if it
+    can pay for itself over `rows_left` (farm.core.tuning.plan_tuning; None: no cap but the budget). Untuned, the
+    model runs at the precision the tolerance allows (untuned_precision); a winner at the precision it was measured
+    at (as_measured)."""
     atol, rtol = tolerance
     cache = cache or WinnerCache()
-    key = make_key(module, [example_batch], atol, rtol, device)
+    key = make_key(module, [example_batch], atol, rtol, device, objective)
     winner = cache.get(key)
     if winner is None and tune_first:
-        tune_module(module, example_batch, tolerance, device, budget_s, cache)
-        winner = cache.get(key)
-    if winner is None or winner.candidate == "eager" or winner.source is not None:  # a proposal is no transform
-        return module
+        plan = TuningPlan(True, budget_s, "no cap: the rows left are not known")
+        if rows_left is not None:
+            # Both sides in device-seconds: the device draws about as much tuning as running the job, so under
+            # `energy` the same comparison holds in joules to within that ratio.
+            plan = plan_tuning(budget_s=budget_s, rows_left=rows_left, tuning_per_s=1.0, objective=Objective.TIME,
+                               baseline_per_row=untuned_s_per_row(module, example_batch, rtol))
+        print(f"farm tuner: {'tuning' if plan.tune else 'not tuning'}: {plan.reason}", file=sys.stderr)
+        if plan.tune:
+            tune_module(module, example_batch, tolerance, device, plan.budget_s, cache, objective=objective)
+            winner = cache.get(key)
+    if winner is None or winner.candidate in UNTUNED or winner.source is not None:  # a proposal is no transform
+        return Untuned(module, rtol)
     try:
-        return build(winner.candidate, module, [example_batch], winner.params)
+        return as_measured(build(winner.candidate, module, [example_batch], winner.params), winner.lowers_precision)
     except Exception as exc:  # a winner measured elsewhere in this key's life may not build now: run untuned
         print(f"farm tuner: cached winner {winner.candidate} does not build here ({type(exc).__name__}: {exc}); "
               "running the model untuned", file=sys.stderr)
-        return module
+        return Untuned(module, rtol)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ from torch._inductor.async_compile import AsyncCompile
 from torch._inductor.compile_worker.subproc_pool import SubprocPool
 from torch._inductor.compile_worker.timer import Timer as InductorTimer
 
+from farm_agent.tuner.energy import EnergyRun, open_meter
+from farm_agent.tuner.energy import measure as measure_energy
 from farm_agent.tuner.flops import flop_counter
 from farm_agent.tuner.problem import MODEL_SEED, Problem, import_candidate, load_problem, one_line
 
@@ -328,6 +330,8 @@ class Session:
         # Written between timed runs: larger than the GPU's L2 (50 MB on an H200) or a CPU's last-level cache, so
         # that every timed run starts with cold caches, as one forward among others in a real job would.
         self.flush = torch.empty(int(request["flush_bytes"]) // 4, dtype=torch.float32, device=self.device)
+        # The device's energy counter, where the caller ranks by joules (farm_agent.tuner.energy): GPUs only.
+        self.meter = open_meter(self.device) if self.cuda and request.get("energy") else None
         self.reference = self.problem.model(self.device)
         self.reference_fingerprint = fingerprint(self.reference)
         self.outputs: list[tuple[list[int], torch.dtype]] = []
@@ -485,8 +489,12 @@ class Session:
                 self.check_untouched(None if trusted else guard)
                 times = self.time(fn, errors)
                 self.check_untouched(None if trusted else guard)
+                run = self.energy_run(fn, statistics.median(times))
+                self.check_untouched(None if trusted else guard)
             result.update(errors.record())
             result.update(sound=True, median_ms=statistics.median(times), min_ms=min(times), runs=len(times))
+            if run is not None:
+                result.update(energy_calls=run.calls, energy_s=run.seconds, energy_j=run.joules)
         except Rejected as exc:
             if errors.compared:
                 result.update(errors.record())
@@ -552,6 +560,14 @@ class Session:
                            "of device work still pending when its stream had finished: another stream?)")
         errors.add(early, self.reference_outputs(sets[(total - 1) % 2]))
         return times
+
+    def energy_run(self, fn: Callable[..., Any], call_ms: float) -> EnergyRun | None:
+        """Back-to-back calls on one input set, as a job's shard makes them, inside the meter's window (None
+        without a meter)."""
+        if self.meter is None:
+            return None
+        inputs = self.problem.inputs(self.device, seed=self.timing_seeds[0])
+        return measure_energy(lambda: fn(*inputs), self.sync, self.meter, call_ms)
 
     def timed_call(self, fn: Callable[..., Any], inputs: list[Any]
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], float, float]:

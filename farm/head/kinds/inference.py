@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.core.errors import SpecError
-from farm.core.models import Shard
+from farm.core.models import Shard, ShardState
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
 from farm.core.dataset import READ_ROUTE, ROW_ID, ReadRoute, Unit
 from farm.core.tasks import DataTask, ShardTask, Tuning
+from farm.core.tuning import objective_for
 from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
 from farm.head import arrivals, autoshard, datasets, output_place, shard_check
@@ -44,8 +45,17 @@ def shard_task(job: Job, spec: ModelJobSpec, shard: Shard, assignment: Assignmen
         job_id=job.id, index=shard.index, start=shard.start, stop=shard.stop, model=spec.model, weights=spec.weights,
         dataset=spec.dataset if isinstance(spec.dataset, str) else "", batch_size=spec.batch_size,
         backend=assignment.backend.value, device=assignment.device, threads=assignment.threads, data=data,
-        tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=tune_budget_s),
+        tuning=Tuning(atol=spec.tolerance.atol, rtol=spec.tolerance.rtol, budget_s=tune_budget_s,
+                      objective=objective_for(spec.policy), rows_left=rows_left(job, data)),
     )
+
+
+def rows_left(job: Job, data: DataTask | None) -> int | None:
+    """The job's units not in a finished shard: the rows a tuning run started now could still save on (None where
+    the units are bytes of line files, whose rows are not counted before they are read)."""
+    if data is not None and data.plan.unit is Unit.BYTES:
+        return None
+    return max(job.items - sum(s.stop - s.start for s in job.shards if s.state is ShardState.SUCCEEDED), 0)
 
 
 class Inference(ShardedKind[InferenceSpec]):

@@ -1,0 +1,85 @@
+"""The whole-model suite on this GPU, tuned once per model with each candidate's ms and J per call measured, then
+judged under both objectives: the winner under `energy` (joules per call above idle, the efficiency policy's) and
+under `time` (the throughput policy's), each against the baseline the job would run untuned, with the winner's
+gain over that baseline and over torch.compile's default.
+
+    python benchmarks/kernels/tune_models.py [--budget-s 90] [--rtol 1e-4] [--only NAME ...] [--families ...]
+        [--out models.json]
+
+GPU only (the energy figures come from NVML's counter: ~2 s of back-to-back calls per candidate). The rtol decides
+the baseline: strict fp32 eager below 1e-3, PyTorch's defaults (cuDNN TF32) from 1e-3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MODELS = Path(__file__).resolve().parent / "models"
+ROOT = MODELS.parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
+
+from farm.core.tuning import Objective  # noqa: E402
+from farm_agent.tuner.policy import Policy  # noqa: E402
+from farm_agent.tuner.problem import problem_paths  # noqa: E402
+from farm_agent.tuner.tune import TuneReport, choose, tune  # noqa: E402
+
+FAMILIES = ("compile-default", "cuda-graph", "compile-reduce-overhead", "channels-last", "compile-max-autotune",
+            "triton-fused", "tf32", "compile-tf32", "autocast-bf16", "autocast-fp16")
+
+
+def rows(report: TuneReport) -> list[dict[str, object]]:
+    """One line per objective: the winner against the baseline and compile-default, in ms and J per call."""
+    base, compiled = report.trial(report.baseline), report.trial("compile-default")
+    out = []
+    for objective in (Objective.ENERGY, Objective.TIME):
+        won = choose(report.trials, report.baseline, objective)
+        def ratio(ref: object) -> float | None:
+            a = ref.on(objective) if ref is not None else None  # type: ignore[attr-defined]
+            b = won.on(objective) if won is not None else None
+            return a / b if a and b else None
+        out.append({"model": report.problem, "objective": objective.value, "baseline": report.baseline,
+                    "winner": won.candidate if won else None, "ms": won.median_ms if won else None,
+                    "j": won.joules_per_call if won else None, "base_ms": base.median_ms if base else None,
+                    "base_j": base.joules_per_call if base else None, "vs_base": ratio(base),
+                    "vs_compile": ratio(compiled)})
+    return out
+
+
+def table(lines: list[dict[str, object]]) -> str:
+    def f(v: object, fmt: str) -> str:
+        return format(v, fmt) if isinstance(v, float) else "-"
+    head = (f"{'model':<22} {'objective':<9} {'winner':<24} {'ms/call':>8} {'J/call':>8} {'baseline':<17} "
+            f"{'base ms':>8} {'base J':>8} {'vs base':>8} {'vs compile':>10}")
+    body = [f"{r['model']:<22} {r['objective']:<9} {str(r['winner'])[:24]:<24} {f(r['ms'], '8.3f')} "
+            f"{f(r['j'], '8.3f')} {r['baseline']:<17} {f(r['base_ms'], '8.3f')} {f(r['base_j'], '8.3f')} "
+            f"{f(r['vs_base'], '7.2f')}x {f(r['vs_compile'], '9.2f')}x" for r in lines]
+    return "\n".join([head, *body])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget-s", type=float, default=90.0)
+    parser.add_argument("--rtol", type=float, default=1e-4)
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    policy = Policy()
+    lines: list[dict[str, object]] = []
+    for path in problem_paths(MODELS):
+        if args.only and path.stem not in args.only:
+            continue
+        report = tune(path, budget_s=args.budget_s, atol=args.rtol, rtol=args.rtol, policy=policy,
+                      candidates=args.families, objective=Objective.ENERGY, runs=10, candidate_timeout_s=120.0)
+        lines += rows(report)
+        print(table(lines[-2:]).split("\n", 1)[1], flush=True)
+        if args.out:
+            args.out.write_text(json.dumps(lines, indent=1))
+    print("\n" + table(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The kernel tuner's arithmetic, pure: what one call of a candidate costs (from a timed run and its energy meter's
+window), which candidate wins under the job's objective against what the job would run untuned, whether tuning can
+pay for itself over the rows a job has left, and the verdict of the A/B a job runs in its own shards.
+
+Costs are per call (one batch through the model) in the objective's unit: milliseconds under `time`, joules above the
+device's idle draw under `energy`, as a job's own energy is counted (farm.core.energy.marginal_joules).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from farm.core.energy import MARGINAL_FLOOR, METER_STEPS
+
+# A winner must beat the baseline by this share on the objective: below it, the measurement's noise (a counter's
+# step over 20 steps is 5 %) could have made the choice, and the baseline costs no build and no risk.
+MARGIN = 0.05
+# What a tuning run is expected to save per row before any candidate is measured: a prior, deliberately modest
+# (the geomean of whole-model winners against PyTorch's defaults was ~1.2x on the H200, issue 29).
+PRIOR_GAIN = 0.15
+# A budget below this buys no candidate round (one evaluator child, a reference and a compile take ~10 s).
+MIN_TUNE_S = 10.0
+
+
+class Objective(StrEnum):
+    ENERGY = "energy"  # joules per call above idle: the `efficiency` policy (the default)
+    TIME = "time"  # milliseconds per call: `throughput` and `deadline`
+
+
+def objective_for(policy: str) -> Objective:
+    """The objective a job's placement policy asks the tuner for."""
+    return Objective.ENERGY if policy == "efficiency" else Objective.TIME
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """One call of a candidate: its time, and its energy above idle where a counter measured it."""
+
+    ms: float
+    joules: float | None = None
+
+    def on(self, objective: Objective) -> float | None:
+        return self.ms if objective is Objective.TIME else self.joules
+
+
+def calls_for_meter(call_ms: float, step_s: float, steps: int = METER_STEPS) -> int:
+    """How many back-to-back calls fill `steps` of the meter's steps: shorter windows measure the meter's step, not
+    the work (farm.core.energy.METER_STEPS)."""
+    if call_ms <= 0 or step_s <= 0:
+        return 1
+    return max(1, math.ceil(steps * step_s * 1e3 / call_ms))
+
+
+def call_cost(calls: int, seconds: float, joules: float | None, idle_w: float | None) -> CallCost:
+    """The cost of one call from a window of `calls` back-to-back calls that lasted `seconds` and read `joules`:
+    the energy above `idle_w` over the window (floored at MARGINAL_FLOOR of it, as a shard's marginal energy is),
+    shared among the calls. Without an idle figure the whole draw counts."""
+    if calls < 1 or seconds <= 0:
+        raise ValueError("a cost needs at least one call over a positive time")
+    if joules is None:
+        return CallCost(ms=seconds * 1e3 / calls)
+    above = joules if idle_w is None else max(joules - idle_w * seconds, MARGINAL_FLOOR * joules)
+    return CallCost(ms=seconds * 1e3 / calls, joules=above / calls)
+
+
+def rank_key(objective: Objective) -> str:
+    """The objective's unit, for reports."""
+    return "J/call" if objective is Objective.ENERGY else "ms/call"
+
+
+def effective_objective(costs: Mapping[str, CallCost], baseline: str, objective: Objective) -> Objective:
+    """Energy ranks only where the baseline's energy was measured (no counter: no joules): else time does."""
+    if objective is Objective.ENERGY and costs[baseline].joules is None:
+        return Objective.TIME
+    return objective
+
+
+def pick(costs: Mapping[str, CallCost], baseline: str, objective: Objective, margin: float = MARGIN) -> str:
+    """The candidate (of those measured correct: `costs`) with the lowest cost on the objective, if it beats the
+    baseline by `margin`; else the baseline. A candidate without a figure on the objective is not ranked."""
+    if baseline not in costs:
+        raise ValueError(f"the baseline {baseline!r} was not measured")
+    objective = effective_objective(costs, baseline, objective)
+    base = costs[baseline].on(objective)
+    if base is None:
+        return baseline
+    ranked = sorted((value, name) for name, cost in costs.items() if (value := cost.on(objective)) is not None)
+    best_value, best = ranked[0]
+    return best if best_value < base * (1.0 - margin) else baseline
+
+
+def speedup(costs: Mapping[str, CallCost], baseline: str, winner: str, objective: Objective) -> float | None:
+    """How many times cheaper the winner is than the baseline on the objective."""
+    base, won = costs[baseline].on(objective), costs[winner].on(objective)
+    return base / won if base is not None and won else None
+
+
+@dataclass(frozen=True)
+class TuningPlan:
+    """Whether to tune, within what budget, and why, in words for `farm job --explain`."""
+
+    tune: bool
+    budget_s: float
+    reason: str
+
+
+def plan_tuning(*, budget_s: float, rows_left: int, baseline_per_row: float, tuning_per_s: float,
+                objective: Objective, cached: bool = False, gain: float = PRIOR_GAIN) -> TuningPlan:
+    """Tune only where the expected saving exceeds the expected cost: the saving is rows_left x baseline_per_row x
+    gain (the prior share a winner saves), the cost is what the device spends per second of tuning (`tuning_per_s`:
+    1 s/s under time, its watts above idle under energy) times the budget. So the budget is capped at the saving's
+    worth of tuning seconds; a cached winner costs nothing and needs no budget."""
+    unit = "J" if objective is Objective.ENERGY else "s"
+    if cached:
+        return TuningPlan(False, 0.0, "a cached winner for this GPU, model, shapes, tolerance and objective")
+    if budget_s <= 0 or rows_left <= 0 or baseline_per_row <= 0 or tuning_per_s <= 0:
+        return TuningPlan(False, 0.0, "nothing to save: no budget, no rows left or no measured cost")
+    saving = rows_left * baseline_per_row * gain
+    cap = saving / tuning_per_s
+    if cap < MIN_TUNE_S:
+        return TuningPlan(False, 0.0, f"not worth it: {rows_left} rows could save ~{saving:.3g} {unit} "
+                                      f"({gain:.0%} of their cost), less than {MIN_TUNE_S:g} s of tuning costs")
+    capped = min(budget_s, cap)
+    why = f"{rows_left} rows could save ~{saving:.3g} {unit} ({gain:.0%} of their cost)"
+    if capped < budget_s:
+        why += f"; budget capped from {budget_s:g} s to {capped:.0f} s by that saving"
+    return TuningPlan(True, capped, why)
+
+
+def break_even_rows(tuning_cost: float, baseline_per_row: float, winner_per_row: float) -> float | None:
+    """The rows after which the winner has paid back its tuning (same unit for all three); None if it never does."""
+    saving = baseline_per_row - winner_per_row
+    return tuning_cost / saving if saving > 0 else None
+
+
+@dataclass(frozen=True)
+class ShardRate:
+    """One shard's measured cost per row, under the forward it ran."""
+
+    rows: int
+    seconds: float
+    joules: float | None  # above idle, or None without a counter
+
+    def per_row(self, objective: Objective) -> float | None:
+        if self.rows <= 0:
+            return None
+        value = self.seconds if objective is Objective.TIME else self.joules
+        return value / self.rows if value is not None else None
+
+
+def keep_winner(eager: ShardRate, winner: ShardRate, objective: Objective) -> bool:
+    """The in-job A/B: the winner stays only if its shard is no slower per row than the eager shard and, under
+    `energy`, spends no more joules per row either (a winner that saves time but not joules is no gain there);
+    without a counter, time alone decides."""
+    eager_s, winner_s = eager.per_row(Objective.TIME), winner.per_row(Objective.TIME)
+    if eager_s is None or winner_s is None or winner_s > eager_s:
+        return False
+    eager_j, winner_j = eager.per_row(Objective.ENERGY), winner.per_row(Objective.ENERGY)
+    return objective is Objective.TIME or eager_j is None or winner_j is None or winner_j <= eager_j

@@ -1,0 +1,104 @@
+"""farm.core.tuning: the cost of a call from a meter's window, the winner under each objective against the
+baseline, the break-even arithmetic and the in-job A/B's verdict."""
+
+from __future__ import annotations
+
+import pytest
+
+from farm.core.tuning import (MIN_TUNE_S, CallCost, Objective, ShardRate, break_even_rows, call_cost,
+                              calls_for_meter, keep_winner, objective_for, pick, plan_tuning)
+
+IDLE_W = 125.0  # an H200 with a CUDA context, idle
+
+
+def test_the_policy_names_the_objective() -> None:
+    assert objective_for("efficiency") is Objective.ENERGY
+    assert objective_for("throughput") is Objective.TIME
+    assert objective_for("deadline") is Objective.TIME
+
+
+def test_a_window_spans_twenty_meter_steps() -> None:
+    assert calls_for_meter(call_ms=10.0, step_s=0.1) == 200  # 2 s of 10 ms calls
+    assert calls_for_meter(call_ms=3000.0, step_s=0.1) == 1
+    assert calls_for_meter(call_ms=0.0, step_s=0.1) == 1
+
+
+def test_a_call_costs_its_share_of_the_energy_above_idle() -> None:
+    cost = call_cost(calls=200, seconds=2.0, joules=1360.0, idle_w=IDLE_W)  # 680 W over 2 s
+    assert cost.ms == pytest.approx(10.0)
+    assert cost.joules == pytest.approx((1360.0 - 250.0) / 200)
+    # Barely above idle: floored at 5 % of the draw, as a shard's marginal energy is, never free.
+    assert call_cost(10, 1.0, 126.0, IDLE_W).joules == pytest.approx(0.05 * 126.0 / 10)
+    assert call_cost(10, 1.0, None, IDLE_W).joules is None
+
+
+def recorded() -> dict[str, CallCost]:
+    # Windows of 2 s each (the counter's 20 steps) on an H200: the fastest candidate draws the most power.
+    return {
+        "pytorch-defaults": call_cost(100, 2.0, 900.0, IDLE_W),  # 20 ms, 6.5 J above idle per call
+        "triton-templates-3xtf32": call_cost(200, 2.0, 1360.0, IDLE_W),  # 10 ms, 5.55 J
+        "channels-last": call_cost(140, 2.0, 660.0, IDLE_W),  # 14.3 ms, 2.93 J
+    }
+
+
+def test_energy_and_time_pick_different_winners_when_they_disagree() -> None:
+    costs = recorded()
+    assert pick(costs, "pytorch-defaults", Objective.ENERGY) == "channels-last"
+    assert pick(costs, "pytorch-defaults", Objective.TIME) == "triton-templates-3xtf32"
+
+
+def test_a_winner_must_beat_the_baseline_by_the_margin() -> None:
+    costs = {"eager": CallCost(10.0, 5.0), "cuda-graph": CallCost(9.7, 4.9)}  # 3 % and 2 %: noise
+    assert pick(costs, "eager", Objective.TIME) == "eager"
+    assert pick(costs, "eager", Objective.ENERGY) == "eager"
+    costs["cuda-graph"] = CallCost(9.0, 4.0)
+    assert pick(costs, "eager", Objective.ENERGY) == "cuda-graph"
+
+
+def test_without_a_counter_energy_ranks_by_time() -> None:
+    costs = {"eager": CallCost(10.0), "compile-default": CallCost(5.0)}
+    assert pick(costs, "eager", Objective.ENERGY) == "compile-default"
+
+
+def test_tuning_runs_only_where_the_rows_left_can_pay_for_it() -> None:
+    # 1M rows at 1 ms each: 15 % of 1000 s is 150 s of saving, more than the 120 s asked.
+    plan = plan_tuning(budget_s=120, rows_left=1_000_000, baseline_per_row=1e-3, tuning_per_s=1.0,
+                       objective=Objective.TIME)
+    assert plan.tune and plan.budget_s == 120
+    # 200k rows: 30 s of saving caps the budget at 30 s.
+    plan = plan_tuning(budget_s=120, rows_left=200_000, baseline_per_row=1e-3, tuning_per_s=1.0,
+                       objective=Objective.TIME)
+    assert plan.tune and plan.budget_s == pytest.approx(30.0) and "capped" in plan.reason
+    # 20k rows could save 3 s: less than one round of tuning costs.
+    plan = plan_tuning(budget_s=120, rows_left=20_000, baseline_per_row=1e-3, tuning_per_s=1.0,
+                       objective=Objective.TIME)
+    assert not plan.tune and plan.budget_s == 0 and "not worth it" in plan.reason
+    # Joules: 5 J per row over 1M rows, 15 % of it, at 400 W above idle while tuning: 1875 s worth; budget kept.
+    plan = plan_tuning(budget_s=120, rows_left=1_000_000, baseline_per_row=5.0, tuning_per_s=400.0,
+                       objective=Objective.ENERGY)
+    assert plan.tune and plan.budget_s == 120 and " J " in plan.reason
+
+
+def test_a_cached_winner_costs_nothing() -> None:
+    plan = plan_tuning(budget_s=120, rows_left=10**9, baseline_per_row=1.0, tuning_per_s=1.0,
+                       objective=Objective.TIME, cached=True)
+    assert not plan.tune and plan.budget_s == 0 and "cached" in plan.reason
+
+
+def test_break_even_rows() -> None:
+    assert break_even_rows(tuning_cost=60.0, baseline_per_row=2e-3, winner_per_row=1e-3) == pytest.approx(60_000)
+    assert break_even_rows(60.0, 1e-3, 1e-3) is None
+    assert MIN_TUNE_S > 0
+
+
+def test_the_in_job_ab_goes_back_to_eager_when_the_winner_loses() -> None:
+    eager = ShardRate(rows=10_000, seconds=1.0, joules=300.0)
+    faster_hotter = ShardRate(rows=10_000, seconds=0.8, joules=380.0)
+    assert keep_winner(eager, faster_hotter, Objective.TIME)
+    assert not keep_winner(eager, faster_hotter, Objective.ENERGY)
+    slower = ShardRate(rows=10_000, seconds=1.2, joules=200.0)
+    assert not keep_winner(eager, slower, Objective.ENERGY)
+    better = ShardRate(rows=10_000, seconds=0.7, joules=250.0)
+    assert keep_winner(eager, better, Objective.ENERGY)
+    no_counter = ShardRate(rows=10_000, seconds=0.7, joules=None)
+    assert keep_winner(ShardRate(10_000, 1.0, None), no_counter, Objective.ENERGY)
