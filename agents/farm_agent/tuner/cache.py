@@ -2,7 +2,8 @@
 
 A winner measured on one GPU, driver or torch version says nothing sure about another, so each is part of the key;
 so are the model (its structure and weights, hashed), the shapes and types of its inputs, the tolerance it was
-judged under and the objective it was ranked by (the fastest candidate need not spend the fewest joules). One JSON file per key under FARM_STATE_DIR/tuner/cache/ (default ~/.farm), written atomically.
+judged under and the objective it was ranked by (the fastest candidate need not spend the fewest joules). One JSON
+file per key under FARM_STATE_DIR/tuner/cache/ (default ~/.farm), written atomically.
 """
 
 from __future__ import annotations

@@ -314,7 +314,8 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
                     lowers_precision=best.lowers_precision, median_ms=float(best.median_ms or 0.0),
                     eager_ms=eager_ms, compile_ms=compile_trial.median_ms if compile_trial else None,
                     joules_per_call=best.joules_per_call, baseline=baseline,
-                    baseline_ms=base.median_ms if base else None, baseline_joules=base.joules_per_call if base else None)
+                    baseline_ms=base.median_ms if base else None,
+                    baseline_joules=base.joules_per_call if base else None)
     path = (cache or WinnerCache()).put(key, winner, extra={"problem": prob.name})
     return TuneReport(**{**report.__dict__, "winner": best.candidate, "cache_path": str(path)})
 
