@@ -33,3 +33,12 @@ def test_each_batch_shape_is_warmed_once_outside_the_window() -> None:
     assert model.seen == [64, 4, 3]
     _warm_up(cpu, model, np.zeros((64, 2), np.float32), task(64, Tuning(budget_s=30)))  # a job that asks to tune
     assert model.seen == [64, 4, 3, 64]
+
+
+def test_a_job_s_shards_warm_once_whatever_rows_are_left_to_tune_for() -> None:
+    """Tuning carries the job's rows left (for tuning's break-even): every shard of a job differs in it, and each
+    re-warmed its batch before it did not count."""
+    model, cpu = Recorder(), backends.load("cpu")
+    for left in (10_000, 9_936, 9_872):
+        _warm_up(cpu, model, np.zeros((64, 2), np.float32), task(64, Tuning(rows_left=left)))
+    assert model.seen == [64]

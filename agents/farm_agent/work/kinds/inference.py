@@ -169,10 +169,11 @@ def _warm_up(backend: Backend, module: torch.nn.Module, sample: np.ndarray, task
     rows = len(sample) if rows is None and task.data is None else rows
     warmed = _warm.setdefault(module, set())
     shapes = {min(task.batch_size, len(sample))} | ({rows % task.batch_size} if rows is not None else set())
+    tuning = replace(task.tuning, rows_left=None)  # the same forward whatever rows are left
     for size in shapes - {0}:
-        if size <= len(sample) and (task.device, task.tuning, size) not in warmed:
+        if size <= len(sample) and (task.device, tuning, size) not in warmed:
             backend.run(module, sample[:size], task.batch_size, task.device, task.threads, task.tuning)
-            warmed.add((task.device, task.tuning, size))
+            warmed.add((task.device, tuning, size))
 
 
 def _reset_peak_memory(device: str) -> None:
