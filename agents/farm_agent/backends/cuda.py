@@ -1,7 +1,7 @@
 """PyTorch on NVIDIA GPUs: one offer per GPU that NVML found; shards run on `cuda:<index>`, through the kernel tuner's
 cached winner for the model, batch shape, tolerance and objective when there is one (farm kernels tune), eager
-PyTorch otherwise, at the precision the job's tolerance allows (farm_agent.tuner.candidates.untuned_precision:
-PyTorch's defaults, cuDNN's TF32 convolutions included, from rtol 1e-3; strict fp32 below).
+PyTorch otherwise, at PyTorch's defaults (cuDNN's TF32 convolutions included: farm_agent.tuner.candidates.
+untuned_precision), as a user's own loop runs the model.
 
 Offering runs in the agent daemon from the hardware already detected through NVML (farm_agent.daemon.hardware): no
 torch, no CUDA context here. A machine with no NVIDIA GPU offers no CUDA at all (not an unavailable offer: a CPU box
@@ -78,7 +78,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
     from farm_agent.tuner.candidates import Untuned
 
     outputs = []
-    eager = Untuned(module, tuning.rtol)
+    eager = Untuned(module)
     with torch.inference_mode():
         forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if len(host) else eager
         for start in range(0, len(host), batch_size):

@@ -374,12 +374,12 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
                     policy=policy, objective=objective)
 
 
-def untuned_s_per_row(module: torch.nn.Module, example_batch: torch.Tensor, rtol: float, calls: int = 3) -> float:
+def untuned_s_per_row(module: torch.nn.Module, example_batch: torch.Tensor, calls: int = 3) -> float:
     """Seconds per row of the model as the job runs it untuned, from a few calls on the example batch (after one
     untimed call, which pays the first call's one-off costs)."""
     device = example_batch.device
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    with torch.inference_mode(), untuned_precision(rtol):
+    with torch.inference_mode(), untuned_precision():
         module(example_batch)
         sync()
         began = time.perf_counter()
@@ -396,7 +396,7 @@ def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance
     """`module` as the tuner's cached winner runs it, for this GPU, model, batch shape, tolerance and objective.
     Without a cached winner: the module itself, or, with `tune_first`, the winner of a tuning run made now if it
     can pay for itself over `rows_left` (farm.core.tuning.plan_tuning; None: no cap but the budget). Untuned, the
-    model runs at the precision the tolerance allows (untuned_precision); a winner at the precision it was measured
+    model runs at PyTorch's defaults (untuned_precision); a winner at the precision it was measured
     at (as_measured)."""
     atol, rtol = tolerance
     cache = cache or WinnerCache()
@@ -408,19 +408,19 @@ def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance
             # Both sides in device-seconds: the device draws about as much tuning as running the job, so under
             # `energy` the same comparison holds in joules to within that ratio.
             plan = plan_tuning(budget_s=budget_s, rows_left=rows_left, tuning_per_s=1.0, objective=Objective.TIME,
-                               baseline_per_row=untuned_s_per_row(module, example_batch, rtol))
+                               baseline_per_row=untuned_s_per_row(module, example_batch))
         print(f"farm tuner: {'tuning' if plan.tune else 'not tuning'}: {plan.reason}", file=sys.stderr)
         if plan.tune:
             tune_module(module, example_batch, tolerance, device, plan.budget_s, cache, objective=objective)
             winner = cache.get(key)
     if winner is None or winner.candidate in UNTUNED or winner.source is not None:  # a proposal is no transform
-        return Untuned(module, rtol)
+        return Untuned(module)
     try:
         return as_measured(build(winner.candidate, module, [example_batch], winner.params), winner.lowers_precision)
     except Exception as exc:  # a winner measured elsewhere in this key's life may not build now: run untuned
         print(f"farm tuner: cached winner {winner.candidate} does not build here ({type(exc).__name__}: {exc}); "
               "running the model untuned", file=sys.stderr)
-        return Untuned(module, rtol)
+        return Untuned(module)
 
 
 @dataclass(frozen=True)
