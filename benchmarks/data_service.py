@@ -87,7 +87,9 @@ class Peak:
 
 
 def start(code: str, *args: str) -> tuple[subprocess.Popen[str], int]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'agents'}"}
+    # Farm's tree first, then whatever the caller's path had (the H200's wheels live in a folder of their own).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "agents"),
+                                                                     os.environ.get("PYTHONPATH", "")]))}
     process = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True, env=env, cwd=ROOT)
     assert process.stdout is not None
