@@ -183,7 +183,8 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             if staged is not None:
                 staged.discard()
             raise
-    except BaseException:
+    except BaseException as error:
+        reason = error  # what went wrong; the writer's own reason, if it has one, wins (below)
         if file is not None:
             file.close()
         if pipe is not None and writing is not None:
@@ -191,15 +192,15 @@ async def receive(parts: AsyncIterator[result_pb2.UploadPart], staging: Path | N
             try:
                 await writing
             except BadUpload as refused:  # the writer's reason (past its range) over the reader's (it stopped)
-                exc = refused
+                reason = refused
             except Exception:
                 pass
         if staging is not None:
             _remove_staged(staging)
-        if isinstance(exc, BadUpload):
-            raise exc from None
-        if isinstance(exc, (pa.ArrowException, ValueError, OSError)) and not isinstance(exc, FarmError):
-            raise BadUpload(f"its table is not an Arrow IPC stream the head can write: {exc}") from None
+        if isinstance(reason, BadUpload):
+            raise reason from None
+        if isinstance(reason, (pa.ArrowException, ValueError, OSError)) and not isinstance(reason, FarmError):
+            raise BadUpload(f"its table is not an Arrow IPC stream the head can write: {reason}") from None
         raise
 
 

@@ -30,7 +30,7 @@ from farm.core.tasks import ResultRoute
 from farm.head import arrivals, autoshard, environment, joblog, kinds, node_check, ray_compat
 from farm.head.arrivals import Arrival, BadUpload, Cut, Void
 from farm.head.attempts import Attempts, Overheads, Running
-from farm.head.kinds.base import KindHandler, ShardedKind
+from farm.head.kinds.base import KindHandler, ShardedKind, sharded
 from farm.head.links import MAX_REASON, JobNodes, Links
 from farm.head.outcomes import Failure, Outcomes, ShardRecord, sort_failure
 from farm.head.output import remove_partial_files
@@ -99,12 +99,6 @@ class Dispatcher:
 
     def handler(self, job: Job) -> KindHandler[Any]:
         return self.handlers[job.kind]
-
-    def sharded(self, job: Job) -> ShardedKind[Any]:
-        """The handler of a job whose attempts upload their results (training's calls come back through `expect`)."""
-        handler = self.handler(job)
-        assert isinstance(handler, ShardedKind), job.kind
-        return handler
 
     def spec(self, job: Job) -> JobSpec:
         """The job's spec: parsed at submit, or once from the store after a head restart."""
@@ -192,8 +186,7 @@ class Dispatcher:
         rates = calibration.rates([*self.store.samples(job.model_key), *self._writing(job)],
                                   autoshard.meter_steps(list(nodes.values())), spec.energy)
         decided = schedule_round(requests, list(nodes.values()), self.attempts.queueing(job.id, busy), running_items,
-                                 rates,
-                                 self._deadline(job, spec), now=time.time())
+                                 rates, self._deadline(job, spec), now=time.time())
         if decided.infeasible:
             self.outcomes.fail(job.id, None, decided.infeasible)
             return
@@ -303,7 +296,7 @@ class Dispatcher:
         running.receiving = True
         job = self.store.job(key[0])
         try:
-            arrival = await arrivals.receive(parts, self.sharded(job).staging(job, key[1]),
+            arrival = await arrivals.receive(parts, sharded(self.handler(job)).staging(job, key[1]),
                                              lambda: self.attempts.running.get(key) is running)
         except Cut:  # its sender went away: its task's end says so (reap), the ticket used
             raise
@@ -344,7 +337,7 @@ class Dispatcher:
                 self._failed(key, running, arrival.failure, arrival.log, arrival.traceback)
                 return
             joblog.record_output(self.store, job_id, index, arrival.figures)
-            handler, spec = self.sharded(job), self.spec(job)
+            handler, spec = sharded(self.handler(job)), self.spec(job)
             await asyncio.to_thread(handler.check_result, job, spec, job.shards[index], arrival)
             measured = handler.measured(arrival)
             if measured is not None:  # its device takes its next shard, sized by this one, while the output is written

@@ -186,3 +186,9 @@ def model_key(spec: ModelJobSpec, code_zip: bytes) -> str:
                 while piece := data.read(CODE_PIECE):
                     digest.update(piece)
     return digest.hexdigest()[:16]
+
+
+def sharded(handler: KindHandler[Any]) -> ShardedKind[Any]:
+    """The handler of a job whose attempts upload their results (training's calls come back through `expect`)."""
+    assert isinstance(handler, ShardedKind), type(handler).__name__
+    return handler
