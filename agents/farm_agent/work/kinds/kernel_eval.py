@@ -36,7 +36,7 @@ def run_kernel_shard(task: KernelEvalTask) -> KernelEvalShardResult:
 
     root = Path.cwd()
     problem = root / task.pairs[0].problem
-    node = ray.get_runtime_context().get_node_id()
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""  # a lent node has no Ray
     rows: dict[KernelPair, KernelResult] = {}
     runnable: dict[str, KernelPair] = {}  # evaluator candidate name -> pair
     for pair in task.pairs:
