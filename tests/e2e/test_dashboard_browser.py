@@ -138,7 +138,9 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
                 window.running.add('eta:' + eta.closest('tr').dataset.job); })
         .observe(document.getElementById('view'), {childList: true, subtree: true}); }""")
 
-    job_id = submit(cluster, work, "slow-toy", "toyjob:slow", shards=4, batch_size=4)  # ≈ 1 s a shard
+    # ≈ 4 s a shard (8 batches of one row at 0.5 s), ~8 s in all: long enough for the page's 2 s ticks to show it
+    # running with a rate and a time left (at 1 s a shard the job could end between two ticks).
+    job_id = submit(cluster, work, "slow-toy", "toyjob:slow", shards=4, batch_size=1)
     row = page.locator(f"tr[data-job='{job_id}']")
     row.wait_for()
     page.wait_for_function(f"document.querySelector(\"tr[data-job='{job_id}']\").dataset.state === 'succeeded'")
