@@ -5,7 +5,6 @@ Shared by the head, the agent and the CLI; none of it is domain logic.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
@@ -26,7 +25,7 @@ from typing import Any, TypeGuard
 
 import psutil
 
-from farm import ray_user
+from farm import ray_user, switch_user
 from farm.core.errors import AgentError
 from farm.node_group import NodeGroup
 
@@ -159,34 +158,20 @@ def spawn_detached(args: Sequence[str], log: Path, env: Mapping[str, str] | None
     as that user (this process being root), with no supplementary groups. With `group`, this process moves it into
     that node's cgroup as soon as it is spawned (before it has started anything of its own).
 
-    The child runs no Python between fork and exec but the death signal's prctl: with other threads live (an
-    agent's gRPC), Python code there could crash the child (an agent restarting its Ray node in a thread saw
-    `ray start` die at once with SIGSEGV, writing nothing, and left the farm). Subprocess switches the user in C."""
+    This process is never forked (farm.switch_user says why): subprocess spawns with vfork and no Python in the
+    child; the user switch and the death signal happen in the spawned process, before it execs `args`."""
     private_folder(log.parent)
-    as_user: dict[str, Any] = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []} if user else {}
-    before_exec = _death_signal if die_with_parent and _PRCTL is not None else None
+    command = switch_user.command_as(user, args, death_signal=die_with_parent)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # a log is state: the owner's alone
     os.fchmod(fd, 0o600)
     with open(fd, "ab") as out:
         proc = subprocess.Popen(
-            list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(env) if env is not None else None, cwd=cwd, preexec_fn=before_exec, **as_user,
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(env) if env is not None else None, cwd=cwd,
         )
     if group is not None:
         group.add(proc.pid)
     return proc
-
-
-# prctl(2), looked up before any fork: the child between fork and exec calls it without a lookup.
-_PRCTL = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
-_PR_SET_PDEATHSIG = 1
-
-
-def _death_signal() -> None:
-    """In the child between fork and exec, after subprocess changed its user (a change of user clears the request):
-    SIGTERM at the parent thread's death. One C call: nothing here takes a lock."""
-    assert _PRCTL is not None  # only installed where there is one
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def python_command(module: str, *args: str) -> list[str]:

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from farm import switch_user
 from farm.core.errors import UserError
 
 DEFAULT = "farm-ray"
@@ -92,30 +93,12 @@ def _first_closed(target: Path, user: pwd.struct_passwd) -> Path | None:
 
 
 def _first_closed_as(user: pwd.struct_passwd, folders: Sequence[Path]) -> Path | None:
-    """The first of `folders` that `user` may not pass through, as the kernel answers a child process that became
-    that user (mode bits, ACLs, whatever else decides); only root can ask."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: only os calls, then _exit
-        code = 0
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(user.pw_gid)
-            os.setuid(user.pw_uid)
-            closed = next((i for i, folder in enumerate(folders) if not os.access(folder, os.X_OK)), -1)
-            os.write(write, str(closed).encode())
-        except BaseException:  # noqa: BLE001 - the parent reads no answer and says so
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read, "rb") as answer:
-        said = answer.read()
-    os.waitpid(pid, 0)
-    if not said:
+    """The first of `folders` that `user` may not pass through, as the kernel answers a process that became that
+    user (mode bits, ACLs, whatever else decides); only root can ask. A process of its own asks: this one is never
+    forked (farm.switch_user says why)."""
+    index = switch_user.first_closed_as(user, [str(folder) for folder in folders])
+    if index is None:
         raise UserError(f"cannot check what {user.pw_name!r} may reach")
-    index = int(said)
     return folders[index] if index >= 0 else None
 
 

@@ -66,7 +66,7 @@ def demo(
             job_id = client.submit_prepared(prepared, overwrite=True)  # the last demo's results: the same job
             job = follow(client, job_id)
         show_summary(job)
-        nodes_used = {s.node_name for s in job.shards}
+        nodes_used = {s.node_name for s in job.shards if s.state == "succeeded" and s.node_name}
         accuracy = job.metrics.get("accuracy", 0.0)
         ok = job.state == "succeeded" and accuracy >= ACCURACY_BAR
         verdict = "[green]passed[/]" if ok else "[red]failed[/]"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -20,10 +21,12 @@ class Sleeper(torch.nn.Module):
 
 
 class WorkerKiller(torch.nn.Module):
-    """Ends its worker process as a segfault would: Ray sees a crashed worker, not an exception."""
+    """Ends its worker process as a native crash would: a message on stderr, then SIGSEGV."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        os._exit(1)
+        os.write(2, b"native library: giving up\n")
+        os.kill(os.getpid(), signal.SIGSEGV)
+        return x
 
 
 def sleeper() -> torch.nn.Module:

@@ -39,7 +39,10 @@ def test_a_shard_that_keeps_killing_its_worker_fails_the_job_after_the_retry_lim
     assert job["state"] == "failed"
     # A crashed worker is the node's failure, not the job code's: the shard is tried max_attempts (3) times; its node
     # says how its worker ended (farm_agent.daemon.workers), in words, never as an object the head unpickles.
-    assert job["error"].startswith("shard 0: its worker exited with ") and job["error"].endswith("(after 3 attempts)")
+    # The signal by name and the worker's last output (faulthandler's stack included), in one line.
+    assert job["error"].startswith("shard 0: its worker was killed by SIGSEGV; its last output: ")
+    assert "native library: giving up" in job["error"] and "Fatal Python error" in job["error"]
+    assert job["error"].endswith("(after 3 attempts)")
     assert "\n" not in job["error"]
     assert [s["attempts"] for s in job["shards"]] == [3]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -212,7 +213,8 @@ def kill_hard(status_path: Path) -> None:
     if status["ray_pid"]:  # a trusted node's Ray node (0 for a lent node, which has none: session 0 is the kernel's)
         doomed += [p for p in psutil.process_iter() if _session(p.pid) == status["ray_pid"]]
     for proc in doomed:
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # one killed a moment ago takes its children with it
+            proc.kill()
     psutil.wait_procs(doomed, timeout=10)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from farm_agent.daemon.workers import worker_env
+from farm_agent.daemon.workers import exit_reason, worker_env
 
 
 def test_a_worker_keeps_the_machine_s_blas_settings_and_no_secret(monkeypatch: pytest.MonkeyPatch,
@@ -21,3 +21,17 @@ def test_a_worker_keeps_the_machine_s_blas_settings_and_no_secret(monkeypatch: p
     assert env["OPENBLAS_CORETYPE"] == "Haswell" and env["OPENBLAS_L2_SIZE"] == "1048576"
     assert "FARM_JOIN_TOKEN" not in env and "OWNER_SECRET" not in env and "LD_PRELOAD" not in env
     assert env["JOB_VAR"] == "1" and env["HOME"] == str(tmp_path)
+
+
+def test_a_crashed_worker_is_described_by_its_signal_and_its_last_words(tmp_path: Path) -> None:
+    log = tmp_path / "w1.log"
+    log.write_text("loading model\n" + "x" * 9000 + "\nlibfoo: illegal state\nFatal Python error: Segmentation fault\n\n"
+                   "Current thread 0x00007f (most recent call first):\n  File \"/job/model.py\", line 9 in forward\n"
+                   "  File \"/farm/host.py\", line 80 in main\n\nExtension modules: numpy (total: 1)\n")
+    reason = exit_reason(-11, log)
+    assert reason == ("its worker was killed by SIGSEGV; its last output: libfoo: illegal state | "
+                      "Fatal Python error: Segmentation fault | File \"/job/model.py\", line 9 in forward")
+    assert "\n" not in reason
+    assert exit_reason(3, tmp_path / "missing.log") == "its worker exited with 3"
+    log.write_text("a\nb\nc\nd\ne\n")
+    assert exit_reason(1, log) == "its worker exited with 1; its last output: b | c | d | e"

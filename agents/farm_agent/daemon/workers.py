@@ -21,6 +21,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -33,6 +34,7 @@ from farm.core.errors import AgentError
 from farm.core.ids import NODE_ID_VAR
 from farm.local import python_command
 from farm.node_group import NodeGroup
+from farm.switch_user import command_as
 from farm.proto.v1 import agent_pb2
 from farm_agent.work import frames
 from farm_agent.work.host import FD_VAR
@@ -65,6 +67,7 @@ class Worker:
     writer: asyncio.StreamWriter
     group: NodeGroup
     folder: Path
+    log_path: Path  # its stdout and stderr: the tail says why it died
     tickets: list[str] = field(default_factory=list)  # sent and not yet ended, in order
     reading: asyncio.Task[None] | None = None
     stopping: bool = False
@@ -162,22 +165,23 @@ class Workers:
         env.update(group.env())
         ours, theirs = socket.socketpair()
         env[FD_VAR] = str(theirs.fileno())
-        as_user: dict[str, object] = ({"user": self.account.pw_uid, "group": self.account.pw_gid, "extra_groups": []}
-                                      if self.account else {})
         if self.account is not None:
             os.chown(folder, self.account.pw_uid, self.account.pw_gid)
-        log_fd = os.open(self.logs / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        log_path = self.logs / f"{name}.log"
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         try:
+            # As the node's account, switched in the worker's own process: the agent is never forked
+            # (farm.switch_user: a fork of the threaded agent died at random before it became the worker).
             proc = await asyncio.create_subprocess_exec(
-                *python_command("farm_agent.work.host"), stdin=subprocess.DEVNULL, stdout=log_fd,
-                stderr=subprocess.STDOUT, cwd=folder / "code", env=env, pass_fds=(theirs.fileno(),),
-                start_new_session=True, **as_user)  # type: ignore[arg-type]
+                *command_as(self.account, python_command("farm_agent.work.host")), stdin=subprocess.DEVNULL,
+                stdout=log_fd, stderr=subprocess.STDOUT, cwd=folder / "code", env=env, pass_fds=(theirs.fileno(),),
+                start_new_session=True)
         finally:
             os.close(log_fd)
             theirs.close()
         group.add(proc.pid)
         reader, writer = await asyncio.open_unix_connection(sock=ours, limit=frames.MAX_REPORT * 2)
-        worker = Worker(assignment.job_id, assignment.device, proc, writer, group, folder)
+        worker = Worker(assignment.job_id, assignment.device, proc, writer, group, folder, log_path)
         worker.reading = asyncio.create_task(self._read(worker, reader))
         self.workers[(worker.job_id, worker.device)] = worker
         log.info("worker for job %s on %s started (pid %d)", worker.job_id, worker.device, proc.pid)
@@ -202,7 +206,7 @@ class Workers:
             log.warning("worker for job %s sent %s: stopping it", worker.job_id, exc.message)
         code = await worker.proc.wait() if not worker.stopping else worker.proc.returncode
         if not worker.stopping:
-            await self._stop(worker, f"its worker exited with {code}")
+            await self._stop(worker, exit_reason(code, worker.log_path))
 
     async def _stop(self, worker: Worker, reason: str = "") -> None:
         """End a worker, in a task of its own that the agent's close waits for: a stop asked by an order that is
@@ -241,6 +245,32 @@ class Workers:
                                                                   overhead_s=overhead_s)))
 
 
+def exit_reason(code: int | None, log_path: Path, tail_bytes: int = 8192) -> str:
+    """Why a worker that was not asked to stop ended, for the shard's error: its exit status or signal by name, and
+    the last lines it printed (a native crash's message is only there: the worker could not report it). Where
+    faulthandler dumped a stack (farm_agent.work.host), the lines before it, its first line and the innermost frame."""
+    if code is not None and code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    else:
+        how = f"exited with {code}"
+    try:
+        with open(log_path, "rb") as log_file:
+            log_file.seek(max(0, os.fstat(log_file.fileno()).st_size - tail_bytes))
+            tail = log_file.read().decode("utf-8", "replace")
+    except OSError:
+        tail = ""
+    lines = [line.strip() for line in tail.splitlines()[1 if len(tail) >= tail_bytes else 0:] if line.strip()]
+    fatal = max((i for i, line in enumerate(lines) if line.startswith("Fatal Python error")), default=None)
+    if fatal is not None:
+        frames_ = [line for line in lines[fatal:] if line.startswith("File ")]
+        lines = lines[max(0, fatal - 2):fatal + 1] + frames_[:1]
+    said = " | ".join(lines[-4:])[-800:]
+    return f"its worker {how}" + (f"; its last output: {said}" if said else "")
+
+
 def worker_env(home: Path, account: pwd.struct_passwd | None, node_id: str, job_env: dict[str, str]
                ) -> dict[str, str]:
     """A worker's whole environment: a few of the agent's, the job's own (not Farm's names), and Farm's."""
@@ -248,7 +278,9 @@ def worker_env(home: Path, account: pwd.struct_passwd | None, node_id: str, job_
     env.update({name: value for name, value in job_env.items() if name not in RESERVED})
     user = account.pw_name if account else pwd.getpwuid(os.geteuid()).pw_name
     env.update(HOME=str(home), USER=user, LOGNAME=user, FARM_STATE_DIR=str(home / "state"),
-               MALLOC_ARENA_MAX=env.get("MALLOC_ARENA_MAX", "2"), PYTHONUNBUFFERED="1")
+               MALLOC_ARENA_MAX=env.get("MALLOC_ARENA_MAX", "2"), PYTHONUNBUFFERED="1",
+               # a native crash, from the first import on, prints the Python stack to the worker's log (exit_reason)
+               PYTHONFAULTHANDLER="1")
     env[NODE_ID_VAR] = node_id
     env.setdefault("PATH", os.defpath)
     return env
