@@ -118,13 +118,45 @@ def check_all(paths: list[Path], precisions: list[str], workers: int, time_limit
     """Every problem's check, `workers` tasks at a time: one task per (problem, precision), so that one model's many
     compiles spread over the workers, then one torch.compile warm-up per problem. Tasks start in the order of
     `paths` (put the heaviest first). A task whose process dies is recorded as an error and the process replaced;
-    what is left when the time limit comes is recorded as not done."""
+    what is left when the time limit comes is recorded as not done. A task that ran out of GPU memory beside the
+    others (its templates then fell back to PyTorch, and the timed run left that family out) is run again alone."""
     started = time.perf_counter()
+    deadline = started + time_limit_s
     tasks = [(str(p), [precision], False, device) for p in paths for precision in precisions]
     if compile_warm:
         tasks += [(str(p), [], True, device) for p in paths]
+    done = _run_tasks(tasks, workers, deadline)
+    again = [i for i, result in done.items() if workers > 1 and out_of_memory(result)]
+    if again:
+        print(f"check: {len(again)} tasks ran out of GPU memory beside the others; again, one at a time", flush=True)
+        redone = _run_tasks([tasks[i] for i in again], 1, deadline)
+        done.update({again[j]: result for j, result in redone.items()})
     results: dict[str, dict[str, Any]] = {p.stem: {"problem": p.stem, "precisions": {}, "seconds": 0.0}
                                           for p in paths}
+    for index in sorted(done):
+        _merge(results[Path(tasks[index][0]).stem], done[index])
+    if len(done) < len(tasks):
+        print(f"check: {len(tasks) - len(done)} of {len(tasks)} tasks not done in {time_limit_s:g} s", flush=True)
+    return {"wall_s": time.perf_counter() - started, "precisions": precisions, "workers": workers,
+            "tasks": len(tasks), "tasks_done": len(done), "retried_alone": len(again), "problems": results}
+
+
+def out_of_memory(result: dict[str, Any]) -> bool:
+    """Whether a task's check failed for want of GPU memory, anywhere (the problem, a precision, a template)."""
+    said = [result.get("error", ""), *(str(e.get("error", "")) + str(e.get("failures", ""))
+                                       for e in result.get("precisions", {}).values())]
+    return any("out of memory" in text.lower() for text in said)
+
+
+def workers_for(free_bytes: int, asked: int, per_worker_bytes: int) -> int:
+    """How many check processes the GPU's free memory holds, each with its own CUDA context and problem: at most
+    `asked`, at least one."""
+    return max(1, min(asked, free_bytes // max(per_worker_bytes, 1)))
+
+
+def _run_tasks(tasks: list[tuple[str, list[str], bool, str]], workers: int, deadline: float
+               ) -> dict[int, dict[str, Any]]:
+    """Run tasks on `workers` processes until done or `deadline`; each finished task's result by its index."""
     context = multiprocessing.get_context("spawn")  # each process its own CUDA context
     task_queue, result_queue = context.Queue(), context.Queue()
     for item in enumerate(tasks):
@@ -136,10 +168,10 @@ def check_all(paths: list[Path], precisions: list[str], workers: int, time_limit
     for process in processes:
         process.start()
     running: dict[int, int] = {}  # pid -> task index
-    finished: set[int] = set()
+    done: dict[int, dict[str, Any]] = {}
     begun = 0
     try:
-        while len(finished) < len(tasks) and time.perf_counter() - started < time_limit_s:
+        while len(done) < len(tasks) and time.perf_counter() < deadline:
             try:
                 kind, index, payload = result_queue.get(timeout=1.0)
             except queue.Empty:
@@ -147,21 +179,19 @@ def check_all(paths: list[Path], precisions: list[str], workers: int, time_limit
             if kind == "start":
                 running[payload] = index
                 begun += 1
-            elif kind == "done" and index not in finished:
+            elif kind == "done" and index not in done:
                 running = {pid: i for pid, i in running.items() if i != index}
-                finished.add(index)
-                _merge(results[payload["problem"]], payload)
+                done[index] = payload
             for process in list(processes):
                 if process.is_alive() or process.exitcode is None:
                     continue
                 processes.remove(process)
                 lost = running.pop(process.pid or -1, None)
-                if lost is not None and lost not in finished:  # died inside a task: an error, not a wait
-                    finished.add(lost)
+                if lost is not None and lost not in done:  # died inside a task: an error, not a wait
                     path, task_precisions = tasks[lost][0], tasks[lost][1]
                     error = f"check process died (exit code {process.exitcode})"
-                    _merge(results[Path(path).stem], {"problem": Path(path).stem, "seconds": 0.0,
-                                                      "precisions": {p: {"error": error} for p in task_precisions}})
+                    done[lost] = {"problem": Path(path).stem, "seconds": 0.0,
+                                  "precisions": {p: {"error": error} for p in task_precisions}}
                     print(f"check {Path(path).stem} {task_precisions}: {error}", flush=True)
                 if begun < len(tasks):
                     task_queue.put(None)  # the replacement's own end-of-tasks mark
@@ -173,10 +203,7 @@ def check_all(paths: list[Path], precisions: list[str], workers: int, time_limit
             process.kill()
         for process in processes:
             process.join(timeout=10)
-    if len(finished) < len(tasks):
-        print(f"check: {len(tasks) - len(finished)} of {len(tasks)} tasks not done in {time_limit_s:g} s", flush=True)
-    return {"wall_s": time.perf_counter() - started, "precisions": precisions, "workers": workers,
-            "tasks": len(tasks), "tasks_done": len(finished), "problems": results}
+    return done
 
 
 def _merge(merged: dict[str, Any], result: dict[str, Any]) -> None:
@@ -193,12 +220,32 @@ def _merge(merged: dict[str, Any], result: dict[str, Any]) -> None:
         print(f"check {result['problem']}: ERROR {result['error']}", flush=True)
 
 
+WORKER_MEMORY_GIB = 8.0
+
+
+def sized_workers(asked: int, worker_memory_gib: float = WORKER_MEMORY_GIB, device: str = "cuda") -> int:
+    """`asked` check processes, fewer where this GPU's free memory holds fewer (on the CPU: as asked)."""
+    if not device.startswith("cuda"):
+        return max(1, asked)
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    workers = workers_for(free, asked, int(worker_memory_gib * (1 << 30)))
+    if workers < asked:
+        print(f"check: {workers} processes, not {asked}: {free / (1 << 30):.0f} GiB free on the GPU holds "
+              f"{workers} at {worker_memory_gib:g} GiB each", flush=True)
+    return workers
+
+
 def main() -> None:
     from farm_agent.tuner.problem import problem_paths
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("problems", nargs="+", type=Path)
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
+    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                        help="at most this many processes; fewer where the GPU's free memory holds fewer")
+    parser.add_argument("--worker-memory-gib", type=float, default=WORKER_MEMORY_GIB,
+                        help="GPU memory one check process may need (its CUDA context, the problem, compiles)")
     parser.add_argument("--time-limit-s", type=float, default=170.0)
     parser.add_argument("--precisions", nargs="+", default=["ieee", "tf32x3", "tf32"])
     parser.add_argument("--no-compile-warm", action="store_true")
@@ -206,7 +253,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     paths = [p for folder in args.problems for p in problem_paths(folder)]
-    data = check_all(paths, args.precisions, args.workers, args.time_limit_s, not args.no_compile_warm, args.device)
+    workers = sized_workers(args.workers, args.worker_memory_gib, args.device)
+    data = check_all(paths, args.precisions, workers, args.time_limit_s, not args.no_compile_warm, args.device)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(data, indent=1))

@@ -108,11 +108,12 @@ def main() -> None:
     counts = {p.stem: region_count(p) for p in paths}
     check: dict[str, Any] = {}
     if args.check_workers > 0 and precisions:
-        from template_check import check_all
+        from template_check import check_all, sized_workers
 
-        print(f"== template check: {len(paths)} problems, {args.check_workers} workers", flush=True)
+        workers = sized_workers(args.check_workers, device=args.device)  # as many as the GPU's free memory holds
+        print(f"== template check: {len(paths)} problems, {workers} workers", flush=True)
         heaviest_first = sorted(paths, key=lambda p: -counts[p.stem])  # the longest compiles start first
-        check = check_all(heaviest_first, precisions, args.check_workers, args.check_limit_s, device=args.device)
+        check = check_all(heaviest_first, precisions, workers, args.check_limit_s, device=args.device)
         print(f"== template check done in {check['wall_s']:.0f} s", flush=True)
 
     # Problems with template regions first, so that a time limit cuts the ones the templates do not touch.
