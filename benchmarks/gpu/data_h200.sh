@@ -9,14 +9,8 @@ timeout 200 python3 benchmarks/data_service.py --mib ${MIB:-2048} --repeat 2 2>&
 B=benchmarks/gpu/auto_shards.py
 python3 $B data /tmp/bench-data --rows ${ROWS:-400000} | tail -1
 python3 $B raw /tmp/bench-data --batch-size ${BATCH:-512} | tee $OUT/raw.json
-F="python3 -m farm.cli.main"
-$F head start --host 127.0.0.1 --port 7710 --ray-user root --detach 2>&1 | tail -1
-CA=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['ca_hash'])")
-FARM_JOIN_TOKEN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])") \
-  $F agent start --head 127.0.0.1:7710 --ca-hash "$CA" --name h200-gpu --backends cuda --cpus 8 \
-  --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
+farm_up
 timeout ${JOB_TIMEOUT_S:-240} python3 $B job /tmp/bench-data --raw $OUT/raw.json --batch-size ${BATCH:-512} 2>&1 | tee $OUT/table.md
 JOB=$(grep -o "^job j-[0-9a-f]*" $OUT/table.md | cut -d' ' -f2)
 [ -n "$JOB" ] && $F job $JOB --explain > $OUT/explain.txt 2>&1 && head -30 $OUT/explain.txt
-$F agent stop 2>&1 | tail -1; $F head stop 2>&1 | tail -1
-cp /tmp/farm-state/head.log /tmp/farm-state/agents/*/agent.log $OUT/ 2>/dev/null
+farm_down

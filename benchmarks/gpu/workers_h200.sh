@@ -5,23 +5,19 @@
 # Before it, two `run` calls staged the cp312 wheels Farm needs and the image lacks (ray, pyarrow, pydantic, ...) as
 # one tar in three parts under 64 MiB (.whl/gpu/c1..c3): this call carries the third (benchmarks/gpu/stage.sh).
 . benchmarks/gpu/stage.sh
-F="python3 -m farm.cli.main"
 mkdir -p /tmp/bench && chmod 777 /tmp/bench
 # Each queue depth on a head of its own (FARM_QUEUE_DEPTH is read when the head starts): 1 (the default: a worker
 # holds its next shard), then 0 (a shard is sent once the one before it is in).
 for depth in ${DEPTHS:-1 0}; do
-  FARM_QUEUE_DEPTH=$depth $F head start --host 127.0.0.1 --port 7710 --ray-user root --detach 2>&1 | tail -1
-  CA=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['ca_hash'])")
-  FARM_JOIN_TOKEN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])") \
-    $F agent start --head 127.0.0.1:7710 --ca-hash "$CA" --name h200-gpu --backends cuda --cpus 8 \
-    --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
+  FARM_QUEUE_DEPTH=$depth farm_head
+  farm_agent h200-gpu cuda 8
   echo "== queue depth $depth"
   timeout ${JOB_TIMEOUT_S:-240} python3 benchmarks/gpu/workers.py /tmp/bench/depth$depth ${ARGS:-} 2>&1 | tee $OUT/table-depth$depth.txt
   python3 -c "import json;d=json.load(open('/tmp/bench/depth$depth/workers.json'));print('gaps ms', [round(g,1) for g in d['gaps_ms']])"
   JOB=$(python3 -c "import json;print(json.load(open('/tmp/bench/depth$depth/workers.json'))['job']['id'])" 2>/dev/null)
   [ -n "$JOB" ] && $F job $JOB --explain 2>&1 | head -12
   [ -n "$JOB" ] && $F logs $JOB 2>&1 | grep -c "worker started"
-  $F agent stop 2>&1 | tail -1; $F head stop 2>&1 | tail -1
+  farm_down
   cp /tmp/bench/depth$depth/workers.json $OUT/workers-depth$depth.json 2>/dev/null
   cp /tmp/farm-state/agents/h200-gpu/agent.log $OUT/agent-depth$depth.log 2>/dev/null
   rm -rf /tmp/farm-state
