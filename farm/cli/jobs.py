@@ -262,6 +262,12 @@ def job(
                           "way its data came)")
             for line in data:
                 console.print(f"  {line}", highlight=False)
+        tuned = [line.message.removeprefix("tuning: ") for line in lines if line.message.startswith("tuning: ")]
+        if tuned:
+            console.print("[bold]tuning[/] (per node and device: whether it tuned and why, the winner and its cost; "
+                          "the A/B of the winner against eager in this job's own shards)")
+            for line in tuned:
+                console.print(f"  {line}", highlight=False)
         console.print("[bold]placements[/] (each shard, where it went and the score it went on)")
         for line in lines:
             if "→" in line.message:

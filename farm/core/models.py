@@ -145,6 +145,7 @@ class Shard(Frozen):
     device: str = ""
     peak_memory_bytes: int = 0
     metrics: dict[str, float] = {}  # the kind's own figures of the shard (an evaluate shard's loss)
+    forward: str = ""  # the tuner's winner the shard ran (farm.core.tuning.TuningOutcome); "" the untuned model
 
     @property
     def size(self) -> int:

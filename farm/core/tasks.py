@@ -10,7 +10,7 @@ from pydantic import ConfigDict
 
 from farm.core.dataset import DatasetPlan, DatasetSpec, ReadRoute
 from farm.core.energy import Energy
-from farm.core.tuning import Objective
+from farm.core.tuning import Objective, SharedWinner, TuningOutcome
 
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
 # traceback (farm_agent.work.capture sets them; the shard's upload sends them to the head with its failure).
@@ -37,6 +37,10 @@ class Tuning:
     budget_s: float | None = None  # tune first, once per model, batch shape and GPU, within this many seconds
     objective: Objective = Objective.ENERGY  # the `efficiency` policy's, a job's default
     rows_left: int | None = None  # the job's rows not yet done when this shard was sent: caps the budget
+    # The in-job A/B's side for this shard (farm.core.tuning.ab_verdict): True runs the model untuned and tunes
+    # nothing (the eager side, or a job whose winner lost in its own shards).
+    eager: bool = False
+    shared: tuple[SharedWinner, ...] = ()  # winners other nodes found for this job's model: a fitting one is run
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ class ShardResult:
     # shard runs): `energy` is None until this is read (farm_agent.work.kinds.inference.attempt).
     energy_later: Callable[[], Energy | None] | None = None
     read_route: ReadRoute | None = None  # how the node read a located dataset (None: the data came with the code)
+    tuning: TuningOutcome | None = None  # the forward it ran and the tuning it paid for (the cuda backend's)
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,7 @@ class ShardFigures:
     peak_memory_bytes: int = 0
     log: str = ""
     metrics: Mapping[str, float] = field(default_factory=dict)  # the kind's own figures (an evaluate shard's loss)
+    tuning: TuningOutcome | None = None  # an inference shard's forward and its tuning (None: no tuner ran)
 
 
 @dataclass(frozen=True)

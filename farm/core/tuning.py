@@ -8,9 +8,12 @@ device's idle draw under `energy`, as a job's own energy is counted (farm.core.e
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 
 from farm.core.energy import MARGINAL_FLOOR, METER_STEPS
@@ -160,3 +163,178 @@ def keep_winner(eager: ShardRate, winner: ShardRate, objective: Objective) -> bo
         return False
     eager_j, winner_j = eager.per_row(Objective.ENERGY), winner.per_row(Objective.ENERGY)
     return objective is Objective.TIME or eager_j is None or winner_j is None or winner_j <= eager_j
+
+
+# --- the in-job A/B: the job's first shards run eager, the next ones the winner, per device ----------------------
+
+# Each side of the A/B needs this many items measured before its verdict (or AB_SHARE of the job's, if fewer): a
+# shard's rate over fewer rows is mostly its start.
+AB_MIN_ITEMS = 4096
+AB_SHARE = 0.1
+
+
+def ab_min_items(job_items: int) -> int:
+    """Items each side of a job's A/B needs measured before the verdict."""
+    return max(1, min(AB_MIN_ITEMS, math.ceil(job_items * AB_SHARE)))
+
+
+def _plus(a: ShardRate, b: ShardRate) -> ShardRate:
+    joules = a.joules + b.joules if a.joules is not None and b.joules is not None else None
+    return ShardRate(a.rows + b.rows, a.seconds + b.seconds, joules)
+
+
+class AbState(StrEnum):
+    EAGER_FIRST = "measuring eager"  # the untuned side has too few items yet: the next shard runs eager
+    TRYING = "trying the winner"  # the winner's side has too few items yet: the next shard runs the winner
+    KEPT = "kept"  # the winner won in the job's own shards: it runs the rest
+    REVERTED = "reverted"  # the winner lost: eager runs the rest
+
+
+@dataclass(frozen=True)
+class AbShard:
+    """One finished shard of the A/B: the forward it ran ("" the untuned model) and its measured figures."""
+
+    winner: str
+    rate: ShardRate
+
+
+@dataclass(frozen=True)
+class AbVerdict:
+    state: AbState
+    eager: ShardRate  # the eager side's shards, summed (up to the verdict)
+    tuned: ShardRate  # the winner's
+    winner: str = ""
+
+    @property
+    def runs_winner(self) -> bool:
+        """Whether the device's next shard runs the winner."""
+        return self.state in (AbState.TRYING, AbState.KEPT)
+
+    def gain(self, objective: Objective) -> float | None:
+        """How many times cheaper per item the winner was than eager on the objective: its speed-up under `time`,
+        its items per joule above idle over eager's under `energy`."""
+        eager, tuned = self.eager.per_row(objective), self.tuned.per_row(objective)
+        return eager / tuned if eager is not None and tuned else None
+
+
+def ab_verdict(shards: Sequence[AbShard], objective: Objective, min_items: int) -> AbVerdict:
+    """The A/B on one device from its finished shards in the order they were cut: each shard counts to the side of
+    the forward it ran; once both sides hold `min_items`, the verdict is taken (keep_winner) and later shards do not
+    change it, so a reverted job stays eager. Before that, eager is measured first, then the winner."""
+    eager = tuned = ShardRate(0, 0.0, 0.0)
+    winner = ""
+    for shard in shards:
+        if shard.winner:
+            tuned, winner = _plus(tuned, shard.rate), shard.winner
+        else:
+            eager = _plus(eager, shard.rate)
+        if eager.rows >= min_items and tuned.rows >= min_items:
+            state = AbState.KEPT if keep_winner(eager, tuned, objective) else AbState.REVERTED
+            return AbVerdict(state, eager, tuned, winner)
+    return AbVerdict(AbState.EAGER_FIRST if eager.rows < min_items else AbState.TRYING, eager, tuned, winner)
+
+
+def paid_off_items(verdict: AbVerdict, tuning_s: float, tuning_j: float | None, objective: Objective
+                   ) -> float | None:
+    """The item count at which the winner paid back its tuning in the job's own shards, on the objective (its joules
+    above idle under `energy` where measured, else its seconds); None if it never does (it saves nothing)."""
+    use_j = objective is Objective.ENERGY and tuning_j is not None
+    unit = Objective.ENERGY if use_j else Objective.TIME
+    eager, tuned = verdict.eager.per_row(unit), verdict.tuned.per_row(unit)
+    if eager is None or tuned is None:
+        return None
+    return break_even_rows(tuning_j if use_j and tuning_j is not None else tuning_s, eager, tuned)
+
+
+# --- what a shard's node says of its forward, and the winners shared across the farm -----------------------------
+
+Param = str | int | float | bool
+NAME = re.compile(r"[a-z0-9][a-z0-9._:+-]{0,63}")  # a candidate's or a parameter's name
+MAX_PARAMS = 16
+MAX_TEXT = 256  # a key's part, a parameter's value, a reason
+
+
+@dataclass(frozen=True)
+class TuningOutcome:
+    """What a shard ran and what tuning it paid for, as its node reports it (farm.proto result.ShardFigures)."""
+
+    winner: str = ""  # the candidate the shard ran; "" the untuned model
+    params: tuple[tuple[str, Param], ...] = ()
+    reason: str = ""  # why it tuned or not (plan_tuning's), or where its winner came from
+    tuning_s: float = 0.0  # spent tuning before this shard (0: none)
+    tuning_j: float | None = None  # the tuning's joules above idle (None: not measured)
+    # What the winner was measured on, for the farm's winners cache (WinnerKey).
+    device_name: str = ""
+    driver: str = ""
+    torch_version: str = ""
+    input_shapes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WinnerKey:
+    """What a winner holds for: a GPU model and driver, a torch version, the job's model (farm.head.kinds.base.
+    model_key: its code, weights and input), the batch's input shapes, the tolerance and the objective."""
+
+    device_name: str
+    driver: str
+    torch_version: str
+    model_key: str
+    input_shapes: tuple[str, ...]
+    atol: float
+    rtol: float
+    objective: Objective
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:32]
+
+    def fits(self, device_name: str, driver: str, torch_version: str, input_shapes: Sequence[str]) -> bool:
+        """Whether this key's winner holds on a node's device, torch and batch (what only the node knows)."""
+        return (self.device_name, self.driver, self.torch_version, self.input_shapes) == (
+            device_name, driver, torch_version, tuple(input_shapes))
+
+
+@dataclass(frozen=True)
+class SharedWinner:
+    """A winner one node found, handed with their shards to the nodes whose key it fits: they tune nothing."""
+
+    key: WinnerKey
+    winner: str
+    params: tuple[tuple[str, Param], ...] = ()
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise ValueError(f"{what} is not a string of at most {MAX_TEXT} characters")
+    return value
+
+
+def check_outcome(outcome: TuningOutcome) -> TuningOutcome:
+    """A node's outcome, checked: names, bounded strings, scalar parameters, finite non-negative costs (ValueError
+    otherwise). A node is hostile until checked: whatever it sends becomes another node's forward."""
+    if outcome.winner and not NAME.fullmatch(outcome.winner):
+        raise ValueError(f"the winner's name {outcome.winner[:64]!r} is not a candidate's")
+    if len(outcome.params) > MAX_PARAMS:
+        raise ValueError(f"the winner has more than {MAX_PARAMS} parameters")
+    for name, value in outcome.params:
+        if not NAME.fullmatch(name):
+            raise ValueError(f"a parameter's name {name[:64]!r} is not one")
+        ok = isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)) or (
+            isinstance(value, str) and len(value) <= MAX_TEXT)
+        if not ok:
+            raise ValueError(f"parameter {name!r} is not a bounded string, an integer, a finite number or a bool")
+    for what in ("reason", "device_name", "driver", "torch_version"):
+        _text(getattr(outcome, what), what)
+    if len(outcome.input_shapes) > MAX_PARAMS:
+        raise ValueError("too many input shapes")
+    for shape in outcome.input_shapes:
+        _text(shape, "an input shape")
+    costs = [outcome.tuning_s, *([outcome.tuning_j] if outcome.tuning_j is not None else [])]
+    if not all(math.isfinite(c) and c >= 0 for c in costs):
+        raise ValueError("the tuning's cost is negative or not finite")
+    return outcome
+
+
+def shareable(outcome: TuningOutcome) -> bool:
+    """Whether a node's outcome names a winner others can run: a tuning run's or a cached one, measured on a known
+    device, torch and batch."""
+    return bool(outcome.winner and outcome.device_name and outcome.torch_version and outcome.input_shapes)

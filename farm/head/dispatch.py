@@ -76,7 +76,7 @@ class Dispatcher:
         self.links.on_closed = lambda node_id: self._take_back(node_id, "its node's work stream closed")
         self.specs: dict[str, JobSpec] = {}  # job id → its spec, parsed once (at submit, or at the head's start)
         self.tasks: set[asyncio.Task[None]] = set()
-        self.handlers = kinds.handlers(settings)
+        self.handlers = kinds.handlers(settings, store)
         self.outcomes = Outcomes(store, settings, notify, self._cancel_running)
         self.round = Round()
         self.node_watch = node_check.NodeWatch(store, settings)

@@ -14,7 +14,8 @@ from farm.core.energy import Energy
 from farm.core.errors import DataError, FarmError
 from farm.core.models import JobState, Node, Shard, ShardState
 from farm.core.spec import ModelJobSpec
-from farm.head import output_place
+from farm.core.tuning import TuningOutcome
+from farm.head import output_place, tuning
 from farm.head.output import manifest, write_manifest
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -87,6 +88,7 @@ class ShardRecord:
     peak_memory_bytes: int = 0
     marginal_j: float | None = None  # the part of `energy` above the device's idle draw (farm.core.energy)
     metrics: dict[str, float] = field(default_factory=dict)  # the kind's own figures (an evaluate shard's loss)
+    tuning: TuningOutcome | None = None  # an inference shard's forward and its tuning (farm.head.tuning)
 
     def sample(self, node_id: str, device: str) -> Sample:
         """What the shard measured, as the scheduler's calibration reads it."""
@@ -112,7 +114,9 @@ class Outcomes:
 
     def succeeded(self, job_id: str, index: int, record: ShardRecord) -> None:
         self.store.shard_succeeded(job_id, index, record.items, record.seconds, record.correct, record.energy,
-                                   record.peak_memory_bytes, record.marginal_j, record.metrics)
+                                   record.peak_memory_bytes, record.marginal_j, record.metrics,
+                                   record.tuning.winner if record.tuning is not None else "")
+        tuning.shard_done(self.store, job_id, index, record.tuning)
         self.notify(job_id)
 
     def failed(self, job_id: str, index: int, failure: Failure) -> None:

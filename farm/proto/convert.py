@@ -13,6 +13,7 @@ from farm.core.energy import DevicePower, Energy
 from farm.core.errors import FarmError
 from farm.core.models import BackendOffer, Gpu, Hardware, Node
 from farm.core.tasks import ShardFigures
+from farm.core.tuning import Param, TuningOutcome, check_outcome
 from farm.proto.v1 import common_pb2, fleet_pb2, result_pb2
 
 MAX_METRICS = 64  # a kind's own figures in one shard's result: a handful (evaluate sends one)
@@ -104,7 +105,43 @@ def figures_to_pb(figures: ShardFigures) -> result_pb2.ShardFigures:
         items=figures.items, seconds=figures.seconds, correct=figures.correct,
         energy=energy_to_pb(figures.energy) if figures.energy is not None else None,
         peak_memory_bytes=figures.peak_memory_bytes, log=figures.log, metrics=dict(figures.metrics),
+        tuning=tuning_to_pb(figures.tuning) if figures.tuning is not None else None,
     )
+
+
+def _param_to_pb(value: Param) -> result_pb2.ParamValue:
+    if isinstance(value, bool):
+        return result_pb2.ParamValue(flag=value)
+    if isinstance(value, int):
+        return result_pb2.ParamValue(integer=value)
+    if isinstance(value, float):
+        return result_pb2.ParamValue(number=value)
+    return result_pb2.ParamValue(text=value)
+
+
+def tuning_to_pb(outcome: TuningOutcome) -> result_pb2.TuningOutcome:
+    return result_pb2.TuningOutcome(
+        winner=outcome.winner, params={k: _param_to_pb(v) for k, v in outcome.params}, reason=outcome.reason,
+        tuning_s=outcome.tuning_s, tuning_j=outcome.tuning_j, device_name=outcome.device_name, driver=outcome.driver,
+        torch_version=outcome.torch_version, input_shapes=list(outcome.input_shapes))
+
+
+def tuning_from_pb(msg: result_pb2.TuningOutcome) -> TuningOutcome:
+    """A node's tuning outcome, checked (farm.core.tuning.check_outcome): BadFigures otherwise."""
+    params: list[tuple[str, Param]] = []
+    for name in sorted(msg.params):
+        value = msg.params[name]
+        which = value.WhichOneof("value")
+        if which is None:
+            raise BadFigures(f"its tuning's parameter {name[:64]!r} has no value")
+        params.append((name, getattr(value, which)))
+    try:
+        return check_outcome(TuningOutcome(
+            winner=msg.winner, params=tuple(params), reason=msg.reason, tuning_s=msg.tuning_s,
+            tuning_j=msg.tuning_j if msg.HasField("tuning_j") else None, device_name=msg.device_name,
+            driver=msg.driver, torch_version=msg.torch_version, input_shapes=tuple(msg.input_shapes)))
+    except ValueError as exc:
+        raise BadFigures(f"its tuning outcome: {exc}") from None
 
 
 class BadFigures(FarmError):
@@ -131,4 +168,5 @@ def figures_from_pb(msg: result_pb2.ShardFigures) -> ShardFigures:
             raise BadFigures(f"its energy is not one: {exc.errors()[0]['msg'] if hasattr(exc, 'errors') else exc}") \
                 from None
     return ShardFigures(items=msg.items, seconds=msg.seconds, correct=correct, energy=energy,
-                        peak_memory_bytes=msg.peak_memory_bytes, log=msg.log, metrics=dict(msg.metrics))
+                        peak_memory_bytes=msg.peak_memory_bytes, log=msg.log, metrics=dict(msg.metrics),
+                        tuning=tuning_from_pb(msg.tuning) if msg.HasField("tuning") else None)

@@ -3,10 +3,14 @@ baseline, the break-even arithmetic and the in-job A/B's verdict."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from farm.core.tuning import (MIN_TUNE_S, CallCost, Objective, ShardRate, break_even_rows, call_cost,
-                              calls_for_meter, keep_winner, objective_for, pick, plan_tuning)
+from farm.core.tuning import (AB_MIN_ITEMS, MIN_TUNE_S, AbShard, AbState, CallCost, Objective, ShardRate,
+                              TuningOutcome, WinnerKey, ab_min_items, ab_verdict, break_even_rows, call_cost,
+                              calls_for_meter, check_outcome, keep_winner, objective_for, paid_off_items, pick,
+                              plan_tuning)
 
 IDLE_W = 125.0  # an H200 with a CUDA context, idle
 
@@ -102,3 +106,79 @@ def test_the_in_job_ab_goes_back_to_eager_when_the_winner_loses() -> None:
     assert keep_winner(eager, better, Objective.ENERGY)
     no_counter = ShardRate(rows=10_000, seconds=0.7, joules=None)
     assert keep_winner(ShardRate(10_000, 1.0, None), no_counter, Objective.ENERGY)
+
+
+def _rate(rows: int, seconds: float, joules: float | None) -> ShardRate:
+    return ShardRate(rows=rows, seconds=seconds, joules=joules)
+
+
+def test_the_ab_waits_until_both_sides_have_enough_items() -> None:
+    eager = AbShard("", _rate(500, 0.5, 150.0))
+    assert ab_verdict([], Objective.ENERGY, 1000).state is AbState.EAGER_FIRST
+    assert not ab_verdict([eager], Objective.ENERGY, 1000).runs_winner  # eager first, until it holds 1000 items
+    two = ab_verdict([eager, eager], Objective.ENERGY, 1000)
+    assert two.state is AbState.TRYING and two.runs_winner
+    tried = ab_verdict([eager, eager, AbShard("cuda-graphs", _rate(500, 0.1, 10.0))], Objective.ENERGY, 1000)
+    assert tried.state is AbState.TRYING  # one winner shard: too few items to judge, however good
+
+
+def test_the_ab_reverts_to_eager_when_the_winner_loses_and_stays_reverted() -> None:
+    eager = AbShard("", _rate(1000, 1.0, 300.0))
+    slower = AbShard("cuda-graphs", _rate(1000, 1.2, 250.0))
+    verdict = ab_verdict([eager, slower], Objective.ENERGY, 1000)
+    assert verdict.state is AbState.REVERTED and not verdict.runs_winner and verdict.winner == "cuda-graphs"
+    hotter = AbShard("cuda-graphs", _rate(1000, 0.8, 380.0))  # faster, but more joules per item: loses on energy
+    assert ab_verdict([eager, hotter], Objective.ENERGY, 1000).state is AbState.REVERTED
+    assert ab_verdict([eager, hotter], Objective.TIME, 1000).state is AbState.KEPT
+    # Later shards (eager after the revert, however slow) do not reopen a settled verdict.
+    later = [eager, slower, AbShard("", _rate(5000, 50.0, 9000.0))]
+    assert ab_verdict(later, Objective.ENERGY, 1000).state is AbState.REVERTED
+
+
+def test_the_ab_keeps_a_winner_that_wins_and_says_by_how_much() -> None:
+    verdict = ab_verdict([AbShard("", _rate(1000, 1.0, 300.0)), AbShard("w", _rate(1000, 0.5, 200.0))],
+                         Objective.ENERGY, 1000)
+    assert verdict.state is AbState.KEPT and verdict.runs_winner
+    assert verdict.gain(Objective.TIME) == pytest.approx(2.0)
+    assert verdict.gain(Objective.ENERGY) == pytest.approx(1.5)
+    # 0.3 J/item against 0.2: 9 kJ of tuning pay back after 90,000 items; by time, 30 s after 60,000.
+    assert paid_off_items(verdict, 30.0, 9000.0, Objective.ENERGY) == pytest.approx(90_000)
+    assert paid_off_items(verdict, 30.0, 9000.0, Objective.TIME) == pytest.approx(60_000)
+    assert paid_off_items(verdict, 30.0, None, Objective.ENERGY) == pytest.approx(60_000)  # no counter: seconds
+
+
+def test_ab_min_items() -> None:
+    assert ab_min_items(1_000_000) == AB_MIN_ITEMS
+    assert ab_min_items(8000) == 800
+    assert ab_min_items(3) == 1
+
+
+def _key(**changes: object) -> WinnerKey:
+    parts: dict[str, object] = dict(device_name="NVIDIA H200", driver="570.1", torch_version="2.9.0", model_key="m1",
+                                    input_shapes=("float32[512, 3, 64, 64]",), atol=1e-4, rtol=1e-4,
+                                    objective=Objective.ENERGY)
+    return WinnerKey(**{**parts, **changes})  # type: ignore[arg-type]
+
+
+def test_the_winner_key_has_every_part() -> None:
+    key = _key()
+    assert key.digest() == _key().digest()
+    for part, other in (("device_name", "NVIDIA A100"), ("driver", "560.0"), ("torch_version", "2.8.0"),
+                        ("model_key", "m2"), ("input_shapes", ("float32[256, 3, 64, 64]",)), ("atol", 1e-3),
+                        ("rtol", 1e-2), ("objective", Objective.TIME)):
+        assert _key(**{part: other}).digest() != key.digest(), part
+    assert key.fits("NVIDIA H200", "570.1", "2.9.0", ["float32[512, 3, 64, 64]"])
+    assert not key.fits("NVIDIA H200", "570.1", "2.9.0", ["float32[7, 3, 64, 64]"])
+    assert not key.fits("NVIDIA A100", "570.1", "2.9.0", ["float32[512, 3, 64, 64]"])
+
+
+def test_a_nodes_outcome_is_checked() -> None:
+    good = TuningOutcome(winner="cuda-graphs", params=(("mode", "static"), ("warmup", 3)), reason="tuned: ...",
+                         tuning_s=12.0, tuning_j=3000.0, device_name="NVIDIA H200", driver="570.1",
+                         torch_version="2.9.0", input_shapes=("float32[512, 8]",))
+    assert check_outcome(good) is good
+    for bad in (replace(good, winner="__import__('os')"), replace(good, params=(("Bad Name", 1),)),
+                replace(good, params=(("x", float("nan")),)), replace(good, tuning_s=-1.0),
+                replace(good, reason="x" * 10_000), replace(good, params=tuple((f"p{i}", i) for i in range(40)))):
+        with pytest.raises(ValueError):
+            check_outcome(bad)

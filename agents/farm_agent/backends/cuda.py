@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.core.tasks import Tuning
+from farm.core.tuning import TuningOutcome
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +28,10 @@ if TYPE_CHECKING:
 GIB = 1024**3
 # Tuned forwards per model, built once per worker (a torch.compile or a CUDA graph capture costs seconds): the
 # runner's warm-up batch builds it, outside the energy window.
-_tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], Callable[..., Any]]] = weakref.WeakKeyDictionary()
+# Each with what it is and what its tuning cost (farm.core.tuning.TuningOutcome), reported once with a shard.
+_tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[Callable[..., Any], TuningOutcome]]] = \
+    weakref.WeakKeyDictionary()
+_last: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()  # per device
 
 
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
@@ -43,21 +48,36 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
 
 def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tuning, device: str
                    ) -> Callable[..., Any]:
-    """The tuner's cached winner for this GPU, model, batch shape, tolerance and objective (farm kernels tune),
-    found by a tuning run now when the job gives a budget, there is none yet and it can pay for itself over the
-    job's rows left; else the module as an untuned job runs it."""
-    from farm_agent.tuner.tune import tuned_module
+    """The tuner's winner for this GPU, model, batch shape, tolerance and objective: this node's cached one, one the
+    farm shares (tuning.shared), or one found by a tuning run now when the job gives a budget and it can pay for
+    itself over the job's rows left; else the module as an untuned job runs it. What it is and what its tuning cost
+    wait for the shard's figures (take_outcome)."""
+    from farm_agent.tuner.tune import tuned_forward
 
     built = _tuned.setdefault(module, {})
     tolerance = (tuning.atol, tuning.rtol)
     # A lookup without a tuning run must not stand in for a job that asks for one (Ray reuses this worker for the
     # next job with the same code).
-    key = (device, tuple(example.shape), example.dtype, tolerance, tuning.objective, tuning.budget_s is not None)
+    key = (device, tuple(example.shape), example.dtype, tolerance, tuning.objective, tuning.budget_s is not None,
+           tuning.shared)
     if key not in built:
-        built[key] = tuned_module(module, example, tolerance, device, tune_first=tuning.budget_s is not None,
-                                  budget_s=tuning.budget_s or 0.0, objective=tuning.objective,
-                                  rows_left=tuning.rows_left)
-    return built[key]
+        built[key] = tuned_forward(module, example, tolerance, device, tune_first=tuning.budget_s is not None,
+                                   budget_s=tuning.budget_s or 0.0, objective=tuning.objective,
+                                   rows_left=tuning.rows_left, shared=tuning.shared)
+    _last.setdefault(module, {})[device] = key
+    return built[key][0]
+
+
+def take_outcome(module: torch.nn.Module, device: str) -> TuningOutcome | None:
+    """What the shard's full batches ran on `device` and the tuning it paid for, once: the next shard on the same
+    forward reports no tuning cost."""
+    key = _last.get(module, {}).get(device)
+    built = _tuned.get(module, {})
+    if key is None or key not in built:
+        return None
+    forward, outcome = built[key]
+    built[key] = (forward, replace(outcome, tuning_s=0.0, tuning_j=None))
+    return outcome
 
 
 def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
@@ -80,7 +100,10 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
     outputs = []
     eager = Untuned(module)
     with torch.inference_mode():
-        forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if len(host) else eager
+        # Only full batches run the winner, so only they are tuned for (a short last batch alone runs eager); the
+        # A/B's eager side (tuning.eager) tunes nothing.
+        full = len(host) >= batch_size and not tuning.eager
+        forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if full else eager
         for start in range(0, len(host), batch_size):
             batch = host[start : start + batch_size].to(target, non_blocking=True)
             # The winner was chosen (and a compiled one specialised) for full batches; a short last one runs eager.

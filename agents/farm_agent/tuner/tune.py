@@ -20,18 +20,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from farm.core.speed_of_light import SpeedOfLight, speed_of_light
-from farm.core.tuning import CallCost, Objective, TuningPlan, call_cost, plan_tuning
+from farm.core.tuning import (MAX_TEXT, CallCost, Objective, SharedWinner, TuningOutcome, TuningPlan, call_cost,
+                              plan_tuning)
 from farm.core.tuning import pick as pick_winner
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
-from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, UNTUNED, as_measured, build, candidate,
-                                         candidates_for, Untuned, untuned_precision)
+from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, FAMILY_BY_NAME, UNTUNED, as_measured, build,
+                                         candidate, candidates_for, Untuned, untuned_precision)
 from farm_agent.tuner.energy import idle_watts, open_meter
 from farm_agent.tuner.evaluator import Candidate, Result, evaluate
 from farm_agent.tuner.features import model_features
@@ -393,15 +394,62 @@ def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance
                  device: str = "cuda", cache: WinnerCache | None = None, tune_first: bool = False,
                  budget_s: float = 120.0, objective: Objective = Objective.TIME, rows_left: int | None = None
                  ) -> Callable[..., Any]:
-    """`module` as the tuner's cached winner runs it, for this GPU, model, batch shape, tolerance and objective.
-    Without a cached winner: the module itself, or, with `tune_first`, the winner of a tuning run made now if it
-    can pay for itself over `rows_left` (farm.core.tuning.plan_tuning; None: no cap but the budget). Untuned, the
-    model runs at PyTorch's defaults (untuned_precision); a winner at the precision it was measured
-    at (as_measured)."""
+    """`module` as the tuner's cached winner runs it (tuned_forward, without what it says of it)."""
+    return tuned_forward(module, example_batch, tolerance, device, cache, tune_first, budget_s, objective,
+                         rows_left)[0]
+
+
+def shared_winner(key: CacheKey, shared: Sequence[SharedWinner]) -> Winner | None:
+    """The farm's winner for this node's key (farm.core.tuning.WinnerKey: the head matched the model, tolerance and
+    objective; the device, driver, torch and batch shapes are matched here), if it names a family this agent knows
+    with that family's own parameters: a head's word is checked like a stranger's before it becomes a forward."""
+    for found in shared:
+        if not found.key.fits(key.device_name, key.driver, key.torch_version, key.input_shapes):
+            continue
+        family = FAMILY_BY_NAME.get(found.winner)
+        if family is None or dict(found.params) != dict(family.params) or family.name in UNTUNED:
+            continue
+        return Winner(candidate=family.name, params=dict(family.params), lowers_precision=family.lowers_precision,
+                      median_ms=0.0, eager_ms=None, compile_ms=None)
+    return None
+
+
+def _tuning_run(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float], device: str,
+                budget_s: float, cache: WinnerCache, objective: Objective) -> tuple[float, float | None]:
+    """A tuning run now: its seconds, and its joules above the device's idle draw where a counter read them."""
+    meter = open_meter(torch.device(device)) if torch.device(device).type == "cuda" else None
+    began = time.perf_counter()
+    if meter is None:
+        tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective)
+        return time.perf_counter() - began, None
+    with meter.window() as window:
+        report = tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective)
+    seconds, energy = time.perf_counter() - began, window.energy
+    if energy is None:
+        return seconds, None
+    idle = report.idle_w if report.idle_w is not None else idle_watts(meter)
+    return seconds, max(energy.joules - (idle or 0.0) * energy.seconds, 0.0)
+
+
+def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
+                  device: str = "cuda", cache: WinnerCache | None = None, tune_first: bool = False,
+                  budget_s: float = 120.0, objective: Objective = Objective.TIME, rows_left: int | None = None,
+                  shared: Sequence[SharedWinner] = ()) -> tuple[Callable[..., Any], TuningOutcome]:
+    """`module` as the tuner's winner runs it, for this GPU, model, batch shape, tolerance and objective, and what
+    was run and why (reported with the shard, farm.core.tuning.TuningOutcome). The winner is this node's cached
+    one, else one the farm shares (`shared`), else, with `tune_first`, the winner of a tuning run made now if it can
+    pay for itself over `rows_left` (farm.core.tuning.plan_tuning; None: no cap but the budget). Untuned, the model
+    runs at PyTorch's defaults (untuned_precision); a winner at the precision it was measured at (as_measured)."""
     atol, rtol = tolerance
     cache = cache or WinnerCache()
     key = make_key(module, [example_batch], atol, rtol, device, objective)
+    said = TuningOutcome(device_name=key.device_name, driver=key.driver, torch_version=key.torch_version,
+                         input_shapes=key.input_shapes)
     winner = cache.get(key)
+    why = "a cached winner for this GPU, model, shapes, tolerance and objective"
+    if winner is None and (winner := shared_winner(key, shared)) is not None:
+        why = "a winner the farm shares for this GPU kind, model, shapes, tolerance and objective: tuned nothing"
+    cost: tuple[float, float | None] = (0.0, None)
     if winner is None and tune_first:
         plan = TuningPlan(True, budget_s, "no cap: the rows left are not known")
         if rows_left is not None:
@@ -410,17 +458,24 @@ def tuned_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance
             plan = plan_tuning(budget_s=budget_s, rows_left=rows_left, tuning_per_s=1.0, objective=Objective.TIME,
                                baseline_per_row=untuned_s_per_row(module, example_batch))
         print(f"farm tuner: {'tuning' if plan.tune else 'not tuning'}: {plan.reason}", file=sys.stderr)
+        why = f"{'tuned' if plan.tune else 'not tuned'}: {plan.reason}"
         if plan.tune:
-            tune_module(module, example_batch, tolerance, device, plan.budget_s, cache, objective=objective)
+            cost = _tuning_run(module, example_batch, tolerance, device, plan.budget_s, cache, objective)
             winner = cache.get(key)
+            if winner is None or winner.candidate in UNTUNED:
+                why += "; no candidate beat the untuned model by the margin"
+    said = replace(said, reason=why[:MAX_TEXT], tuning_s=cost[0], tuning_j=cost[1])
     if winner is None or winner.candidate in UNTUNED or winner.source is not None:  # a proposal is no transform
-        return Untuned(module)
+        return Untuned(module), said
     try:
-        return as_measured(build(winner.candidate, module, [example_batch], winner.params), winner.lowers_precision)
+        forward = as_measured(build(winner.candidate, module, [example_batch], winner.params),
+                              winner.lowers_precision)
     except Exception as exc:  # a winner measured elsewhere in this key's life may not build now: run untuned
         print(f"farm tuner: cached winner {winner.candidate} does not build here ({type(exc).__name__}: {exc}); "
               "running the model untuned", file=sys.stderr)
-        return Untuned(module)
+        return Untuned(module), replace(said, reason=f"the winner {winner.candidate} does not build here"[:MAX_TEXT])
+    params = tuple(sorted((k, v) for k, v in winner.params.items() if isinstance(v, (str, int, float, bool))))
+    return forward, replace(said, winner=winner.candidate, params=params)
 
 
 @dataclass(frozen=True)

@@ -202,4 +202,5 @@ class Finishing:
 def figures(result: Any, **metrics: float) -> ShardFigures:
     """A node-side result's figures (ShardResult, EvaluateResult, KernelEvalShardResult), with the kind's own."""
     return ShardFigures(items=result.items, seconds=result.seconds, correct=result.correct, energy=result.energy,
-                        peak_memory_bytes=result.peak_memory_bytes, log=result.log, metrics=metrics)
+                        peak_memory_bytes=result.peak_memory_bytes, log=result.log, metrics=metrics,
+                        tuning=getattr(result, "tuning", None))

@@ -27,6 +27,7 @@ from farm.head.kinds.inference import Inference
 from farm.head.kinds.kernel_eval import KernelEval
 from farm.head.kinds.training import Training
 from farm.head.settings import HeadSettings
+from farm.head.store import Store
 
 HANDLERS: dict[JobKind, type[KindHandler]] = {
     JobKind.INFERENCE: Inference,
@@ -36,6 +37,6 @@ HANDLERS: dict[JobKind, type[KindHandler]] = {
 }
 
 
-def handlers(settings: HeadSettings) -> dict[JobKind, KindHandler]:
+def handlers(settings: HeadSettings, store: Store | None = None) -> dict[JobKind, KindHandler]:
     """A handler of every kind, for one head (a handler may hold what it drives, as training does)."""
-    return {kind: handler(settings) for kind, handler in HANDLERS.items()}
+    return {kind: handler(settings, store) for kind, handler in HANDLERS.items()}

@@ -83,8 +83,9 @@ class KindHandler(Generic[S]):
 
     kind: ClassVar[JobKind]
 
-    def __init__(self, settings: HeadSettings) -> None:
+    def __init__(self, settings: HeadSettings, store: Store | None = None) -> None:
         self.settings = settings
+        self.store = store  # the head's store, for what a kind records beyond its shards (inference's tuning)
 
     def plan(self, spec: S, submission: Submission) -> Plan:
         """At submit, in a worker thread (it may read a dataset's metadata): check the spec against the code, count

@@ -7,6 +7,7 @@ its range, which the node streams batch by batch (through the head's DataService
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ from farm.core.tasks import DataTask, ShardTask, Tuning
 from farm.core.tuning import objective_for
 from farm.data.batches import concat
 from farm.data.results import FORMAT, Results, shard_file
-from farm.head import arrivals, autoshard, datasets, output_place, shard_check
+from farm.head import arrivals, autoshard, datasets, output_place, shard_check, tuning
 from farm.head.arrivals import Arrival, figures
 from farm.head.kinds.base import Plan, ShardCall, ShardedKind, Submission, check_model_files, model_key
 from farm.head.outcomes import ShardRecord
@@ -89,7 +90,11 @@ class Inference(ShardedKind[InferenceSpec]):
             located, plan = saved
             data = DataTask(spec=located, plan=plan.slice(shard.start, shard.stop),
                             access=datasets.access(self.settings, job.id))
-        return ShardCall("run_shard", shard_task(job, spec, shard, assignment, spec.tune_budget_s, data))
+        task = shard_task(job, spec, shard, assignment, spec.tune_budget_s, data)
+        if self.store is not None:  # the A/B's side on this device, the winners the farm shares
+            task = replace(task, tuning=tuning.shard_tuning(self.store, job, spec, assignment.node_id,
+                                                            assignment.device, task.tuning))
+        return ShardCall("run_shard", task)
 
     def staging(self, job: Job, index: int) -> Path:
         output_place.recheck(job.output, self.settings)  # a link swapped in since submit: not written through
@@ -103,8 +108,13 @@ class Inference(ShardedKind[InferenceSpec]):
     def measured(self, result: Arrival) -> ShardRecord:
         found = figures(result)
         route = ReadRoute.of(found.metrics)  # for `farm job --explain`: which way the node's data came
+        metrics = {READ_ROUTE: float(route)} if route is not None else {}
+        if found.tuning is not None:  # what its node spent tuning before it (the A/B's break-even counts it)
+            metrics[tuning.TUNING_S] = found.tuning.tuning_s
+            if found.tuning.tuning_j is not None:
+                metrics[tuning.TUNING_J] = found.tuning.tuning_j
         return ShardRecord(found.items, found.seconds, found.correct, found.energy, found.peak_memory_bytes,
-                           metrics={READ_ROUTE: float(route)} if route is not None else {})
+                           metrics=metrics, tuning=found.tuning)
 
     def record(self, job: Job, spec: InferenceSpec, shard: Shard, result: Arrival) -> ShardRecord:
         output_place.recheck(job.output, self.settings)

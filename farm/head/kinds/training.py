@@ -44,7 +44,7 @@ from farm.head.kinds.base import Driver, KindHandler, Plan, Submission, check_mo
 from farm.head.outcomes import NodeLost, ShardRecord, Uploaded, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.output import atomic_write
-from farm.head.store import Job
+from farm.head.store import Job, Store
 from farm.scheduler import ShardRequest, calibration
 from farm.scheduler.training import NoWorkers, batch_shares, choose_workers
 from farm.scheduler.types import Assignment
@@ -72,8 +72,8 @@ class Call:
 class Training(KindHandler[TrainingSpec]):
     kind = JobKind.TRAINING
 
-    def __init__(self, settings: HeadSettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: HeadSettings, store: Store | None = None) -> None:
+        super().__init__(settings, store)
         self.runs: dict[str, asyncio.Task[None]] = {}  # job id → its driving task
 
     def plan(self, spec: TrainingSpec, submission: Submission) -> Plan:

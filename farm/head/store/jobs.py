@@ -72,7 +72,8 @@ CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, ts);
 """
 # A shard's columns that are its model's fields by the same name (idx is its index; metrics is JSON).
 SHARD_FIELDS = ("start", "stop", "state", "node_id", "node_name", "backend", "device", "items", "seconds",
-                "error", "attempts", "energy_j", "energy_source", "energy_scope", "marginal_j", "peak_memory_bytes")
+                "error", "attempts", "energy_j", "energy_source", "energy_scope", "marginal_j", "peak_memory_bytes",
+                "forward")
 
 
 class Job(Frozen):
@@ -125,6 +126,7 @@ class JobRecords(Database):
         self._add_column("job_logs", "shard", "INTEGER")
         self._add_column("shards", "marginal_j", "REAL")
         self._add_column("shards", "metrics", "TEXT NOT NULL DEFAULT '{}'")
+        self._add_column("shards", "forward", "TEXT NOT NULL DEFAULT ''")
 
     def add_job(
         self, job_id: str, name: str, kind: str, spec_yaml: str, code_path: str, output: str, items: int,
@@ -235,18 +237,20 @@ class JobRecords(Database):
     def shard_succeeded(
         self, job_id: str, index: int, items: int, seconds: float, correct: int | None, energy: Energy | None,
         peak_memory_bytes: int = 0, marginal_j: float | None = None, metrics: dict[str, float] | None = None,
+        forward: str = "",
     ) -> None:
         """`marginal_j`: the part of `energy` above the device's idle draw (farm.core.energy.marginal_joules);
-        `metrics`: the kind's own figures of the shard (an evaluate shard's loss)."""
+        `metrics`: the kind's own figures of the shard (an evaluate shard's loss); `forward`: the tuner's winner it
+        ran ("" the untuned model)."""
         joules, source, scope = (energy.joules, energy.source.value, energy.scope.value) if energy else (0.0, "", "")
         with self._tx() as db:
             db.execute(
                 """UPDATE shards SET state=?, items=?, seconds=?, correct=?, energy_j=?, energy_source=?,
-                   energy_scope=?, marginal_j=?, metrics=?, peak_memory_bytes=?, finished_at=?
+                   energy_scope=?, marginal_j=?, metrics=?, peak_memory_bytes=?, forward=?, finished_at=?
                    WHERE job_id=? AND idx=?""",
                 (ShardState.SUCCEEDED.value, items, seconds, correct, joules, source, scope,
-                 marginal_j if energy else None, json.dumps(metrics or {}), peak_memory_bytes, time.time(), job_id,
-                 index),
+                 marginal_j if energy else None, json.dumps(metrics or {}), peak_memory_bytes, forward, time.time(),
+                 job_id, index),
             )
             spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
             if energy and marginal_j is not None:

@@ -45,7 +45,7 @@ class SubmitReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes", "marginal_j", "read_route")
+    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes", "marginal_j", "read_route", "forward")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class Shard(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     MARGINAL_J_FIELD_NUMBER: _ClassVar[int]
     READ_ROUTE_FIELD_NUMBER: _ClassVar[int]
+    FORWARD_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     node_id: str
@@ -82,7 +83,8 @@ class Shard(_message.Message):
     peak_memory_bytes: int
     marginal_j: float
     read_route: str
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ..., read_route: _Optional[str] = ...) -> None: ...
+    forward: str
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ..., read_route: _Optional[str] = ..., forward: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources", "marginal_j")

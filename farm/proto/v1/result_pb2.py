@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x61rm/proto/v1/result.proto\x12\x07\x66\x61rm.v1\"\x89\x01\n\nUploadPart\x12\x0f\n\x05table\x18\x01 \x01(\x0cH\x00\x12(\n\x07\x66igures\x18\x02 \x01(\x0b\x32\x15.farm.v1.ShardFiguresH\x00\x12(\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x15.farm.v1.ShardFailureH\x00\x12\x0e\n\x04\x66ile\x18\x04 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x06\x45nergy\x12\x0e\n\x06joules\x18\x01 \x01(\x01\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05scope\x18\x04 \x01(\t\"\xfe\x01\n\x0cShardFigures\x12\r\n\x05items\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x14\n\x07\x63orrect\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1f\n\x06\x65nergy\x18\x04 \x01(\x0b\x32\x0f.farm.v1.Energy\x12\x19\n\x11peak_memory_bytes\x18\x05 \x01(\x03\x12\x0b\n\x03log\x18\x06 \x01(\t\x12\x33\n\x07metrics\x18\x07 \x03(\x0b\x32\".farm.v1.ShardFigures.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\n\n\x08_correct\"\xcb\x01\n\x0cShardFailure\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.farm.v1.ShardFailure.Kind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x0b\n\x03log\x18\x04 \x01(\t\x12\x11\n\tbad_start\x18\x05 \x01(\x03\x12\x10\n\x08\x62\x61\x64_stop\x18\x06 \x01(\x03\x12\x16\n\x0e\x66\x61rm_traceback\x18\x07 \x01(\t\"#\n\x04Kind\x12\x07\n\x03JOB\x10\x00\x12\x08\n\x04\x44\x41TA\x10\x01\x12\x08\n\x04NODE\x10\x02\"\r\n\x0bUploadReply2F\n\rResultService\x12\x35\n\x06Upload\x12\x13.farm.v1.UploadPart\x1a\x14.farm.v1.UploadReply(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66\x61rm/proto/v1/result.proto\x12\x07\x66\x61rm.v1\"\x89\x01\n\nUploadPart\x12\x0f\n\x05table\x18\x01 \x01(\x0cH\x00\x12(\n\x07\x66igures\x18\x02 \x01(\x0b\x32\x15.farm.v1.ShardFiguresH\x00\x12(\n\x07\x66\x61ilure\x18\x03 \x01(\x0b\x32\x15.farm.v1.ShardFailureH\x00\x12\x0e\n\x04\x66ile\x18\x04 \x01(\x0cH\x00\x42\x06\n\x04part\"H\n\x06\x45nergy\x12\x0e\n\x06joules\x18\x01 \x01(\x01\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05scope\x18\x04 \x01(\t\"\xa6\x02\n\x0cShardFigures\x12\r\n\x05items\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x12\x14\n\x07\x63orrect\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1f\n\x06\x65nergy\x18\x04 \x01(\x0b\x32\x0f.farm.v1.Energy\x12\x19\n\x11peak_memory_bytes\x18\x05 \x01(\x03\x12\x0b\n\x03log\x18\x06 \x01(\t\x12\x33\n\x07metrics\x18\x07 \x03(\x0b\x32\".farm.v1.ShardFigures.MetricsEntry\x12&\n\x06tuning\x18\x08 \x01(\x0b\x32\x16.farm.v1.TuningOutcome\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\n\n\x08_correct\"\xaf\x02\n\rTuningOutcome\x12\x0e\n\x06winner\x18\x01 \x01(\t\x12\x32\n\x06params\x18\x02 \x03(\x0b\x32\".farm.v1.TuningOutcome.ParamsEntry\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x10\n\x08tuning_s\x18\x04 \x01(\x01\x12\x15\n\x08tuning_j\x18\x05 \x01(\x01H\x00\x88\x01\x01\x12\x13\n\x0b\x64\x65vice_name\x18\x06 \x01(\t\x12\x0e\n\x06\x64river\x18\x07 \x01(\t\x12\x15\n\rtorch_version\x18\x08 \x01(\t\x12\x14\n\x0cinput_shapes\x18\t \x03(\t\x1a\x42\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\"\n\x05value\x18\x02 \x01(\x0b\x32\x13.farm.v1.ParamValue:\x02\x38\x01\x42\x0b\n\t_tuning_j\"Z\n\nParamValue\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x11\n\x07integer\x18\x02 \x01(\x03H\x00\x12\x10\n\x06number\x18\x03 \x01(\x01H\x00\x12\x0e\n\x04\x66lag\x18\x04 \x01(\x08H\x00\x42\x07\n\x05value\"\xcb\x01\n\x0cShardFailure\x12(\n\x04kind\x18\x01 \x01(\x0e\x32\x1a.farm.v1.ShardFailure.Kind\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\x12\x0b\n\x03log\x18\x04 \x01(\t\x12\x11\n\tbad_start\x18\x05 \x01(\x03\x12\x10\n\x08\x62\x61\x64_stop\x18\x06 \x01(\x03\x12\x16\n\x0e\x66\x61rm_traceback\x18\x07 \x01(\t\"#\n\x04Kind\x12\x07\n\x03JOB\x10\x00\x12\x08\n\x04\x44\x41TA\x10\x01\x12\x08\n\x04NODE\x10\x02\"\r\n\x0bUploadReply2F\n\rResultService\x12\x35\n\x06Upload\x12\x13.farm.v1.UploadPart\x1a\x14.farm.v1.UploadReply(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,20 +33,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SHARDFIGURES_METRICSENTRY']._loaded_options = None
   _globals['_SHARDFIGURES_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_TUNINGOUTCOME_PARAMSENTRY']._loaded_options = None
+  _globals['_TUNINGOUTCOME_PARAMSENTRY']._serialized_options = b'8\001'
   _globals['_UPLOADPART']._serialized_start=40
   _globals['_UPLOADPART']._serialized_end=177
   _globals['_ENERGY']._serialized_start=179
   _globals['_ENERGY']._serialized_end=251
   _globals['_SHARDFIGURES']._serialized_start=254
-  _globals['_SHARDFIGURES']._serialized_end=508
-  _globals['_SHARDFIGURES_METRICSENTRY']._serialized_start=450
-  _globals['_SHARDFIGURES_METRICSENTRY']._serialized_end=496
-  _globals['_SHARDFAILURE']._serialized_start=511
-  _globals['_SHARDFAILURE']._serialized_end=714
-  _globals['_SHARDFAILURE_KIND']._serialized_start=679
-  _globals['_SHARDFAILURE_KIND']._serialized_end=714
-  _globals['_UPLOADREPLY']._serialized_start=716
-  _globals['_UPLOADREPLY']._serialized_end=729
-  _globals['_RESULTSERVICE']._serialized_start=731
-  _globals['_RESULTSERVICE']._serialized_end=801
+  _globals['_SHARDFIGURES']._serialized_end=548
+  _globals['_SHARDFIGURES_METRICSENTRY']._serialized_start=490
+  _globals['_SHARDFIGURES_METRICSENTRY']._serialized_end=536
+  _globals['_TUNINGOUTCOME']._serialized_start=551
+  _globals['_TUNINGOUTCOME']._serialized_end=854
+  _globals['_TUNINGOUTCOME_PARAMSENTRY']._serialized_start=775
+  _globals['_TUNINGOUTCOME_PARAMSENTRY']._serialized_end=841
+  _globals['_PARAMVALUE']._serialized_start=856
+  _globals['_PARAMVALUE']._serialized_end=946
+  _globals['_SHARDFAILURE']._serialized_start=949
+  _globals['_SHARDFAILURE']._serialized_end=1152
+  _globals['_SHARDFAILURE_KIND']._serialized_start=1117
+  _globals['_SHARDFAILURE_KIND']._serialized_end=1152
+  _globals['_UPLOADREPLY']._serialized_start=1154
+  _globals['_UPLOADREPLY']._serialized_end=1167
+  _globals['_RESULTSERVICE']._serialized_start=1169
+  _globals['_RESULTSERVICE']._serialized_end=1239
 # @@protoc_insertion_point(module_scope)

@@ -90,9 +90,12 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
             if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
                 correct = (correct or 0) + int((np.argmax(outputs, axis=1) == batch.labels).sum())
         seconds = time.perf_counter() - began
+    # The forward the shard's full batches ran and what its tuning cost (a backend with a tuner says: cuda's).
+    outcome = None if task.tuning.eager else getattr(backend, "take_outcome", lambda m, d: None)(module, task.device)
     if later:
-        return replace(_result(task, rows, seconds, correct, None), energy_later=lambda: window.energy)
-    return _result(task, rows, seconds, correct, window.energy)
+        return replace(_result(task, rows, seconds, correct, None), energy_later=lambda: window.energy,
+                       tuning=outcome)
+    return replace(_result(task, rows, seconds, correct, window.energy), tuning=outcome)
 
 
 @contextmanager
