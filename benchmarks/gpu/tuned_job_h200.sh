@@ -6,15 +6,9 @@
 B=benchmarks/gpu/tuned_job.py
 python3 $B data /tmp/bench-tuned --rows ${ROWS:-262144} | tail -1
 cat /tmp/bench-tuned/images.npy > /dev/null  # in the page cache: the jobs are bound by compute, not by reading
-F="python3 -m farm.cli.main"
-$F head start --host 127.0.0.1 --port 7710 --ray-user root --detach 2>&1 | tail -1
-CA=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['ca_hash'])")
-FARM_JOIN_TOKEN=$(python3 -c "import json;print(json.load(open('/tmp/farm-state/head.json'))['join_token'])") \
-  $F agent start --head 127.0.0.1:7710 --ca-hash "$CA" --name h200-gpu --backends cuda --cpus 8 \
-  --max-foreign-cpu 100 --ray-user root --detach 2>&1 | tail -1
+farm_up
 timeout ${JOB_TIMEOUT_S:-500} python3 $B jobs /tmp/bench-tuned --batch-size ${BATCH:-512} --shards ${SHARDS:-16} \
   --budget ${BUDGET:-120} 2>&1 | tee $OUT/tuned_job.md
 JOB=$(grep -o "tuned job j-[0-9a-f]*" $OUT/tuned_job.md | cut -d' ' -f3)
 [ -n "$JOB" ] && $F job $JOB --explain > $OUT/explain.txt 2>&1 && grep -A12 "^tuning" $OUT/explain.txt
-$F agent stop 2>&1 | tail -1; $F head stop 2>&1 | tail -1
-cp /tmp/farm-state/head.log /tmp/farm-state/agents/*/agent.log $OUT/ 2>/dev/null
+farm_down
