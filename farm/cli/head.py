@@ -44,6 +44,12 @@ def start(
     ] = False,
     mtls_port: Annotated[int | None, typer.Option(
         help="Where joined agents beat over mutual TLS (default: --port + 3).", min=1, max=65535)] = None,
+    data_port: Annotated[int | None, typer.Option(
+        help="Where nodes read the head's data in bulk, on several connections (default: --port + 4).", min=1,
+        max=65535)] = None,
+    data_lanes: Annotated[int | None, typer.Option(
+        help="Threads serving the data port (default: one per core, at most 8; 0: nodes read on --port only).",
+        min=0, max=64)] = None,
     tls_name: Annotated[list[str] | None, typer.Option(
         "--tls-name", help="Another host name or IP for the head's TLS certificate (a DNS name agents use); "
                            "repeatable. The advertise address, 127.0.0.1, localhost and the host name are in it.")
@@ -83,8 +89,8 @@ def start(
         tls_names=tuple(tls_name or ()), open_read=open_read, ray_node_manager_port=ray_node_manager_port,
         ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
         ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
-        output_root=output_root.expanduser().resolve() if output_root else None,
-        **join_rate_setting,
+        output_root=output_root.expanduser().resolve() if output_root else None, data_port=data_port,
+        **join_rate_setting, **({"data_lanes": data_lanes} if data_lanes is not None else {}),
     )
     check_plain_http(host, dashboard_http)
     if detach:

@@ -54,6 +54,7 @@ class HeadAccess:
     ca_pem: bytes  # empty: a head without TLS
     job_id: str
     token: str
+    data_address: str = ""  # the head's data port, where large reads go on several connections ("": `address`)
 
     def __repr__(self) -> str:  # never a credential in a log or a traceback
         return f"HeadAccess(address={self.address!r}, job_id={self.job_id!r})"

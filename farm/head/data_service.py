@@ -5,10 +5,12 @@ farm.data.results'; file reads run in threads, off the event loop that carries e
 from __future__ import annotations
 
 import asyncio
+import copy
 import errno
 import os
 import re
 import stat
+import threading
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -91,6 +93,14 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         # The files ReadFiles calls read ahead, on a bounded pool off the event loop.
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="farm-data")
         self.served: OrderedDict[str, _Served] = OrderedDict()
+        self.serving = threading.Lock()  # `served` is shared with the data lanes' servicers, on their threads
+
+    def for_lane(self, store: Store) -> DataServicer:
+        """This servicer for a data lane's loop (farm.head.data_lanes): its own store (a SQLite connection is one
+        thread's), the same read pool and plans kept."""
+        lane = copy.copy(self)
+        lane.store = store
+        return lane
 
     def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, Planned]:
         """Job `job_id`'s dataset root on this machine and its plan's files, once the job's read credential is
@@ -111,9 +121,10 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         """A job's credential and plan as the head serves them, read once: both are written at submit and never
         change, and a large plan (a folder of 65,536 images) took longer to load than its files to read, at every
         call. The last SERVED_KEPT jobs are kept."""
-        if (served := self.served.get(job_id)) is not None:
-            self.served.move_to_end(job_id)
-            return served
+        with self.serving:
+            if (served := self.served.get(job_id)) is not None:
+                self.served.move_to_end(job_id)
+                return served
         token = datasets.read_token(self.settings.state_dir, job_id)
         if token is None:
             return None
@@ -123,9 +134,10 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         else:
             known = datasets.planned_identities(self.settings.state_dir, job_id) or {}
             served = _Served(token, saved[0].location, {f.path: known.get(f.path) for f in saved[1].files})
-        self.served[job_id] = served
-        while len(self.served) > SERVED_KEPT:
-            self.served.popitem(last=False)
+        with self.serving:
+            self.served[job_id] = served
+            while len(self.served) > SERVED_KEPT:
+                self.served.popitem(last=False)
         return served
 
     def _open(self, job_id: str, root: str, planned: Planned, path: str) -> int:

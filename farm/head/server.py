@@ -22,6 +22,7 @@ from farm import __version__, ray_user
 from farm.core.errors import UserError
 from farm.head import datasets, uploads
 from farm.head.auth import DEFAULT_JOIN_TOKEN_ID, Tokens, hash_token
+from farm.head.data_lanes import DataLanes
 from farm.head.data_service import DataServicer
 from farm.head.result_service import ResultServicer
 from farm.head.dispatch import Dispatcher
@@ -43,7 +44,8 @@ log = logging.getLogger("farm.head")
 # Received: small messages only, whoever sends them (a job's code comes in chunks: farm.head.uploads). Sent: a
 # listing of many jobs may be large.
 GRPC_OPTIONS = [("grpc.max_receive_message_length", uploads.MAX_MESSAGE),
-                ("grpc.max_send_message_length", 256 * 1024 * 1024)]
+                ("grpc.max_send_message_length", 256 * 1024 * 1024),
+                ("grpc.so_reuseport", 0)]  # its ports are its own: only the data lanes share theirs (data_lanes)
 
 
 class HeadService(Protocol):
@@ -74,6 +76,8 @@ def check_can_start(settings: HeadSettings) -> None:
     ports = [(settings.port, "--port"), (settings.ray_port, "--ray-port")]
     if not settings.insecure:
         ports.append((settings.mtls_listen_port, "--mtls-port"))
+    if settings.data_lanes:
+        ports.append((settings.data_listen_port, "--data-port"))
     for port, what in ports:
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -195,6 +199,8 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     tokens = tokens.for_server(settings)
     server = build_server(settings, tokens, store, dispatcher, events, tls)
     await server.start()
+    lanes = DataLanes(settings, tokens, tls)
+    await asyncio.to_thread(lanes.start)
     served: dict[str, str] = {}
     for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from
         served.update(await service.start(store, Jobs(store, dispatcher, events, settings), tokens, tls))
@@ -212,7 +218,7 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
         "tls": tls is not None, "ca_hash": tls.ca_hash if tls else "",
         "ca": str(settings.tls_dir / "ca.pem") if tls else "", "mtls_port": settings.mtls_listen_port if tls else 0,
-        **served,
+        "data_address": settings.data_address, **served,
     })  # 0600, as every state file: it holds the tokens
     log.info("head listening on %s:%d (%s)", settings.host, settings.port,
              f"TLS; mutual TLS for agents on {settings.mtls_listen_port}" if tls else "without TLS: --insecure")
@@ -225,6 +231,7 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
             await service.stop()
         dispatch.cancel()
         saving.cancel()
+        await asyncio.to_thread(lanes.stop)
         await server.stop(grace=2)
         store.save_heartbeats()
         store.close()

@@ -38,6 +38,11 @@ class HeadSettings(BaseModel):
     # beat over mutual TLS on `mtls_port` (default: port + 3), where the head asks every client for a certificate.
     insecure: bool = False
     mtls_port: int | None = Field(default=None, ge=1, le=65535)
+    # The DataService again on a port of its own (default: port + 4), served by `data_lanes` servers each on a
+    # thread of its own (farm.head.data_lanes): a node reads a large file on several connections, sent by several
+    # cores. 0 lanes: nodes read on the main port only.
+    data_port: int | None = Field(default=None, ge=1, le=65535)
+    data_lanes: int = Field(default_factory=lambda: min(8, os.cpu_count() or 1), ge=0, le=64)
     tls_names: tuple[str, ...] = ()  # more names for the server certificate (a Service's DNS name, a public IP)
     open_read: bool = False  # listing nodes and jobs, a job, its logs: without the API token
     auth_failures_allowed: int = Field(default=20, ge=1)  # per peer address within auth_block_s, then refused ...
@@ -69,6 +74,15 @@ class HeadSettings(BaseModel):
     @property
     def mtls_listen_port(self) -> int:
         return self.mtls_port or self.port + 3
+
+    @property
+    def data_listen_port(self) -> int:
+        return self.data_port or self.port + 4
+
+    @property
+    def data_address(self) -> str:
+        """Where nodes read a job's data in bulk ("" without data lanes: the main address)."""
+        return f"{self.advertise}:{self.data_listen_port}" if self.data_lanes else ""
 
     @property
     def tls_dir(self) -> Path:

@@ -17,7 +17,8 @@ from farm.core.models import Hardware
 from farm.head.auth import Tokens
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
-from farm.head.server import build_server
+from farm.head.data_lanes import DataLanes
+from farm.head.server import build_server, head_tls
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm.local import free_port
@@ -80,7 +81,8 @@ class Head:
 @contextmanager
 def running_head(state: Path, **options: Any) -> Iterator[Head]:
     """A head's control plane in a thread of this process, with its own CA in `state`."""
-    options = {"port": free_port(), "mtls_port": free_port(), **options}  # a given port: a head started again
+    options = {"port": free_port(), "mtls_port": free_port(), "data_port": free_port(), "data_lanes": 2,
+               **options}  # a given port: a head started again
     settings = HeadSettings(state_dir=state, host="127.0.0.1", **options)
     tokens = Tokens.load_or_create(state, settings.ray_token_path)
     loop = asyncio.new_event_loop()
@@ -94,10 +96,14 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
         stopping = asyncio.Event()
         store = Store(state / "state.db")
         dispatcher = Dispatcher(store, settings, events.publish)
-        server = build_server(settings, tokens, store, dispatcher, events)
+        served = tokens.for_server(settings)  # one limiter for the control plane and the data lanes, as a head's
+        server = build_server(settings, served, store, dispatcher, events)
         await server.start()
+        lanes = DataLanes(settings, served, None if settings.insecure else head_tls(settings))
+        await asyncio.to_thread(lanes.start)
         started.set()
         await stopping.wait()
+        await asyncio.to_thread(lanes.stop)
         await server.stop(grace=1)
         store.close()
 

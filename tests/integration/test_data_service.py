@@ -21,7 +21,7 @@ from farm.data.locations.head import BLOCK, HeadFileSystem
 from farm.head import datasets
 from farm.head.store import Store
 from farm.local import write_private
-from farm.proto.v1 import data_pb2, data_pb2_grpc
+from farm.proto.v1 import data_pb2, data_pb2_grpc, job_pb2, job_pb2_grpc
 from tests.integration.inprocess_head import Head, running_head
 
 
@@ -40,7 +40,8 @@ def add_job(head: Head, job_id: str, spec: DatasetSpec) -> tuple[HeadAccess, dat
         write_private(datasets.job_dir(head.settings.state_dir, job_id) / name, content)
     token = datasets.read_token(head.settings.state_dir, job_id)
     assert token
-    return HeadAccess(address=head.settings.address, ca_pem=head.ca_pem, job_id=job_id, token=token), plan
+    return HeadAccess(address=head.settings.address, ca_pem=head.ca_pem, job_id=job_id, token=token,
+                      data_address=head.settings.data_address), plan
 
 
 def test_a_node_reads_a_head_dataset_by_ranges_with_the_job_s_credential(head: Head, tmp_path: Path) -> None:
@@ -76,12 +77,15 @@ def test_a_node_reading_parquet_through_the_head_holds_a_row_group_not_a_read_ah
     assert peak < BLOCK // 2, peak
 
 
-def test_the_credential_reaches_its_own_job_s_files_only(head: Head, tmp_path: Path) -> None:
+@pytest.mark.parametrize("port", ["main", "data"])
+def test_the_credential_reaches_its_own_job_s_files_only(head: Head, tmp_path: Path, port: str) -> None:
+    """On the head's main port and on its data port (the data lanes) alike."""
     (tmp_path / "a.txt").write_text("a\nb\n")
     (tmp_path / "secret.txt").write_text("not in any plan\n")
     access, _ = add_job(head, "j-1", DatasetSpec(location=str(tmp_path / "a.txt")))
     other, _ = add_job(head, "j-2", DatasetSpec(location=str(tmp_path / "a.txt")))
-    with grpc.secure_channel(head.settings.address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
+    address = head.settings.address if port == "main" else head.settings.data_address
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
         stub = data_pb2_grpc.DataServiceStub(channel)
 
         def read(job_id: str, token: str, path: str = "") -> bytes:
@@ -208,9 +212,9 @@ def test_a_file_read_on_has_its_next_block_in_flight_and_random_reads_stay_exact
     sent: list[int] = []
     chunks, ranged = HeadFileSystem._chunks, HeadFileSystem._range
 
-    def read(self: HeadFileSystem, path: str, start: int, end: int) -> list[bytes]:
+    def read(self: HeadFileSystem, path: str, start: int, end: int, *on: object) -> list[bytes]:
         events.append(("read", start, end))  # as it goes out
-        got = chunks(self, path, start, end)
+        got = chunks(self, path, start, end, *on)
         sent.append(sum(map(len, got)))  # what the head sent (nothing past the file's end)
         return got
 
@@ -260,3 +264,92 @@ def test_a_job_s_plan_is_loaded_once_not_at_every_call(head: Head, tmp_path: Pat
     forged = HeadFileSystem(dataclasses.replace(access, token="x" * len(access.token)))
     with pytest.raises(OSError, match="credential"):
         forged.cat_file("00.txt")
+
+
+def test_the_data_port_serves_the_data_service_only(head: Head) -> None:
+    with grpc.secure_channel(head.settings.data_address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
+        jobs = job_pb2_grpc.JobServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            jobs.List(job_pb2.ListJobsRequest(), metadata=(("authorization", f"Bearer {head.tokens.api}"),))
+    assert caught.value.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.UNAUTHENTICATED)
+
+
+def test_a_large_read_comes_whole_and_in_order_over_several_connections(head: Head, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 28 item 4: a long range's pieces go out on `streams` connections to the head's data port at once (each
+    its own TCP connection, so several of the head's lanes send) and come back joined in order."""
+    import psutil
+
+    import farm.data.locations.head as located
+
+    monkeypatch.setattr(located, "PIECE", 256 * 1024)  # many pieces a range
+    payload = np.random.default_rng(1).integers(0, 255, 3 * BLOCK + 4321, dtype=np.uint8)
+    np.save(tmp_path / "big.npy", payload)
+    access, _ = add_job(head, "j-3", DatasetSpec(location=str(tmp_path / "big.npy"), format="npy"))
+    fs = HeadFileSystem(access, streams=4)
+    whole = (tmp_path / "big.npy").read_bytes()
+    assert fs.cat_file("") == whole
+    with fs.open("", "rb") as handle:
+        assert b"".join(iter(lambda: handle.read(BLOCK // 3), b"")) == whole
+    assert fs.read_range("", 1000, 1000 + 3 * 256 * 1024 + 7) == whole[1000:1000 + 3 * 256 * 1024 + 7]
+    connections = {c.laddr for c in psutil.Process().net_connections("tcp")
+                   if c.raddr and c.raddr.port == head.settings.data_listen_port}
+    assert len(connections) >= 4, connections
+
+
+def test_a_failed_piece_fails_the_read_saying_why(head: Head, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    import errno
+    import os
+
+    import farm.data.locations.head as located
+    import farm.head.data_service as service
+
+    monkeypatch.setattr(located, "PIECE", 256 * 1024)
+    (tmp_path / "big.bin").write_bytes(bytes(range(256)) * 8192)  # 2 MiB: 8 pieces
+    access, _ = add_job(head, "j-4", DatasetSpec(location=str(tmp_path / "big.bin"), format="text"))
+    pread = os.pread
+
+    def failing(fd: int, n: int, offset: int) -> bytes:
+        if offset >= 5 * 256 * 1024:  # the sixth piece on: a disk that fails there
+            raise OSError(errno.EIO, "Input/output error")
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(service.os, "pread", failing)
+    with pytest.raises(OSError, match="does not read: Input/output error"):
+        HeadFileSystem(access, streams=4).cat_file("")
+
+
+def test_sixteen_concurrent_large_reads_stay_under_the_service_s_memory_bound(head: Head, tmp_path: Path) -> None:
+    """Each Read holds at most two chunks on the head whatever its length; 16 at once over the data lanes hold 16
+    times that, not the 16 files (the Python side, which is what the service allocates; gRPC's own buffers are
+    bounded by HTTP/2 flow control)."""
+    import threading
+
+    from farm.data.locations.head import lanes
+    from farm.head.data_service import CHUNK
+
+    size = 24 * CHUNK
+    (tmp_path / "big.bin").write_bytes(np.random.default_rng(2).bytes(size))
+    access, _ = add_job(head, "j-5", DatasetSpec(location=str(tmp_path / "big.bin"), format="text"))
+    stubs = [data_pb2_grpc.DataServiceStub(c) for c in lanes(access.data_address, access.ca_pem, 16)]
+    metadata = (("authorization", f"Bearer {access.token}"),)
+    got = [0] * 16
+
+    def read(i: int) -> None:
+        request = data_pb2.ReadRequest(job_id="j-5", path="", offset=0, length=size)
+        for chunk in stubs[i].Read(request, metadata=metadata, timeout=120):
+            got[i] += len(chunk.data)
+
+    tracemalloc.start()
+    try:
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == [size] * 16
+    assert peak < 16 * 6 * CHUNK, peak  # a few chunks a call on each side, against 16 x 24 MiB read

@@ -5,6 +5,7 @@ which sees it, never needs the node's key or certificate)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections import deque
@@ -27,7 +28,7 @@ BLOCK = 16 * 1024 * 1024  # bytes a node asks the head for at a time (read ahead
 MAX_READ = 64 * 1024 * 1024  # bytes one Read may ask for (the head's DataService holds to it)
 MAX_MESSAGE = 16 * 1024 * 1024
 PIECE = 4 * 1024 * 1024  # bytes of a long range one Read asks for ...
-PIECES_AHEAD = 4  # ... and how many such Reads are in flight
+STREAMS = 8  # ... and how many such Reads are in flight, each on a connection of its own to the head's data port
 FILES_PER_CALL = 256  # whole files one ReadFiles call asks for (the head takes up to 1024)
 CALLS_AHEAD = 4  # ReadFiles calls in flight: the head reads the next ones' files while this one's are taken
 
@@ -62,16 +63,30 @@ def tune_malloc() -> bool:
     return bool(mallopt(m_mmap_threshold, 64 * 1024 * 1024) and mallopt(m_trim_threshold, 256 * 1024 * 1024))
 
 
-@lru_cache(maxsize=1)
-def _pool() -> ThreadPoolExecutor:
+@lru_cache(maxsize=2)
+def _pool(streams: int) -> ThreadPoolExecutor:
     """The threads a worker's long reads run their pieces on (sync gRPC streams: one thread each)."""
-    return ThreadPoolExecutor(max_workers=PIECES_AHEAD, thread_name_prefix="farm-head-read")
+    return ThreadPoolExecutor(max_workers=streams, thread_name_prefix="farm-head-read")
 
 
 @lru_cache(maxsize=4)
 def channel(address: str, ca_pem: bytes) -> grpc.Channel:
     """A channel to the head as a Ray worker reaches it (its dataset reads, its shards' uploads): one per head."""
-    options = [("grpc.max_receive_message_length", MAX_MESSAGE)]
+    return _connect(address, ca_pem, [])
+
+
+@lru_cache(maxsize=4)
+def lanes(address: str, ca_pem: bytes, count: int) -> tuple[grpc.Channel, ...]:
+    """`count` channels to the head's data port, each its own TCP connection (a local subchannel pool: gRPC would
+    otherwise share one connection among channels of the same target and options). The head hands each connection
+    to one of its data lanes (farm.head.data_lanes), so several cores there send a large file's pieces; here each
+    connection is read and decrypted by gRPC's own threads."""
+    return tuple(_connect(address, ca_pem, [("grpc.use_local_subchannel_pool", 1), ("farm.lane", lane)])
+                 for lane in range(count))
+
+
+def _connect(address: str, ca_pem: bytes, options: list[tuple[str, Any]]) -> grpc.Channel:
+    options = [("grpc.max_receive_message_length", MAX_MESSAGE), *options]
     if not ca_pem:  # a head started with --insecure
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca_pem), options=options)
@@ -83,13 +98,20 @@ class HeadFileSystem(AbstractFileSystem):
     protocol = "farmhead"
     cachable = False  # one per job's access: never shared through fsspec's instance cache
 
-    def __init__(self, access: HeadAccess, **kwargs: Any) -> None:
+    def __init__(self, access: HeadAccess, streams: int = STREAMS, **kwargs: Any) -> None:
+        """`streams`: a long range's Reads in flight, on as many connections to the head's data port (one, on its
+        main address, for a head without one)."""
         super().__init__(**kwargs)
         from farm.proto.v1 import data_pb2_grpc
 
         tune_malloc()
         self.access = access
-        self.stub = data_pb2_grpc.DataServiceStub(channel(access.address, access.ca_pem))
+        connections = (lanes(access.data_address, access.ca_pem, streams) if access.data_address
+                       else (channel(access.address, access.ca_pem),))
+        self.stubs = [data_pb2_grpc.DataServiceStub(c) for c in connections]
+        self.stub = self.stubs[0]  # the calls that are not a long range's pieces
+        self.pool = _pool(streams)
+        self._turn = 0  # the connection the next piece goes on
         self.metadata = (("authorization", f"Bearer {access.token}"),)
         self._lock = threading.Lock()
         self._last_end: dict[str, int] = {}  # where the last read of each file ended
@@ -112,22 +134,24 @@ class HeadFileSystem(AbstractFileSystem):
         info = self.info(path)
         return [info] if detail else [path]
 
-    def _chunks(self, path: str, start: int, end: int) -> list[bytes]:
+    def _chunks(self, path: str, start: int, end: int, stub: Any = None) -> list[bytes]:
         from farm.proto.v1 import data_pb2
 
         request = data_pb2.ReadRequest(job_id=self.access.job_id, path=path, offset=start, length=max(end - start, 0))
-        return self._call(path, lambda: [chunk.data for chunk in self.stub.Read(request, metadata=self.metadata,
-                                                                                  timeout=300)])
+        on = stub or self.stub
+        return self._call(path, lambda: [chunk.data for chunk in on.Read(request, metadata=self.metadata,
+                                                                           timeout=300)])
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return b"".join(self._range(path, start, end))
 
     def _range(self, path: str, start: int, end: int) -> list[bytes]:
-        """Bytes [start, end) (fewer at the file's end) as the chunks they came in. A long range is read as
-        PIECE-sized Reads, PIECES_AHEAD of them in flight (one stream is bounded by one core on each side and by a
-        round trip per call). A read that starts where the last one ended (a file object reading on) puts the next
-        range of its length in flight before it returns, so the head never waits for the reader between blocks:
-        memory, one range ahead."""
+        """Bytes [start, end) (fewer at the file's end) as the chunks they came in, in order. A long range is read
+        as PIECE-sized Reads, `streams` of them in flight on as many connections (one stream is bounded by one core
+        on each side and by a round trip per call); a piece that fails fails the read, with the head's reason. A
+        read that starts where the last one ended (a file object reading on) puts the next range of its length in
+        flight before it returns, so the head never waits for the reader between blocks: memory, one range
+        ahead."""
         pieces = [(at, min(at + PIECE, end)) for at in range(start, end, PIECE)] or [(start, end)]
         with self._lock:
             ahead, self._ahead = self._ahead, None
@@ -154,7 +178,10 @@ class HeadFileSystem(AbstractFileSystem):
         return held
 
     def _read_piece(self, path: str, start: int, end: int) -> Future[list[bytes]]:
-        return _pool().submit(self._chunks, path, start, end)
+        """Called under the lock: the pieces go round the connections in turn."""
+        stub = self.stubs[self._turn % len(self.stubs)]
+        self._turn += 1
+        return self.pool.submit(self._chunks, path, start, end, stub)
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if end is not None:
@@ -241,5 +268,5 @@ def _gathered(paths: list[str], call: Any) -> Iterator[tuple[str, bytes | OSErro
 def _error(path: str, exc: grpc.RpcError) -> OSError:
     code = exc.code()
     if code is grpc.StatusCode.NOT_FOUND:
-        return FileNotFoundError(path)
+        return FileNotFoundError(errno.ENOENT, f"the head's data service: {exc.details()}", path)
     return OSError(f"the head's data service: {code.name}: {exc.details()}")

@@ -1,0 +1,129 @@
+"""One large file from the head to one node on loopback, with TLS, on 1, 2, 4 and 8 streams (issue 28, item 4).
+
+    PYTHONPATH=.:agents python benchmarks/data_streams.py [--mib 2048] [--repeat 2] [--lanes N]
+
+A real head (its gRPC server with TLS and its data lanes, in a process of its own, as deployed) serves one file of
+`--mib` MiB, hot in the page cache; this process reads it as a node does, through
+farm.data.locations.head.HeadFileSystem (cat_file: 64 MiB ranges of 4 MiB pieces, `streams` of them in flight), two
+ways:
+- on the head's main port, every stream on one connection (what nodes did before the data port): the head's one
+  event loop sends all of it;
+- on the head's data port, each stream on a connection of its own, which the kernel hands to one of the head's
+  `--lanes` data lanes (default: one per core, at most 8), each sending on a thread of its own.
+
+`head cores` is the head process's CPU time over the read's wall time, `its busiest thread` that of its busiest
+thread (on the main port, the event loop's: the ceiling one stream there met); `head peak MiB` its peak RSS growth (the
+service stays bounded whatever the file's size). The machine should be quiet (`uptime`); the best of `--repeat`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
+
+from benchmarks.data_service import Peak, start, stop  # noqa: E402
+
+HEAD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from tests.integration.inprocess_head import running_head
+    with running_head(Path(sys.argv[1]), data_lanes=int(sys.argv[2])) as head:
+        print(head.settings.port, head.settings.data_listen_port, sep="\\n", flush=True)
+        sys.stdin.read()
+""")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--lanes", type=int, default=min(8, os.cpu_count() or 1), help="the head's data lanes")
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args()
+
+    import dataclasses
+
+    import numpy as np
+
+    from farm.core.dataset import DatasetSpec
+    from farm.data.locations.head import HeadFileSystem
+    from farm.head.settings import HeadSettings
+    from tests.integration.inprocess_head import Head
+    from tests.integration.test_data_service import add_job
+
+    table = Table(title=f"The head's DataService with TLS: one {args.mib:,} MiB file to one node on loopback "
+                        f"({os.cpu_count()} CPUs, {args.lanes} data lanes; best of {args.repeat})",
+                  title_justify="left")
+    for column in ("port", "streams", "connections", "GB/s", "head cores", "its busiest thread", "node cores",
+                   "head peak MiB"):
+        table.add_column(column, justify="left" if column == "port" else "right")
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "big.npy"
+        rows = np.lib.format.open_memmap(data, mode="w+", dtype=np.uint8, shape=(args.mib, 2**20))
+        for row in range(args.mib):
+            rows[row] = np.frombuffer(os.urandom(2**20), np.uint8)
+        rows.flush()
+        del rows
+        size = data.stat().st_size
+        state = Path(tmp) / "state"
+        process, port = start(HEAD, str(state), str(args.lanes))
+        try:
+            assert process.stdout is not None
+            head = Head.__new__(Head)  # what add_job needs of a head: its settings, store and CA
+            head.settings = HeadSettings(state_dir=state, host="127.0.0.1", port=port, data_lanes=args.lanes,
+                                         data_port=int(process.stdout.readline()))
+            head.ca_pem = (head.settings.tls_dir / "ca.pem").read_bytes()
+            head.db = state / "state.db"
+            access, _ = add_job(head, "j-1", DatasetSpec(location=str(data), format="npy"))
+            ways = [("main (one connection)", dataclasses.replace(access, data_address="")),
+                    ("data lanes", access)]
+            head_process, me = psutil.Process(process.pid), psutil.Process()
+            for label, reach in ways:
+                for streams in args.streams:
+                    fs = HeadFileSystem(reach, streams=streams)
+                    assert fs.cat_file("", 0, 1) == data.read_bytes()[:1]  # connected before the clock
+                    best = (0.0, 0.0, 0.0, 0.0)
+                    peak = Peak(process.pid)
+                    for _ in range(args.repeat):
+                        threads = _threads(head_process)
+                        h0, m0, t0 = _cpu(head_process), _cpu(me), time.perf_counter()
+                        got = len(fs.cat_file(""))
+                        seconds = time.perf_counter() - t0
+                        assert got == size, (got, size)
+                        rate = size / seconds / 1e9
+                        if rate > best[0]:
+                            busiest = max(t - threads.get(k, 0.0) for k, t in _threads(head_process).items())
+                            best = (rate, (_cpu(head_process) - h0) / seconds, busiest / seconds,
+                                    (_cpu(me) - m0) / seconds)
+                    connections = len(fs.stubs)
+                    table.add_row(label, str(streams), str(connections), f"{best[0]:.2f}", f"{best[1]:.2f}",
+                                  f"{best[2]:.2f}", f"{best[3]:.2f}", f"{peak.stop():.0f}")
+                    print(label, streams, f"{best[0]:.2f} GB/s", file=sys.stderr, flush=True)
+        finally:
+            stop(process)
+    Console(width=140).print(table)
+
+
+def _threads(process: psutil.Process) -> dict[int, float]:
+    return {t.id: t.user_time + t.system_time for t in process.threads()}
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+if __name__ == "__main__":
+    main()
