@@ -69,6 +69,7 @@ class JobInfo(_Record):
     energy_j: float = 0.0
     energy_sources: list[str] = Field(default_factory=list)
     shards: list[ShardInfo] = Field(default_factory=list)
+    run: int = 1  # 1, then one more each time its missing rows ran again (Job.retry_missing)
 
     @property
     def finished(self) -> bool:
@@ -217,3 +218,9 @@ class Job:
 
     def cancel(self) -> JobInfo:
         return _job_info(self.client.api.cancel(self.id))
+
+    def retry_missing(self) -> JobInfo:
+        """Run the job, which ended (failed, cancelled, or succeeded with rows skipped), again for only its shards
+        without a result, into the same output; its record now (running: `wait()` for its end). ConflictError: it
+        has not ended, or misses nothing."""
+        return _job_info(self.client.api.retry_missing(self.id))

@@ -81,8 +81,10 @@ def start(
     from farm.ray_user import chosen as chosen_ray_user
 
     loopback = host.startswith("127.") or host == "localhost"
-    join_rate_setting: dict[str, Any] = (
+    optional: dict[str, Any] = (  # settings left at their defaults unless given
         {"join_rate_per_min": count(join_rate, "--join-rate", least=0, most=10_000)} if join_rate else {})
+    if data_lanes is not None:
+        optional["data_lanes"] = data_lanes
     settings = HeadSettings(
         state_dir=state_dir(state), host=host, port=port, ray_port=ray_port or port + 1,
         advertise=advertise or ("127.0.0.1" if loopback else primary_ip()), insecure=insecure, mtls_port=mtls_port,
@@ -90,7 +92,7 @@ def start(
         ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
         ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
         output_root=output_root.expanduser().resolve() if output_root else None, data_port=data_port,
-        **join_rate_setting, **({"data_lanes": data_lanes} if data_lanes is not None else {}),
+        **optional,
     )
     check_plain_http(host, dashboard_http)
     if detach:

@@ -223,13 +223,25 @@ def job(
     explain: Annotated[bool, typer.Option("--explain", help="Say why shards went where they went.")] = False,
     wait: Annotated[bool, typer.Option("--wait", help="Follow the job to its end (re-attach), then a summary.")
                     ] = False,
+    retry_missing: Annotated[bool, typer.Option(
+        "--retry-missing", help="Run a job that ended (failed, cancelled, or succeeded with rows skipped) again for "
+        "only its shards without a result, into the same output; with --wait, follow it.")] = False,
     json: Json = False,
     head: Head = None,
     token: Token = None,
     ca: Ca = None,
     token_file: TokenFile = None,
 ) -> None:
-    """Show one job and its shards."""
+    """Show one job and its shards; or run its missing rows again (--retry-missing)."""
+    if retry_missing:
+        with connect(head, token, ca, token_file) as client:
+            record = client.retry_missing(client.resolve_job(job_id))
+        if json and not wait:
+            print_json(job_json(record))
+        elif not json:
+            console.print(retry_line(record), highlight=False)
+        if not wait:
+            return
     if wait:
         with connect(head, token, ca, token_file) as client:
             final = follow(client, client.resolve_job(job_id), quiet=json)
@@ -272,6 +284,13 @@ def job(
         for line in lines:
             if "→" in line.message:
                 console.print(f"  {line.message}", highlight=False)
+
+
+def retry_line(job: job_pb2.Job) -> str:
+    """What a retry runs again, in one line."""
+    again = [s for s in job.shards if s.state != "succeeded"]
+    shards = f"shards {', '.join(str(s.index) for s in again)} ({count(sum(s.stop - s.start for s in again))} rows)"
+    return f"{job.id} {job.state} (run {job.run}): {shards if again else 'its uncut rows'} run again"
 
 
 def logs(

@@ -198,6 +198,13 @@ class Client:
     def cancel(self, job_id: str) -> job_pb2.Job:
         return self._call(self.jobs.Cancel, job_pb2.CancelJobRequest(job_id=job_id))  # type: ignore[return-value]
 
+    def retry_missing(self, job_id: str) -> job_pb2.Job:
+        """Run a job that ended (failed, cancelled, or succeeded with rows skipped) again for only its shards without
+        a result, into the same output; the job as it is now (running). ConflictError: it has not ended, or misses
+        nothing."""
+        request = job_pb2.RetryMissingRequest(job_id=job_id)
+        return self._call(self.jobs.RetryMissing, request)  # type: ignore[return-value]
+
     def delete_jobs(self, job_ids: list[str], outputs: bool = False) -> list[job_pb2.DeletedJob]:
         request = job_pb2.DeleteJobsRequest(job_ids=job_ids, outputs=outputs)
         return list(self._call(self.jobs.Delete, request).jobs)  # type: ignore[attr-defined]

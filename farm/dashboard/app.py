@@ -6,7 +6,8 @@
     GET  /api/jobs/{id}           a job: shard placement, seconds and energy per shard, the scheduler's explanation
     GET  /api/jobs/{id}/logs      its log lines after ?after=ID (?shard=N: one shard's), what shards printed too;
                                   needs the API token
-    GET  /api/nodes/{node}        a node (id or name): its figures, backends, hardware and the work it did
+    GET  /api/nodes/{node}        a node (id or name): its figures, backends, hardware, the work it did and its own
+                                  last 15 minutes (CPU, Farm's and the owner's, memory, power)
     GET  /api/history             the last 15 minutes of utilisation, memory and power per node
     GET  /api/events              server-sent events: a `tick` (fleet, jobs, the new sample) every few seconds
     GET  /api/auth                204 with a valid API token (bearer), 401 without: what the sign-in form checks
@@ -267,14 +268,16 @@ class Dashboard:
         return await _json_response(log_view, lines[:LOG_LINES])
 
     async def node(self, request: web.Request) -> web.Response:
-        """One node (id or name): its figures, its backends and hardware, and the work it did."""
+        """One node (id or name): its figures, its backends and hardware, the work it did, and its history."""
         self._check_read(request)
         node_id = self.store.node_id(request.match_info["node"])
         node = self.store.nodes(node_id)[0]
         running = self.store.running_shards_by_node().get(node.id, 0)
         work = [w for w in self.store.work_by_node() if w.node_id == node.id]
         models = perf_by_model(self.store.jobs(limit=JOBS_SHOWN), node.id)
-        return web.json_response(node_view(node, running, work, models))
+        # Its own charts: what the head sampled of it over the window (the fleet's chart the busiest nodes only).
+        history = self.history.series(time.time(), only=node.id)
+        return web.json_response({**node_view(node, running, work, models), "history": history})
 
     async def cancel(self, request: web.Request) -> web.Response:
         self._check_token(request)

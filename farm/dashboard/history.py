@@ -75,11 +75,12 @@ class History:
             self._farm = _widen(self._farm, width)
             self._gpu_memory = _widen(self._gpu_memory, width)
 
-    def series(self, now: float, limit: int = 24) -> dict[str, Any]:
+    def series(self, now: float, limit: int = 24, only: str | None = None) -> dict[str, Any]:
         """The window's ticks, oldest first, and per node its utilisation (the machine's, and split into Farm's
         and the owner's), memory, GPU memory and power (None where it was not live or not read): up to `limit` nodes,
         the busiest over the window first, since a chart of thousands of lines shows nothing. `gpu_memory` is absent
-        for a node that reported none in the window (no GPU, or no NVML)."""
+        for a node that reported none in the window (no GPU, or no NVML). `only`: that node's alone (none where it
+        was never sampled: a node page's charts)."""
         order = [(self._next + i) % self.capacity for i in range(self.capacity)]
         slots = [s for s in order if not math.isnan(self._times[s]) and self._times[s] >= now - self.window_s]
         cpu = self._cpu[slots, : len(self._column)]
@@ -102,9 +103,15 @@ class History:
                  "power": _values(power[:, self._column[n]]), "memory": _values(memory[:, self._column[n]]),
                  **({"gpu_memory": _values(gpu_memory[:, self._column[n]])}
                     if not np.isnan(gpu_memory[:, self._column[n]]).all() else {})}
-                for n in sorted(busiest[:limit], key=lambda n: self._names[n])
+                for n in self._chosen(busiest[:limit], only)
             ],
         }
+
+    def _chosen(self, busiest: list[str], only: str | None) -> list[str]:
+        """The nodes charted, by name: `only` (if it was sampled), else the busiest."""
+        if only is not None:
+            return [only] if only in self._column else []
+        return sorted(busiest, key=lambda n: self._names[n])
 
 
 def _widen(ring: np.ndarray, width: int) -> np.ndarray:

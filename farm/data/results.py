@@ -111,6 +111,15 @@ class Results:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         self._write(MANIFEST, json.dumps(manifest, indent=2).encode())
 
+    def remove_manifest(self) -> None:
+        """The manifest gone (its job runs again: its results are not complete until it is written anew)."""
+        for name in MANIFESTS:
+            path = join(self.root, name)
+            if self.local:
+                Path(path).unlink(missing_ok=True)
+            elif self.fs.exists(path):
+                self.fs.rm_file(path)
+
     def remove_partial_files(self) -> int:
         """Remove the temporary files of writes that never finished (a head killed mid-write); how many. Only for
         a job with no write in flight: at the head's start, before it runs anything. (A bucket has none.)"""

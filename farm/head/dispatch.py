@@ -149,8 +149,8 @@ class Dispatcher:
         for gone in (self.specs.keys() | self.code.keys() | self.job_nodes.jobs()) - {job.id for job in jobs}:
             self.specs.pop(gone, None)  # a finished job's
             self.code.pop(gone, None)
-            for node_id in self.job_nodes.forget(gone):  # its workers end with it
-                self.links.cancel_job(node_id, gone)
+            for node_id, order in self.job_nodes.forget(gone):  # its workers end with it
+                self.links.send(node_id, order)
         if not jobs:
             return
         self.round = Round({node.id: node for node in self.store.nodes()},
@@ -394,7 +394,7 @@ class Dispatcher:
 
     def _cancel_running(self, job_id: str) -> None:
         """Stop a job's attempts and workers on its nodes; its tickets void now, whatever the nodes still send."""
-        for node_id in self.job_nodes.of(job_id):
-            self.links.cancel_job(node_id, job_id)
+        for node_id, order in self.job_nodes.cancels(job_id):
+            self.links.send(node_id, order)
         for index in list(self.attempts.of_job(job_id)):
             self.attempts.release((job_id, index))

@@ -14,9 +14,10 @@ from farm.core.errors import ConflictError, SpecError, UserError
 from farm.core.ids import new_id
 from farm.core.models import JobState
 from farm.core.spec import MAX_SHARDS, parse_spec
+from farm.data.results import Results
 from farm.head import code_archive, datasets, output_folder, output_place, ray_compat
 from farm.head.dispatch import Dispatcher
-from farm.head.kinds.base import Submission
+from farm.head.kinds.base import ShardedKind, Submission
 from farm.head.events import JobEvents
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
@@ -88,6 +89,21 @@ class Jobs:
         if job.state.finished:
             raise ConflictError(f"job {job_id} already {job.state.value}")
         self.dispatcher.cancel(job_id)
+        return self.store.job(job_id)
+
+    async def retry_missing(self, job_id: str) -> Job:
+        """A job that ended runs again for only its shards without a result (farm.head.store.retries), writing beside
+        the results it has. A manifest it had (it succeeded with rows skipped) goes first: its presence says the
+        results are complete, and they are written anew once the retry ends."""
+        job = self.store.job(job_id)
+        if not isinstance(self.dispatcher.handler(job), ShardedKind):
+            raise ConflictError(f"job {job_id} is a {job.kind.value} job: it runs as a whole, not as shards, so it "
+                                "has no missing rows to run again (submit it again)")
+        self.store.retry_missing(job_id)
+        if job.state is JobState.SUCCEEDED:
+            await asyncio.to_thread(Results(job.output).remove_manifest)
+        self.dispatcher.notify(job_id)
+        self.dispatcher.wake.set()
         return self.store.job(job_id)
 
     async def delete(self, job_ids: builtins.list[str], outputs: bool = False) -> builtins.list[Deleted]:

@@ -83,9 +83,6 @@ class Links:
             return False
         return True
 
-    def cancel_job(self, node_id: str, job_id: str) -> None:
-        self.send(node_id, agent_pb2.WorkOrder(cancel=agent_pb2.CancelWork(job_id=job_id)))
-
     def cancel_attempt(self, node_id: str, ticket: str) -> None:
         self.send(node_id, agent_pb2.WorkOrder(cancel=agent_pb2.CancelWork(ticket=ticket)))
 
@@ -108,6 +105,7 @@ class JobNodes:
         self.store = store
         self.nodes: dict[str, set[str]] = {}
         self.sha: dict[str, str] = {}
+        self.runs: dict[str, int] = {}  # each job's run its nodes were last given (Job.run): what a cancel ends
         self.live = LiveOutput(store, notify)  # what the attempts print while they run
 
     def add(self, job_id: str, node_id: str) -> None:
@@ -126,16 +124,26 @@ class JobNodes:
               env: dict[str, str]) -> agent_pb2.WorkOrder:
         """An attempt of shard `index` as its node's order; the node may fetch the job's code from now on."""
         self.add(job.id, node_id)
+        self.runs[job.id] = job.run
         self.live.started(route.ticket, job.id, index, node_id)
         return agent_pb2.WorkOrder(assign=agent_pb2.Assignment(
             ticket=route.ticket, job_id=job.id, shard=index, entry=entry, device=device,
             task_json=encode_task(entry, task), code_sha256=self.code_sha(job), env=env,
-            result_address=route.address, ca_pem=route.ca_pem, name=f"farm:{job.name}:{index}"))
+            result_address=route.address, ca_pem=route.ca_pem, name=f"farm:{job.name}:{index}", run=job.run))
 
-    def forget(self, job_id: str) -> set[str]:
-        """An ended job's nodes, forgotten."""
+    def cancels(self, job_id: str) -> list[tuple[str, agent_pb2.WorkOrder]]:
+        """For each node given shards of the job, the order that ends them and its workers there: its run's (a node
+        that saw it takes no more orders of that run, but takes a later run's, as a retry of its missing rows)."""
+        order = agent_pb2.WorkOrder(cancel=agent_pb2.CancelWork(job_id=job_id, run=self.runs.get(job_id, 1)))
+        return [(node_id, order) for node_id in sorted(self.of(job_id))]
+
+    def forget(self, job_id: str) -> list[tuple[str, agent_pb2.WorkOrder]]:
+        """An ended job's nodes, forgotten; the orders that end it there."""
+        cancels = self.cancels(job_id)
         self.sha.pop(job_id, None)
-        return self.nodes.pop(job_id, set())
+        self.runs.pop(job_id, None)
+        self.nodes.pop(job_id, None)
+        return cancels
 
     def code_sha(self, job: Job) -> str:
         """The sha256 of the job's code package, read once: a node checks what it fetched against it."""

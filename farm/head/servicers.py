@@ -42,7 +42,7 @@ def job_to_pb(job: Job) -> job_pb2.Job:
         shards=[job_pb2.Shard(**s.model_dump(mode="json", exclude_none=True, exclude=SHARD_LOCAL),
                               read_route=route.name.lower() if (route := ReadRoute.of(s.metrics)) is not None else "")
                 for s in job.shards],
-        energy_j=job.energy_j, energy_sources=job.energy_sources, marginal_j=job.marginal_j,
+        energy_j=job.energy_j, energy_sources=job.energy_sources, marginal_j=job.marginal_j, run=job.run,
     )
 
 
@@ -270,6 +270,12 @@ class JobServicer(job_pb2_grpc.JobServiceServicer):
     async def Cancel(self, request: job_pb2.CancelJobRequest, context: grpc.aio.ServicerContext) -> job_pb2.Job:
         self.tokens.check_api(context)
         return job_to_pb(self.jobs.cancel(request.job_id))
+
+    @unary
+    async def RetryMissing(self, request: job_pb2.RetryMissingRequest, context: grpc.aio.ServicerContext
+                           ) -> job_pb2.Job:
+        self.tokens.check_api(context)
+        return job_to_pb(await self.jobs.retry_missing(request.job_id))
 
     @unary
     async def Delete(self, request: job_pb2.DeleteJobsRequest, context: grpc.aio.ServicerContext

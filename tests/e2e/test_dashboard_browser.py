@@ -242,6 +242,15 @@ def test_a_jobs_log_a_node_page_memory_and_perf_per_model(cluster: Cluster, dash
     chatty = page.locator("#node-models tr[data-model='toyjob:chatty'][data-backend='cpu']")
     chatty.wait_for()  # its own perf/W for that model
     assert "-" != chatty.locator(".model-perf").inner_text()
+    # The node's own charts, from what the head sampled of it: its CPU (Farm's, the owner's) and its power, lines in
+    # Okabe and Ito's palette (uPlot draws on a canvas: the legend's markers carry the colours).
+    page.wait_for_function("document.querySelector('#node-chart-power .uplot') !== null")
+    legend = page.locator("#node-chart-cpu .u-legend").inner_text().lower()
+    assert "farm" in legend and legend.count("owner") == 1
+    markers = page.locator("#node-chart-cpu .u-legend .u-marker").evaluate_all(
+        "all => all.map(m => getComputedStyle(m).borderColor)")
+    assert "rgb(0, 114, 178)" in markers, markers  # Okabe-Ito's blue: the first line
+    assert int(page.locator("#node-chart-cpu .uplot").get_attribute("data-points") or 0) >= 1
     if os.environ.get("FARM_SCREENSHOT_NODE"):
         page.screenshot(path=str(ROOT / os.environ["FARM_SCREENSHOT_NODE"]), full_page=True)
 

@@ -596,3 +596,23 @@ def test_failed_sign_ins_are_limited_per_address_and_logged_escaped(tmp_path: Pa
     assert all("from 127.0.0.1: invalid or missing API token (credential hash " in m for m in refusals)
     assert all("guess" not in m and "\n" not in m for m in refusals)
     assert "the dashboard's GET '/api/jobs/x\\n2026-12-03 INFO farm.head: all is well'" in refusals[-1]
+
+
+def test_a_node_page_charts_that_node_s_own_history(tmp_path: Path) -> None:
+    """A node's page carries its own series over the window (its CPU, Farm's and the owner's, and its power), whoever
+    the fleet's charts show; a node never sampled has none."""
+    async def scenario(served: Served) -> None:
+        a_fleet(served.store)
+        served.store.heartbeat("n-cpu", 90.0, 50.0, (power("cpu", 35.0, EnergySource.MODEL_ESTIMATE),),
+                               farm_cpu_percent=12.0)
+        await served.dashboard.sample()
+        status, node = await served.get("api/nodes/laptop")
+        assert status == 200 and isinstance(node, dict)
+        history = node["history"]
+        assert [n["id"] for n in history["nodes"]] == ["n-cpu"] and history["t"]
+        laptop = history["nodes"][0]
+        assert (laptop["farm_cpu"][-1], laptop["owner_cpu"][-1], laptop["power"][-1]) == (12.0, 78.0, 35.0)
+        status, gone = await served.get("api/nodes/gone")  # offline: never sampled
+        assert isinstance(gone, dict) and gone["history"]["nodes"] == []
+
+    run(tmp_path, scenario)

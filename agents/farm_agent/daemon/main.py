@@ -249,7 +249,7 @@ class Agent:
         if which == "assign":
             job = self.workers.assign(order.assign)
         elif which == "cancel":
-            job = self.workers.cancel(order.cancel.job_id, order.cancel.ticket)
+            job = self.workers.cancel(order.cancel.job_id, order.cancel.ticket, order.cancel.run)
         else:
             return
         task = asyncio.create_task(job)

@@ -68,6 +68,7 @@ class Worker:
     group: NodeGroup
     folder: Path
     log_path: Path  # its stdout and stderr: the tail says why it died
+    run: int = 0  # the job's run its latest assignment is of (a retried job's next run may reuse it)
     tickets: list[str] = field(default_factory=list)  # sent and not yet ended, in order
     reading: asyncio.Task[None] | None = None
     stopping: bool = False
@@ -97,14 +98,15 @@ class Workers:
         self.logs.mkdir(mode=0o700, exist_ok=True)
         self.started = 0  # workers started so far: each one's folder and group are named by it
         self.ending: set[asyncio.Task[None]] = set()  # stops under way: the agent's own end waits for them
-        # Jobs the head cancelled or ended (the last CANCELLED_KEPT): an order still on its way starts nothing.
-        self.cancelled: dict[str, None] = {}
+        # Jobs the head cancelled or ended (the last CANCELLED_KEPT), each with the run that ended: an order of that
+        # run or an earlier one still on its way starts nothing; a later run's (a retry of its missing rows) does.
+        self.cancelled: dict[str, int] = {}
 
     async def assign(self, assignment: agent_pb2.Assignment) -> None:
         """Queue an attempt on its (job, device) worker, starting one if there is none."""
         key = (assignment.job_id, assignment.device)
         async with self.starting.setdefault(key, asyncio.Lock()):
-            if assignment.job_id in self.cancelled:
+            if assignment.run <= self.cancelled.get(assignment.job_id, -1):
                 return
             worker = self.workers.get(key)
             if worker is None or worker.proc.returncode is not None:
@@ -114,6 +116,7 @@ class Workers:
                     message = exc.message if isinstance(exc, AgentError) else f"{type(exc).__name__}: {exc}"
                     self._ended(assignment.ticket, f"its worker could not start: {message[:500]}")
                     return
+            worker.run = max(worker.run, assignment.run)
             worker.tickets.append(assignment.ticket)
             try:
                 worker.writer.write(frames.pack(assignment))
@@ -122,16 +125,16 @@ class Workers:
                 pass  # the worker died: its reader reports its tickets ended
             self.report(agent_pb2.WorkReport(ack=agent_pb2.WorkAck(ticket=assignment.ticket)))
 
-    async def cancel(self, job_id: str = "", ticket: str = "") -> None:
-        """Stop a job's workers (or the one holding `ticket`): what they run ends with them, unreported (the head
-        voided those attempts when it cancelled them)."""
+    async def cancel(self, job_id: str = "", ticket: str = "", run: int = 0) -> None:
+        """Stop a job's workers of `run` or earlier (or the one holding `ticket`): what they run ends with them,
+        unreported (the head voided those attempts when it cancelled them)."""
         if job_id:
-            self.cancelled[job_id] = None
+            self.cancelled[job_id] = max(run, self.cancelled.pop(job_id, run))  # now the newest: kept the longest
             while len(self.cancelled) > CANCELLED_KEPT:
                 del self.cancelled[next(iter(self.cancelled))]
             self.starting = {key: lock for key, lock in self.starting.items() if key[0] != job_id}
         for worker in list(self.workers.values()):
-            if worker.job_id == job_id or (ticket and ticket in worker.tickets):
+            if (worker.job_id == job_id and worker.run <= run) or (ticket and ticket in worker.tickets):
                 worker.tickets.clear()
                 await self._stop(worker)
 
@@ -181,7 +184,7 @@ class Workers:
             theirs.close()
         group.add(proc.pid)
         reader, writer = await asyncio.open_unix_connection(sock=ours, limit=frames.MAX_REPORT * 2)
-        worker = Worker(assignment.job_id, assignment.device, proc, writer, group, folder, log_path)
+        worker = Worker(assignment.job_id, assignment.device, proc, writer, group, folder, log_path, assignment.run)
         worker.reading = asyncio.create_task(self._read(worker, reader))
         self.workers[(worker.job_id, worker.device)] = worker
         log.info("worker for job %s on %s started (pid %d)", worker.job_id, worker.device, proc.pid)

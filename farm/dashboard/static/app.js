@@ -9,6 +9,10 @@ const CHARTED_MAX = 24;  // the head's /api/history default: the busiest nodes, 
 // Okabe and Ito's palette, which colour-blind readers can tell apart too; past eight nodes the lines dash as well.
 const COLOURS = ["#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"];
 const DASHES = [null, [6, 3], [2, 3], [8, 3, 2, 3]];
+function lineStyle(i) {  // the i-th line of a chart
+  const dash = DASHES[Math.floor(i / COLOURS.length) % DASHES.length];
+  return {stroke: COLOURS[i % COLOURS.length], dash: dash || undefined};
+}
 
 const state = {
   fleet: null,            // the latest /api/fleet (or tick's fleet)
@@ -370,8 +374,7 @@ function buildCharts() {
       width, height: 220,
       scales: {x: {time: true}, y: range ? {range: () => range} : {range: (u, lo, hi) => [0, Math.max(hi * 1.1, 1)]}},
       axes: [{}, {values: (u, ticks) => ticks.map(v => `${num(v)}${unit === "%" ? "%" : ""}`), size: 50}],
-      series: [{}, ...charted.map(n => ({label: n.name, stroke: COLOURS[nodes.indexOf(n) % COLOURS.length],
-        dash: DASHES[Math.floor(nodes.indexOf(n) / COLOURS.length) % DASHES.length] || undefined, width: 1.5,
+      series: [{}, ...charted.map(n => ({label: n.name, ...lineStyle(nodes.indexOf(n)), width: 1.5,
         points: {show: false},
         value: (u, v) => v == null ? "-" : `${num(v, 1)} ${unit}`}))],
       legend: {live: true},
@@ -386,6 +389,7 @@ function buildCharts() {
 }
 
 function appendSample(sample) {
+  if (route().page !== "fleet") return;  // the fleet's charts only: a node page is drawn anew at each tick
   const history = state.history;
   if (!history || sample.t <= history.t[history.t.length - 1]) return;  // already in the history fetched
   const charted = new Set(history.nodes.map(n => n.id));
@@ -420,7 +424,7 @@ function appendSample(sample) {
 
 window.addEventListener("resize", () => {
   for (const [metric, chart] of Object.entries(state.charts)) {
-    const box = document.getElementById(CHARTS.find(c => c.metric === metric).id);
+    const box = document.getElementById(CHARTS.find(c => c.metric === metric)?.id || metric);  // or a node chart's
     if (box) chart.setSize({width: Math.max(box.clientWidth - 16, 300), height: 220});
   }
 });
@@ -524,6 +528,9 @@ async function loadNode(id) {
     h("div", {class: "table-wrap"}, h("table", {id: "node-backends"}, h("thead", {}, h("tr", {},
       ["Backend", "Device", "State", "Detail", "Idle draw"].map((c, i) => h("th", {class: i === 4 ? "num" : null}, c)))),
       h("tbody", {}, backends))),
+    h("h2", {}, "Last 15 minutes"),
+    h("div", {class: "charts"},
+      NODE_CHARTS.map(c => h("div", {class: "chart", id: c.id}, h("h3", {}, c.title)))),
     h("h2", {}, "Power now, by device"),
     h("div", {class: "table-wrap"}, h("table", {id: "node-power"}, h("tbody", {}, power.length ? power :
       h("tr", {}, h("td", {class: "empty"}, "no power readings"))))),
@@ -536,6 +543,34 @@ async function loadNode(id) {
       "never one figure across models."),
     h("div", {class: "table-wrap"}, h("table", {id: "node-models"}))));
   renderModels(node.models, "node-models");
+  buildNodeCharts(node.history.nodes[0], node.history.t);
+}
+
+// A node's own charts, from what the head sampled of it: its CPU, Farm's share and its owner's, and its power.
+const NODE_CHARTS = [
+  {id: "node-chart-cpu", title: "CPU (% of the machine): Farm's and the owner's", unit: "%",
+   lines: [["farm_cpu", "Farm"], ["owner_cpu", "owner"]]},
+  {id: "node-chart-power", title: "Power (W)", unit: "W", lines: [["power", "power"]]},
+];
+
+function buildNodeCharts(series, t) {
+  destroyCharts();
+  for (const {id, unit, lines} of NODE_CHARTS) {
+    const box = document.getElementById(id);
+    if (!series) {
+      box.append(h("p", {class: "note"}, "Not live in the last 15 minutes."));
+      continue;
+    }
+    const opts = {
+      width: Math.max(box.clientWidth - 16, 300), height: 220,
+      scales: {x: {time: true}, y: {range: (u, lo, hi) => unit === "%" ? [0, 100] : [0, Math.max(hi * 1.1, 1)]}},
+      axes: [{}, {values: (u, ticks) => ticks.map(v => `${num(v)}${unit === "%" ? "%" : ""}`), size: 50}],
+      series: [{}, ...lines.map(([, label], i) => ({label, ...lineStyle(i), width: 1.5, points: {show: false},
+        value: (u, v) => v == null ? "-" : `${num(v, 1)} ${unit}`}))],
+    };
+    state.charts[id] = new uPlot(opts, [t, ...lines.map(([metric]) => series[metric])], box);
+    state.charts[id].root.dataset.points = String(t.length);
+  }
 }
 
 function live(node) { return node.state !== "offline"; }

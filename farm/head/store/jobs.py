@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     metrics TEXT NOT NULL DEFAULT '{}',
     created_at REAL NOT NULL,
     started_at REAL NOT NULL DEFAULT 0,
-    finished_at REAL NOT NULL DEFAULT 0
+    finished_at REAL NOT NULL DEFAULT 0,
+    run INTEGER NOT NULL DEFAULT 1  -- 1, then one more each time its missing rows run again (retries.py)
 );
 CREATE TABLE IF NOT EXISTS shards (
     job_id TEXT NOT NULL REFERENCES jobs(id),
@@ -97,6 +98,7 @@ class Job(Frozen):
     finished_at: float
     shards: tuple[Shard, ...]
     correct: int | None  # predictions matching the dataset's labels, when it has labels
+    run: int = 1  # 1, then one more each time its missing rows ran again (farm.head.store.retries)
 
     @property
     def items_done(self) -> int:
@@ -127,6 +129,7 @@ class JobRecords(Database):
         self._add_column("shards", "marginal_j", "REAL")
         self._add_column("shards", "metrics", "TEXT NOT NULL DEFAULT '{}'")
         self._add_column("shards", "forward", "TEXT NOT NULL DEFAULT ''")
+        self._add_column("jobs", "run", "INTEGER NOT NULL DEFAULT 1")
 
     def add_job(
         self, job_id: str, name: str, kind: str, spec_yaml: str, code_path: str, output: str, items: int,
@@ -384,6 +387,7 @@ def _job(row: sqlite3.Row, shards: list[sqlite3.Row]) -> Job:
         model_key=row["model_key"], model_bytes=row["model_bytes"], error=row["error"],
         explanation=row["explanation"], metrics=json.loads(row["metrics"]), created_at=row["created_at"],
         started_at=row["started_at"], finished_at=row["finished_at"], correct=sum(counted) if counted else None,
+        run=row["run"],
         shards=tuple(
             Shard(index=r["idx"], **{f: r[f] for f in SHARD_FIELDS}, metrics=json.loads(r["metrics"]))
             for r in shards

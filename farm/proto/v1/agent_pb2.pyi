@@ -156,7 +156,7 @@ class WorkOrder(_message.Message):
     def __init__(self, assign: _Optional[_Union[Assignment, _Mapping]] = ..., cancel: _Optional[_Union[CancelWork, _Mapping]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("ticket", "job_id", "shard", "entry", "device", "task_json", "code_sha256", "env", "result_address", "ca_pem", "name")
+    __slots__ = ("ticket", "job_id", "shard", "entry", "device", "task_json", "code_sha256", "env", "result_address", "ca_pem", "name", "run")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,7 @@ class Assignment(_message.Message):
     RESULT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CA_PEM_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
     ticket: str
     job_id: str
     shard: int
@@ -186,15 +187,18 @@ class Assignment(_message.Message):
     result_address: str
     ca_pem: bytes
     name: str
-    def __init__(self, ticket: _Optional[str] = ..., job_id: _Optional[str] = ..., shard: _Optional[int] = ..., entry: _Optional[str] = ..., device: _Optional[str] = ..., task_json: _Optional[bytes] = ..., code_sha256: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., result_address: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., name: _Optional[str] = ...) -> None: ...
+    run: int
+    def __init__(self, ticket: _Optional[str] = ..., job_id: _Optional[str] = ..., shard: _Optional[int] = ..., entry: _Optional[str] = ..., device: _Optional[str] = ..., task_json: _Optional[bytes] = ..., code_sha256: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., result_address: _Optional[str] = ..., ca_pem: _Optional[bytes] = ..., name: _Optional[str] = ..., run: _Optional[int] = ...) -> None: ...
 
 class CancelWork(_message.Message):
-    __slots__ = ("job_id", "ticket")
+    __slots__ = ("job_id", "ticket", "run")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     ticket: str
-    def __init__(self, job_id: _Optional[str] = ..., ticket: _Optional[str] = ...) -> None: ...
+    run: int
+    def __init__(self, job_id: _Optional[str] = ..., ticket: _Optional[str] = ..., run: _Optional[int] = ...) -> None: ...
 
 class CodeRequest(_message.Message):
     __slots__ = ("node_id", "node_token", "job_id")

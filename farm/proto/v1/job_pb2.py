@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61rm/proto/v1/job.proto\x12\x07\x66\x61rm.v1\"\x19\n\tCodeChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x1f\n\nCodeUpload\x12\x11\n\tupload_id\x18\x01 \x01(\t\"\xaa\x01\n\rSubmitRequest\x12\x11\n\tspec_yaml\x18\x01 \x01(\t\x12\x10\n\x08\x63ode_zip\x18\x02 \x01(\x0c\x12\r\n\x05items\x18\x03 \x01(\x03\x12\x0e\n\x06output\x18\x04 \x01(\t\x12\x13\n\x0bmodel_bytes\x18\x05 \x01(\x03\x12\x13\n\x0b\x63ode_upload\x18\x06 \x01(\t\x12\x11\n\toverwrite\x18\x07 \x01(\x08\x12\x18\n\x10\x64\x61taset_location\x18\x08 \x01(\t\"\x1d\n\x0bSubmitReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xef\x02\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x11\n\tnode_name\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\r\n\x05start\x18\x06 \x01(\x03\x12\x0c\n\x04stop\x18\x07 \x01(\x03\x12\r\n\x05items\x18\x08 \x01(\x03\x12\x0f\n\x07seconds\x18\t \x01(\x01\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0b \x01(\x05\x12\x10\n\x08\x65nergy_j\x18\x0c \x01(\x01\x12\x15\n\renergy_source\x18\r \x01(\t\x12\x14\n\x0c\x65nergy_scope\x18\x0e \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0f \x01(\t\x12\x19\n\x11peak_memory_bytes\x18\x10 \x01(\x03\x12\x17\n\nmarginal_j\x18\x11 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nread_route\x18\x12 \x01(\t\x12\x0f\n\x07\x66orward\x18\x13 \x01(\tB\r\n\x0b_marginal_j\"\x9d\x03\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x1e\n\x06shards\x18\x05 \x03(\x0b\x32\x0e.farm.v1.Shard\x12\x0e\n\x06output\x18\x06 \x01(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x12\n\nstarted_at\x18\t \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\n \x01(\x01\x12\r\n\x05items\x18\x0b \x01(\x03\x12*\n\x07metrics\x18\x0c \x03(\x0b\x32\x19.farm.v1.Job.MetricsEntry\x12\x13\n\x0b\x65xplanation\x18\r \x01(\t\x12\x11\n\tspec_yaml\x18\x0e \x01(\t\x12\x10\n\x08\x65nergy_j\x18\x0f \x01(\x01\x12\x16\n\x0e\x65nergy_sources\x18\x10 \x03(\t\x12\x17\n\nmarginal_j\x18\x11 \x01(\x01H\x00\x88\x01\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_marginal_j\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"+\n\rListJobsReply\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.farm.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\x11\x44\x65leteJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x0f\n\x07outputs\x18\x02 \x01(\x08\"I\n\x10PruneJobsRequest\x12\x14\n\x0colder_than_s\x18\x01 \x01(\x01\x12\x0e\n\x06states\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x01(\x08\"t\n\nDeletedJob\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06output\x18\x04 \x01(\t\x12\x17\n\x0foutputs_removed\x18\x05 \x01(\x08\x12\x14\n\x0coutputs_kept\x18\x06 \x01(\t\"4\n\x0f\x44\x65leteJobsReply\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.farm.v1.DeletedJob\"J\n\x0bLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\x05shard\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\x03\x42\x08\n\x06_shard\"_\n\x07LogLine\x12\n\n\x02ts\x18\x01 \x01(\x01\x12\r\n\x05level\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\n\n\x02id\x18\x04 \x01(\x03\x12\x12\n\x05shard\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x08\n\x06_shard\",\n\tLogsReply\x12\x1f\n\x05lines\x18\x01 \x03(\x0b\x32\x10.farm.v1.LogLine2\xb2\x04\n\nJobService\x12\x36\n\x06Submit\x12\x16.farm.v1.SubmitRequest\x1a\x14.farm.v1.SubmitReply\x12+\n\x03Get\x12\x16.farm.v1.GetJobRequest\x1a\x0c.farm.v1.Job\x12\x38\n\x04List\x12\x18.farm.v1.ListJobsRequest\x1a\x16.farm.v1.ListJobsReply\x12\x31\n\x06\x43\x61ncel\x12\x19.farm.v1.CancelJobRequest\x1a\x0c.farm.v1.Job\x12\x31\n\x05Watch\x12\x18.farm.v1.WatchJobRequest\x1a\x0c.farm.v1.Job0\x01\x12\x30\n\x04Logs\x12\x14.farm.v1.LogsRequest\x1a\x12.farm.v1.LogsReply\x12\x37\n\nUploadCode\x12\x12.farm.v1.CodeChunk\x1a\x13.farm.v1.CodeUpload(\x01\x12\x36\n\nFollowLogs\x12\x14.farm.v1.LogsRequest\x1a\x10.farm.v1.LogLine0\x01\x12>\n\x06\x44\x65lete\x12\x1a.farm.v1.DeleteJobsRequest\x1a\x18.farm.v1.DeleteJobsReply\x12<\n\x05Prune\x12\x19.farm.v1.PruneJobsRequest\x1a\x18.farm.v1.DeleteJobsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x66\x61rm/proto/v1/job.proto\x12\x07\x66\x61rm.v1\"\x19\n\tCodeChunk\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"\x1f\n\nCodeUpload\x12\x11\n\tupload_id\x18\x01 \x01(\t\"\xaa\x01\n\rSubmitRequest\x12\x11\n\tspec_yaml\x18\x01 \x01(\t\x12\x10\n\x08\x63ode_zip\x18\x02 \x01(\x0c\x12\r\n\x05items\x18\x03 \x01(\x03\x12\x0e\n\x06output\x18\x04 \x01(\t\x12\x13\n\x0bmodel_bytes\x18\x05 \x01(\x03\x12\x13\n\x0b\x63ode_upload\x18\x06 \x01(\t\x12\x11\n\toverwrite\x18\x07 \x01(\x08\x12\x18\n\x10\x64\x61taset_location\x18\x08 \x01(\t\"\x1d\n\x0bSubmitReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xef\x02\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\r\n\x05state\x18\x02 \x01(\t\x12\x0f\n\x07node_id\x18\x03 \x01(\t\x12\x11\n\tnode_name\x18\x04 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\x12\r\n\x05start\x18\x06 \x01(\x03\x12\x0c\n\x04stop\x18\x07 \x01(\x03\x12\r\n\x05items\x18\x08 \x01(\x03\x12\x0f\n\x07seconds\x18\t \x01(\x01\x12\r\n\x05\x65rror\x18\n \x01(\t\x12\x10\n\x08\x61ttempts\x18\x0b \x01(\x05\x12\x10\n\x08\x65nergy_j\x18\x0c \x01(\x01\x12\x15\n\renergy_source\x18\r \x01(\t\x12\x14\n\x0c\x65nergy_scope\x18\x0e \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x0f \x01(\t\x12\x19\n\x11peak_memory_bytes\x18\x10 \x01(\x03\x12\x17\n\nmarginal_j\x18\x11 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\nread_route\x18\x12 \x01(\t\x12\x0f\n\x07\x66orward\x18\x13 \x01(\tB\r\n\x0b_marginal_j\"\xaa\x03\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\x1e\n\x06shards\x18\x05 \x03(\x0b\x32\x0e.farm.v1.Shard\x12\x0e\n\x06output\x18\x06 \x01(\t\x12\r\n\x05\x65rror\x18\x07 \x01(\t\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x12\n\nstarted_at\x18\t \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\n \x01(\x01\x12\r\n\x05items\x18\x0b \x01(\x03\x12*\n\x07metrics\x18\x0c \x03(\x0b\x32\x19.farm.v1.Job.MetricsEntry\x12\x13\n\x0b\x65xplanation\x18\r \x01(\t\x12\x11\n\tspec_yaml\x18\x0e \x01(\t\x12\x10\n\x08\x65nergy_j\x18\x0f \x01(\x01\x12\x16\n\x0e\x65nergy_sources\x18\x10 \x03(\t\x12\x17\n\nmarginal_j\x18\x11 \x01(\x01H\x00\x88\x01\x01\x12\x0b\n\x03run\x18\x12 \x01(\x05\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_marginal_j\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\" \n\x0fListJobsRequest\x12\r\n\x05limit\x18\x01 \x01(\x05\"+\n\rListJobsReply\x12\x1a\n\x04jobs\x18\x01 \x03(\x0b\x32\x0c.farm.v1.Job\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"%\n\x13RetryMissingRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"5\n\x11\x44\x65leteJobsRequest\x12\x0f\n\x07job_ids\x18\x01 \x03(\t\x12\x0f\n\x07outputs\x18\x02 \x01(\x08\"I\n\x10PruneJobsRequest\x12\x14\n\x0colder_than_s\x18\x01 \x01(\x01\x12\x0e\n\x06states\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x01(\x08\"t\n\nDeletedJob\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x0e\n\x06output\x18\x04 \x01(\t\x12\x17\n\x0foutputs_removed\x18\x05 \x01(\x08\x12\x14\n\x0coutputs_kept\x18\x06 \x01(\t\"4\n\x0f\x44\x65leteJobsReply\x12!\n\x04jobs\x18\x01 \x03(\x0b\x32\x13.farm.v1.DeletedJob\"J\n\x0bLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\x05shard\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\r\n\x05\x61\x66ter\x18\x03 \x01(\x03\x42\x08\n\x06_shard\"_\n\x07LogLine\x12\n\n\x02ts\x18\x01 \x01(\x01\x12\r\n\x05level\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\n\n\x02id\x18\x04 \x01(\x03\x12\x12\n\x05shard\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x08\n\x06_shard\",\n\tLogsReply\x12\x1f\n\x05lines\x18\x01 \x03(\x0b\x32\x10.farm.v1.LogLine2\xee\x04\n\nJobService\x12\x36\n\x06Submit\x12\x16.farm.v1.SubmitRequest\x1a\x14.farm.v1.SubmitReply\x12+\n\x03Get\x12\x16.farm.v1.GetJobRequest\x1a\x0c.farm.v1.Job\x12\x38\n\x04List\x12\x18.farm.v1.ListJobsRequest\x1a\x16.farm.v1.ListJobsReply\x12\x31\n\x06\x43\x61ncel\x12\x19.farm.v1.CancelJobRequest\x1a\x0c.farm.v1.Job\x12:\n\x0cRetryMissing\x12\x1c.farm.v1.RetryMissingRequest\x1a\x0c.farm.v1.Job\x12\x31\n\x05Watch\x12\x18.farm.v1.WatchJobRequest\x1a\x0c.farm.v1.Job0\x01\x12\x30\n\x04Logs\x12\x14.farm.v1.LogsRequest\x1a\x12.farm.v1.LogsReply\x12\x37\n\nUploadCode\x12\x12.farm.v1.CodeChunk\x1a\x13.farm.v1.CodeUpload(\x01\x12\x36\n\nFollowLogs\x12\x14.farm.v1.LogsRequest\x1a\x10.farm.v1.LogLine0\x01\x12>\n\x06\x44\x65lete\x12\x1a.farm.v1.DeleteJobsRequest\x1a\x18.farm.v1.DeleteJobsReply\x12<\n\x05Prune\x12\x19.farm.v1.PruneJobsRequest\x1a\x18.farm.v1.DeleteJobsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,33 +44,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHARD']._serialized_start=301
   _globals['_SHARD']._serialized_end=668
   _globals['_JOB']._serialized_start=671
-  _globals['_JOB']._serialized_end=1084
-  _globals['_JOB_METRICSENTRY']._serialized_start=1023
-  _globals['_JOB_METRICSENTRY']._serialized_end=1069
-  _globals['_GETJOBREQUEST']._serialized_start=1086
-  _globals['_GETJOBREQUEST']._serialized_end=1117
-  _globals['_LISTJOBSREQUEST']._serialized_start=1119
-  _globals['_LISTJOBSREQUEST']._serialized_end=1151
-  _globals['_LISTJOBSREPLY']._serialized_start=1153
-  _globals['_LISTJOBSREPLY']._serialized_end=1196
-  _globals['_CANCELJOBREQUEST']._serialized_start=1198
-  _globals['_CANCELJOBREQUEST']._serialized_end=1232
-  _globals['_WATCHJOBREQUEST']._serialized_start=1234
-  _globals['_WATCHJOBREQUEST']._serialized_end=1267
-  _globals['_DELETEJOBSREQUEST']._serialized_start=1269
-  _globals['_DELETEJOBSREQUEST']._serialized_end=1322
-  _globals['_PRUNEJOBSREQUEST']._serialized_start=1324
-  _globals['_PRUNEJOBSREQUEST']._serialized_end=1397
-  _globals['_DELETEDJOB']._serialized_start=1399
-  _globals['_DELETEDJOB']._serialized_end=1515
-  _globals['_DELETEJOBSREPLY']._serialized_start=1517
-  _globals['_DELETEJOBSREPLY']._serialized_end=1569
-  _globals['_LOGSREQUEST']._serialized_start=1571
-  _globals['_LOGSREQUEST']._serialized_end=1645
-  _globals['_LOGLINE']._serialized_start=1647
-  _globals['_LOGLINE']._serialized_end=1742
-  _globals['_LOGSREPLY']._serialized_start=1744
-  _globals['_LOGSREPLY']._serialized_end=1788
-  _globals['_JOBSERVICE']._serialized_start=1791
-  _globals['_JOBSERVICE']._serialized_end=2353
+  _globals['_JOB']._serialized_end=1097
+  _globals['_JOB_METRICSENTRY']._serialized_start=1036
+  _globals['_JOB_METRICSENTRY']._serialized_end=1082
+  _globals['_GETJOBREQUEST']._serialized_start=1099
+  _globals['_GETJOBREQUEST']._serialized_end=1130
+  _globals['_LISTJOBSREQUEST']._serialized_start=1132
+  _globals['_LISTJOBSREQUEST']._serialized_end=1164
+  _globals['_LISTJOBSREPLY']._serialized_start=1166
+  _globals['_LISTJOBSREPLY']._serialized_end=1209
+  _globals['_CANCELJOBREQUEST']._serialized_start=1211
+  _globals['_CANCELJOBREQUEST']._serialized_end=1245
+  _globals['_RETRYMISSINGREQUEST']._serialized_start=1247
+  _globals['_RETRYMISSINGREQUEST']._serialized_end=1284
+  _globals['_WATCHJOBREQUEST']._serialized_start=1286
+  _globals['_WATCHJOBREQUEST']._serialized_end=1319
+  _globals['_DELETEJOBSREQUEST']._serialized_start=1321
+  _globals['_DELETEJOBSREQUEST']._serialized_end=1374
+  _globals['_PRUNEJOBSREQUEST']._serialized_start=1376
+  _globals['_PRUNEJOBSREQUEST']._serialized_end=1449
+  _globals['_DELETEDJOB']._serialized_start=1451
+  _globals['_DELETEDJOB']._serialized_end=1567
+  _globals['_DELETEJOBSREPLY']._serialized_start=1569
+  _globals['_DELETEJOBSREPLY']._serialized_end=1621
+  _globals['_LOGSREQUEST']._serialized_start=1623
+  _globals['_LOGSREQUEST']._serialized_end=1697
+  _globals['_LOGLINE']._serialized_start=1699
+  _globals['_LOGLINE']._serialized_end=1794
+  _globals['_LOGSREPLY']._serialized_start=1796
+  _globals['_LOGSREPLY']._serialized_end=1840
+  _globals['_JOBSERVICE']._serialized_start=1843
+  _globals['_JOBSERVICE']._serialized_end=2465
 # @@protoc_insertion_point(module_scope)

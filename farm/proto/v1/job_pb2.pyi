@@ -87,7 +87,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ..., read_route: _Optional[str] = ..., forward: _Optional[str] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources", "marginal_j")
+    __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources", "marginal_j", "run")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class Job(_message.Message):
     ENERGY_J_FIELD_NUMBER: _ClassVar[int]
     ENERGY_SOURCES_FIELD_NUMBER: _ClassVar[int]
     MARGINAL_J_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     kind: str
@@ -129,7 +130,8 @@ class Job(_message.Message):
     energy_j: float
     energy_sources: _containers.RepeatedScalarFieldContainer[str]
     marginal_j: float
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., items: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., explanation: _Optional[str] = ..., spec_yaml: _Optional[str] = ..., energy_j: _Optional[float] = ..., energy_sources: _Optional[_Iterable[str]] = ..., marginal_j: _Optional[float] = ...) -> None: ...
+    run: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., state: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., output: _Optional[str] = ..., error: _Optional[str] = ..., created_at: _Optional[float] = ..., started_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., items: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., explanation: _Optional[str] = ..., spec_yaml: _Optional[str] = ..., energy_j: _Optional[float] = ..., energy_sources: _Optional[_Iterable[str]] = ..., marginal_j: _Optional[float] = ..., run: _Optional[int] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)
@@ -150,6 +152,12 @@ class ListJobsReply(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class RetryMissingRequest(_message.Message):
     __slots__ = ("job_id",)
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     job_id: str

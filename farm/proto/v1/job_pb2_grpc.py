@@ -54,6 +54,11 @@ class JobServiceStub:
                 request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.CancelJobRequest.SerializeToString,
                 response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.Job.FromString,
                 _registered_method=True)
+        self.RetryMissing = channel.unary_unary(
+                '/farm.v1.JobService/RetryMissing',
+                request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.RetryMissingRequest.SerializeToString,
+                response_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.Job.FromString,
+                _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/farm.v1.JobService/Watch',
                 request_serializer=farm_dot_proto_dot_v1_dot_job__pb2.WatchJobRequest.SerializeToString,
@@ -110,6 +115,15 @@ class JobServiceServicer:
 
     def Cancel(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryMissing(self, request, context):
+        """A job that ended (failed, cancelled, or succeeded with rows skipped) runs again for only its shards without a
+        result, in the same output beside the results it has; refused (FAILED_PRECONDITION) for a job that has not ended
+        or misses nothing.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -177,6 +191,11 @@ def add_JobServiceServicer_to_server(servicer, server):
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
                     request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.CancelJobRequest.FromString,
+                    response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.Job.SerializeToString,
+            ),
+            'RetryMissing': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryMissing,
+                    request_deserializer=farm_dot_proto_dot_v1_dot_job__pb2.RetryMissingRequest.FromString,
                     response_serializer=farm_dot_proto_dot_v1_dot_job__pb2.Job.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
@@ -317,6 +336,33 @@ class JobService:
             target,
             '/farm.v1.JobService/Cancel',
             farm_dot_proto_dot_v1_dot_job__pb2.CancelJobRequest.SerializeToString,
+            farm_dot_proto_dot_v1_dot_job__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryMissing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/farm.v1.JobService/RetryMissing',
+            farm_dot_proto_dot_v1_dot_job__pb2.RetryMissingRequest.SerializeToString,
             farm_dot_proto_dot_v1_dot_job__pb2.Job.FromString,
             options,
             channel_credentials,
