@@ -52,7 +52,8 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     batches whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
     that node from its bytes to its outputs. Only the first batch is read and prepared before the window, to warm
     the model up on it; a thread reads the next batches (prefetch.DEPTH) ahead of the model, from then on, so that
-    reading overlaps compute: the few batches it reads during the warm-up are read outside the window. `later`: the
+    reading overlaps compute (an image folder's next DECODE_AHEAD batches decoding on the pool meanwhile): the few
+    batches it reads during the warm-up are read outside the window. `later`: the
     energy may be found after the shard returns (ShardResult.energy_later), so that its device starts the next one
     meanwhile."""
     root = Path.cwd()
