@@ -12,8 +12,10 @@ in one process (issue 28, item 2; on a CPU box the goal is Farm at >= 0.8x the p
   (farm.data.decoders), the prefetch thread, the CPU backend running the same CNN. One row per --ahead (the batches
   decoding at once, farm.data.decoders.AHEAD): 1 is one batch at a time.
 
-Both run once untimed first (the decoder processes start once per worker, not per shard). Each row is the best of
---repeat runs (the machine is shared: the best is the least disturbed); the table says the load when it began.
+Each way runs once untimed first (the decoder processes start once per worker, not per shard). Each row is the best
+of --repeat runs, the ways taking turns (the machine is shared: the best is the least disturbed); the table says the
+load when it began, and the least CPU time a way took (this process, the head's and the decoders'): on a box
+whose cores are all busy, images/s follow it.
 """
 
 from __future__ import annotations
@@ -103,6 +105,20 @@ def farm_shard(folder: Path, head_ports: tuple[int, int], state: Path, batch: in
     return result.items
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and all it started (the head, the decoder processes): what a way costs the box."""
+    import psutil
+
+    total = 0.0
+    for process in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=6144)
@@ -133,20 +149,21 @@ def main() -> None:
                  for a in args.ahead]
         table = Table(title=f"{args.images:,} PNGs of {args.side}x{args.side} through a small CNN, batch {b} "
                             f"({os.cpu_count()} cores, load {load:.2f} at the start)", title_justify="left")
-        for column in ("way", "images", "seconds", "images/s", "x plain loop"):
+        for column in ("way", "images", "seconds", "images/s", "x plain loop", "CPU seconds"):
             table.add_column(column, justify="left" if column == "way" else "right")
-        plain = 0.0
-        for name, run in ways:
+        for _, run in ways:
             run(2 * b)  # untimed: the decoder pool's processes, the model's first batch
-            best = 0.0
-            for _ in range(args.repeat):
-                began = time.perf_counter()
+        best, cpu = [0.0] * len(ways), [float("inf")] * len(ways)
+        for _ in range(args.repeat):  # the ways in turn, so that a busy spell of the shared box spreads over them all
+            for i, (_, run) in enumerate(ways):
+                began, busy = time.perf_counter(), cpu_seconds()
                 count = run()
-                best = max(best, count / (time.perf_counter() - began))
-            plain = plain or best
-            row = [name, f"{count:,}", f"{count / best:.2f}", f"{best:,.0f}", f"{best / plain:.2f}"]
-            print(" | ".join(row), file=sys.stderr, flush=True)
-            table.add_row(*row)
+                best[i] = max(best[i], count / (time.perf_counter() - began))
+                cpu[i] = min(cpu[i], cpu_seconds() - busy)
+            print(" | ".join(f"{rate:,.0f}" for rate in best), file=sys.stderr, flush=True)
+        for (name, _), rate, spent in zip(ways, best, cpu):
+            table.add_row(name, f"{count:,}", f"{count / rate:.2f}", f"{rate:,.0f}", f"{rate / best[0]:.2f}",
+                          f"{spent:.2f}")
         Console(width=160).print(table)
     finally:
         assert head.stdin is not None
