@@ -81,21 +81,29 @@ class RowIds(Sequence[int]):
         return self.column[index].as_py() if isinstance(index, int) else self.column[index].to_pylist()
 
 
+def numpy_batches(batches: Iterable[pa.RecordBatch], columns: Iterable[str], fmt: DataFormat, where: str,
+                  workers: int = 1, ahead: int = 1) -> Iterator[tuple[pa.RecordBatch, dict[str, np.ndarray]]]:
+    """Each batch, in order, with its `columns` as NumPy arrays (a preprocess's argument, as Ray Data's map_batches
+    gives it): numbers, fixed-size lists and tensors without a copy; an image folder's `image` decoded here, on the
+    node, on `workers` threads or processes (the CPUs the node lends this worker), `ahead` batches at once."""
+    columns = list(columns)
+    decoded: Iterable[tuple[pa.RecordBatch, np.ndarray | None]]
+    if fmt is DataFormat.IMAGES and "image" in columns:
+        from farm.data.formats.images import decode_images
+
+        decoded = decode_images(where, batches, workers, ahead)
+    else:
+        decoded = ((batch, None) for batch in batches)
+    for batch, images in decoded:
+        row_ids = RowIds(batch.column(ROW_ID))
+        yield batch, {name: images if images is not None and name == "image"
+                      else column_to_numpy(batch.column(name), name, row_ids, where) for name in columns}
+
+
 def numpy_batch(batch: pa.RecordBatch, columns: Iterable[str], fmt: DataFormat, where: str, workers: int = 1
                 ) -> dict[str, np.ndarray]:
-    """The batch's `columns` as NumPy arrays (a preprocess's argument, as Ray Data's map_batches gives it): numbers,
-    fixed-size lists and tensors without a copy; an image folder's `image` decoded here, on the node, on `workers`
-    threads (the CPUs the node lends this worker)."""
-    row_ids = RowIds(batch.column(ROW_ID))
-    arrays = {}
-    for name in columns:
-        if fmt is DataFormat.IMAGES and name == "image":
-            from farm.data.formats.images import decode_images
-
-            arrays[name] = decode_images(where, batch, workers)
-        else:
-            arrays[name] = column_to_numpy(batch.column(name), name, row_ids, where)
-    return arrays
+    """One batch's numpy_batches."""
+    return next(numpy_batches([batch], columns, fmt, where, workers))[1]
 
 
 def model_inputs(arrays: dict[str, np.ndarray], columns: tuple[str, ...], where: str,

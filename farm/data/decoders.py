@@ -17,17 +17,23 @@ from __future__ import annotations
 import io
 import multiprocessing
 import sys
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
+from typing import TypeVar
 
 import numpy as np
 
 from farm.core.dataset import DataFormat
 from farm.core.errors import DataError
+
+T = TypeVar("T")
+
+AHEAD = 3  # batches a shard's reader keeps decoding at once (decode_ahead): see benchmarks/image_job.py
 
 
 class PoolKind(StrEnum):
@@ -74,20 +80,85 @@ def decode_all(decoder: Decoder, items: Sequence[bytes], workers: int, pool: Poo
     """Each item decoded, in order, or why it did not decode (one line), on `workers` of the pool that suits the
     batch (`pool`: that one instead). A decoder process that dies (a file that crashes the codec) fails the batch
     with DataError; the next batch gets a fresh pool."""
+    return submit(decoder, items, workers, pool).result()
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """A batch's items handed to a pool: `parts` decode runs of them, in order."""
+
+    decoder: Decoder
+    items: int
+    parts: list[Future[list[np.ndarray | str]]]
+
+    def result(self) -> list[np.ndarray | str]:
+        """Waits for the items: decode_all's list."""
+        try:
+            return [found for part in self.parts for found in part.result()]
+        except BrokenProcessPool:
+            raise _died(self.decoder, self.items) from None
+
+    def cancel(self) -> None:
+        """Drops what the pool has not started."""
+        for part in self.parts:
+            part.cancel()
+
+
+def submit(decoder: Decoder, items: Sequence[bytes], workers: int, pool: PoolKind | None = None) -> Decoding:
+    """decode_all's work handed to the pool now, to be waited for later (Decoding.result)."""
     if workers <= 1 or len(items) <= 1:
-        return [_decode_one(decoder.name, item) for item in items]
+        done: Future[list[np.ndarray | str]] = Future()
+        done.set_result(_decode_chunk(decoder.name, list(items)))
+        return Decoding(decoder, len(items), [done])
     kind = pool or decoder.pool(sum(map(len, items)) / len(items))
     if kind is PoolKind.THREADS:
-        return list(_threads(workers).map(lambda item: _decode_one(decoder.name, item), items))
+        return Decoding(decoder, len(items), [_threads(workers).submit(_decode_chunk, decoder.name, [item])
+                                             for item in items])
     step = -(-len(items) // workers)  # one contiguous chunk a process: a round trip a process per batch
-    chunks = [list(items[i:i + step]) for i in range(0, len(items), step)]
     try:
-        return [found for part in _processes(workers).map(_decode_chunk, [decoder.name] * len(chunks), chunks)
-                for found in part]
+        return Decoding(decoder, len(items), [_processes(workers).submit(_decode_chunk, decoder.name,
+                                                                          list(items[i:i + step]))
+                                             for i in range(0, len(items), step)])
     except BrokenProcessPool:
-        _processes.cache_clear()
-        raise DataError(f"a {decoder.name} decoder process died on a batch of {len(items)} items (an input that "
-                        "crashes the decoder)") from None
+        raise _died(decoder, len(items)) from None
+
+
+def _died(decoder: Decoder, items: int) -> DataError:
+    _processes.cache_clear()  # the next batch gets a fresh pool
+    return DataError(f"a {decoder.name} decoder process died on a batch of {items} items (an input that crashes "
+                     "the decoder)")
+
+
+def decode_ahead(decoder: Decoder, batches: Iterable[T], items: Callable[[T], Sequence[bytes]], workers: int,
+                 ahead: int) -> Generator[tuple[T, list[np.ndarray | str]]]:
+    """Each batch with its items decoded (decode_all's list), in order, while the batches after it are read and
+    decode on the pool, `ahead` batches in flight in all (the memory it holds). One batch at a time, the pool idles
+    while a batch's last items finish, while it is stacked and while the next one is read (a head's files, in the
+    calling thread). An error reading a batch is raised once the batches before it are handed on, as it would be
+    one batch at a time; an error decoding one when it is reached."""
+    pending: deque[tuple[T, Decoding]] = deque()
+    source = iter(batches)
+    unread: Exception | None = None
+    try:
+        while True:
+            while unread is None and len(pending) < max(ahead, 1):
+                try:
+                    batch = next(source)
+                except StopIteration:
+                    break
+                except Exception as exc:  # noqa: BLE001 - raised in its turn, below
+                    unread = exc
+                    break
+                pending.append((batch, submit(decoder, items(batch), workers)))
+            if not pending:
+                if unread is not None:
+                    raise unread
+                return
+            batch, decoding = pending.popleft()
+            yield batch, decoding.result()
+    finally:  # the consumer stopped early, or a batch failed: what the pool has not started is dropped
+        for _, decoding in pending:
+            decoding.cancel()
 
 
 def _decode_one(name: str, data: bytes) -> np.ndarray | str:

@@ -78,3 +78,87 @@ def test_arrow_columns_reach_numpy_without_a_copy(layout: str) -> None:
     ragged = pa.array([[1.0], [2.0, 3.0]])  # lists of several lengths: still refused, naming the row
     with pytest.raises(DataError, match=r"row 11\): column 'x' holds \(2,\)"):
         column_to_numpy(ragged, "x", [10, 11], "w")
+
+
+def _folder(tmp_path, count: int):  # type: ignore[no-untyped-def]
+    from farm import data
+    from farm.core.dataset import DatasetSpec
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(count):
+        (folder / f"{i:03d}.png").write_bytes(_png(i))
+    spec = DatasetSpec(location=str(folder), format="images")
+    return folder, spec, data.plan(spec)
+
+
+def test_a_shard_decodes_several_batches_at_once_and_hands_them_on_in_order(tmp_path,  # type: ignore[no-untyped-def]
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inference kind's reader: batches of 2 on 4 threads meet only if two batches decode at once."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from farm.core.tasks import DataTask, ShardTask
+    from farm.data import decoders
+    from farm_agent.work.kinds.inference import model_batches
+
+    monkeypatch.setattr(decoders, "SMALL_IMAGE", 0)  # threads, so that the barrier sees them
+    together = threading.Barrier(4, timeout=10)
+    opened = Image.open
+
+    def open_meeting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        together.wait()
+        return opened(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", open_meeting)
+    _, spec, plan = _folder(tmp_path, 8)
+    task = ShardTask(job_id="j", index=0, start=0, stop=8, model="m:f", weights=None, dataset="", batch_size=2,
+                     backend="cpu", device="cpu", threads=4, data=DataTask(spec=spec, plan=plan))
+    batches = list(model_batches(task, Path.cwd()))
+    assert [b.table.column(ROW_ID).to_pylist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [b.inputs[:, 0, 0, 0].tolist() for b in batches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+def test_batches_decoding_at_once_are_bounded() -> None:
+    from farm.data.batches import numpy_batches
+
+    read = []
+
+    def source():  # type: ignore[no-untyped-def]
+        for start in range(0, 20, 2):
+            read.append(start)
+            yield _images(20).slice(start, 2)
+
+    stream = numpy_batches(source(), ["image"], DataFormat.IMAGES, "/imgs", workers=2, ahead=3)
+    batch, arrays = next(stream)
+    assert batch.column(ROW_ID).to_pylist() == [0, 1] and arrays["image"][:, 0, 0, 0].tolist() == [0, 1]
+    assert read == [0, 2, 4]  # three batches in flight, not the shard
+    next(stream)
+    assert read == [0, 2, 4, 6]
+    stream.close()
+    assert read == [0, 2, 4, 6]
+
+
+def test_with_batches_decoding_ahead_a_bad_file_fails_its_batch_after_the_ones_before(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A file that does not decode and one that does not read: each named with its row range (the head skips that
+    row alone: farm.scheduler.bad_rows), after the batches before it were handed on, as one batch at a time would."""
+    from farm import data
+    from farm.data.batches import numpy_batches
+
+    folder, spec, plan = _folder(tmp_path, 10)
+    (folder / "005.png").write_bytes(b"not a png")
+    stream = numpy_batches(data.read(plan, 0, 10, None, 2), ["image"], plan.format, plan.location, workers=2,
+                           ahead=4)
+    assert [next(stream)[0].column(ROW_ID).to_pylist() for _ in range(2)] == [[0, 1], [2, 3]]
+    with pytest.raises(DataError, match=r"005\.png \(row 5\): the image does not decode") as caught:
+        next(stream)
+    assert caught.value.rows == (5, 6)
+    (folder / "005.png").write_bytes(_png(5))
+    (folder / "003.png").unlink()  # gone since planning: it does not read
+    stream = numpy_batches(data.read(plan, 0, 10, None, 2), ["image"], plan.format, plan.location, workers=2,
+                           ahead=4)
+    assert next(stream)[0].column(ROW_ID).to_pylist() == [0, 1]
+    with pytest.raises(DataError, match=r"003\.png \(row 3\): does not read") as caught:
+        next(stream)
+    assert caught.value.rows == (3, 4)

@@ -4,7 +4,7 @@ arrays (decode_images), so a file that does not decode fails its shard naming th
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -69,20 +69,28 @@ def _one(fs, path: str) -> bytes | Exception:
         return exc
 
 
-def decode_images(location: str, batch: pa.RecordBatch, workers: int = 1) -> np.ndarray:
-    """The batch's images as arrays (H, W) or (H, W, C) in their own mode: one array [N, ...] when they share a
-    shape, else an object array of arrays (as Ray Data's read_images gives them). Decoded on `workers` threads or
-    processes (the CPUs the node lends; farm.data.decoders chooses which by the images' size)."""
-    from farm.data.decoders import DECODERS, decode_all
+def decode_images(location: str, batches: Iterable[pa.RecordBatch], workers: int = 1, ahead: int = 1
+                  ) -> Iterator[tuple[pa.RecordBatch, np.ndarray]]:
+    """Each batch with its images as arrays (H, W) or (H, W, C) in their own mode: one array [N, ...] when they
+    share a shape, else an object array of arrays (as Ray Data's read_images gives them). Decoded on `workers`
+    threads or processes (the CPUs the node lends; farm.data.decoders chooses which by the images' size), `ahead`
+    batches at once (farm.data.decoders.decode_ahead). A file that does not decode fails its batch naming it and its
+    row (its range: farm.scheduler.bad_rows skips that row alone)."""
+    from farm.data.decoders import DECODERS, decode_ahead
 
-    arrays = decode_all(DECODERS[DataFormat.IMAGES], batch.column("image").to_pylist(), workers)
-    failed = next((i for i, a in enumerate(arrays) if isinstance(a, str)), None)
-    if failed is not None:
-        path, row = batch.column("path")[failed].as_py(), batch.column(ROW_ID)[failed].as_py()
-        raise DataError(f"{where(location, path)} (row {row}): the image does not decode: {arrays[failed]}",
-                        rows=(row, row + 1))
-    if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):  # type: ignore[union-attr]
-        return np.stack(arrays)
-    ragged = np.empty(len(arrays), dtype=object)
-    ragged[:] = arrays
-    return ragged
+    for batch, arrays in decode_ahead(DECODERS[DataFormat.IMAGES], batches, _encoded, workers, ahead):
+        failed = next((i for i, a in enumerate(arrays) if isinstance(a, str)), None)
+        if failed is not None:
+            path, row = batch.column("path")[failed].as_py(), batch.column(ROW_ID)[failed].as_py()
+            raise DataError(f"{where(location, path)} (row {row}): the image does not decode: {arrays[failed]}",
+                            rows=(row, row + 1))
+        if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):  # type: ignore[union-attr]
+            yield batch, np.stack(arrays)
+            continue
+        ragged = np.empty(len(arrays), dtype=object)
+        ragged[:] = arrays
+        yield batch, ragged
+
+
+def _encoded(batch: pa.RecordBatch) -> list[bytes]:
+    return batch.column("image").to_pylist()

@@ -21,7 +21,8 @@ from farm.core.energy import Energy
 from farm.core.errors import FarmError
 from farm.core.tasks import SHARD_ROWS_ATTR, ResultRoute, ShardFigures, ShardResult, ShardTask, Tuning
 from farm.data import Reach, reach, read
-from farm.data.batches import column_to_numpy, model_inputs, numpy_batch, output_column, rebatch
+from farm.data.batches import column_to_numpy, model_inputs, numpy_batches, output_column, rebatch
+from farm.data.decoders import AHEAD as DECODE_AHEAD
 from farm.data.results import OUTPUT
 from farm_agent import backends
 from farm_agent.backends.base import Backend
@@ -51,7 +52,8 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     batches whatever the shard's size, and the time and energy the scheduler learns from are then what a row costs on
     that node from its bytes to its outputs. Only the first batch is read and prepared before the window, to warm
     the model up on it; a thread reads the next batches (prefetch.DEPTH) ahead of the model, from then on, so that
-    reading overlaps compute: the few batches it reads during the warm-up are read outside the window. `later`: the
+    reading overlaps compute (an image folder's next DECODE_AHEAD batches decoding on the pool meanwhile): the few
+    batches it reads during the warm-up are read outside the window. `later`: the
     energy may be found after the shard returns (ShardResult.energy_later), so that its device starts the next one
     meanwhile."""
     root = Path.cwd()
@@ -146,8 +148,8 @@ def model_batches(task: ShardTask, root: Path, way: Reach | None = None) -> Iter
     preprocess = resolve(spec.preprocess, root, "preprocess") if spec.preprocess else None
     way = way or reach(plan, task.data.access)
     stream = read(plan, task.start, task.stop, needed, task.batch_size, fs=way.fs, root=way.root)
-    for batch in rebatch(stream, task.batch_size):
-        arrays = numpy_batch(batch, columns, plan.format, plan.location, workers=max(task.threads, 1))
+    for batch, arrays in numpy_batches(rebatch(stream, task.batch_size), columns, plan.format, plan.location,
+                                       workers=max(task.threads, 1), ahead=DECODE_AHEAD):
         inputs = model_inputs(arrays, columns, plan.location, preprocess, spec.preprocess or "")
         labels = None
         if spec.label:
