@@ -17,7 +17,6 @@ from farm.core.dataset import DatasetSpec
 from farm.core.errors import DataError, SpecError
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.core.spec import parse_spec
-from farm.data.batches import output_column
 from farm.head import arrivals
 from farm.head.dispatch import Dispatcher
 from farm.head.settings import HeadSettings
@@ -25,7 +24,7 @@ from farm.head.store import Store
 from farm.proto.v1 import result_pb2
 from farm.scheduler import bad_rows
 from farm_agent.work.upload import failure_of
-from tests.uploads import arrive
+from tests.uploads import succeed_shard
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 2\n"
@@ -107,13 +106,7 @@ def run_job(store: Store, tmp_path: Path, budget: str = "") -> tuple[Store, Path
     handler, spec, node = farm_.handler(job), farm_.spec(job), store.nodes()[0]
 
     def succeed(index: int) -> None:
-        store.shard_started("j-1", index, node, "cpu", "cpu")
-        shard = store.job("j-1").shards[index]
-        rows = pa.table({"row_id": pa.array(range(shard.start, shard.stop), pa.int64()),
-                         "output": output_column(np.zeros((shard.stop - shard.start, 2), np.float32))})
-        result = arrive(handler.staging(store.job("j-1"), index), [rows], items=shard.stop - shard.start, seconds=0.1)
-        farm_.outcomes.succeeded("j-1", index, handler.record(store.job("j-1"), spec, shard, result))
-        farm_.outcomes.finish_if_done("j-1", handler, spec)
+        succeed_shard(store, farm_, "j-1", index, node)
 
     succeed(0)
     store.shard_started("j-1", 1, node, "cpu", "cpu")

@@ -9,14 +9,11 @@ import asyncio
 import json
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from farm.core.errors import ConflictError, DataError, NotFoundError
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
-from farm.data.batches import output_column
 from farm.head import arrivals
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
@@ -24,7 +21,7 @@ from farm.head.jobs import Jobs
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm_agent.work.upload import failure_of
-from tests.uploads import arrive
+from tests.uploads import succeed_shard
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
@@ -116,13 +113,7 @@ def test_a_job_that_skipped_rows_runs_them_again_and_has_every_row_once(store: S
     handler, spec, node = farm_.handler(job), farm_.spec(job), store.nodes()[0]
 
     def succeed(index: int) -> None:
-        store.shard_started("j-1", index, node, "cpu", "cpu")
-        shard = store.job("j-1").shards[index]
-        rows = pa.table({"row_id": pa.array(range(shard.start, shard.stop), pa.int64()),
-                         "output": output_column(np.zeros((shard.stop - shard.start, 2), np.float32))})
-        result = arrive(handler.staging(store.job("j-1"), index), [rows], items=shard.stop - shard.start, seconds=0.1)
-        farm_.outcomes.succeeded("j-1", index, handler.record(store.job("j-1"), spec, shard, result))
-        farm_.outcomes.finish_if_done("j-1", handler, spec)
+        succeed_shard(store, farm_, "j-1", index, node)
 
     succeed(0)
     succeed(2)
