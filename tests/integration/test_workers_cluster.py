@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psutil
 import pyarrow.dataset as ds
-import pytest
 
 from farm.local import wait_for
 from tests.conftest import Cluster
@@ -64,7 +63,7 @@ def test_a_worker_killed_mid_queue_reruns_its_shards_once_and_each_row_lands_onc
     assert max(s["attempts"] for s in job["shards"]) == 2  # the killed worker's shards ran once more, no more
     rows_once(work)
     logs = cluster.farm("logs", job_id).stdout
-    assert "its worker exited" in logs
+    assert "its worker was killed by SIGKILL" in logs  # its signal by name (farm_agent.daemon.workers.exit_reason)
 
 
 def test_a_cancelled_job_leaves_no_worker(cluster: Cluster, work: Path) -> None:
