@@ -15,6 +15,7 @@ import pytest
 from farm.core.errors import ConflictError, DataError, NotFoundError
 from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
 from farm.head import arrivals
+from farm.head.attempts import Running
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
 from farm.head.jobs import Jobs
@@ -139,3 +140,17 @@ def test_a_job_that_skipped_rows_runs_them_again_and_has_every_row_once(store: S
     assert manifest["skipped"] == []
     rows = sorted(r for s in manifest["shards"] for r in pq.read_table(output / s["file"])["row_id"].to_pylist())
     assert rows == list(range(30))
+
+
+def test_a_job_whose_last_attempts_are_still_out_is_refused_until_they_end(store: Store, tmp_path: Path) -> None:
+    """An ended job's attempt still being stopped (its upload may be landing) would race the retry's run of the same
+    shard: refused in one line until it ends."""
+    ended_job(store)
+    dispatcher = Dispatcher(store, HeadSettings(state_dir=tmp_path / "state"), notify=lambda job_id: None)
+    jobs = Jobs(store, dispatcher, JobEvents(), HeadSettings(state_dir=tmp_path / "state"))
+    dispatcher.attempts.start(("j-1", 1), Running("n-1", "cpu", "t-1"))
+    with pytest.raises(ConflictError, match="still being stopped: retry it in a moment"):
+        asyncio.run(jobs.retry_missing("j-1"))
+    assert store.job("j-1").run == 1
+    dispatcher.attempts.release(("j-1", 1))
+    assert asyncio.run(jobs.retry_missing("j-1")).run == 2
