@@ -15,7 +15,7 @@ import pytest
 from farm import data
 from farm.core.dataset import DatasetSpec
 from farm.core.errors import DataError, SpecError
-from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
+from farm.core.models import JobState, ShardState
 from farm.core.spec import parse_spec
 from farm.head import arrivals
 from farm.head.dispatch import Dispatcher
@@ -24,9 +24,9 @@ from farm.head.store import Store
 from farm.proto.v1 import result_pb2
 from farm.scheduler import bad_rows
 from farm_agent.work.upload import failure_of
+from tests.stores import one_node_store
 from tests.uploads import succeed_shard
 
-HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 2\n"
 
 
@@ -91,10 +91,7 @@ def test_the_range_travels_from_the_node_to_the_head() -> None:
 
 @pytest.fixture()
 def store(tmp_path: Path) -> Store:
-    opened = Store(tmp_path / "state.db")
-    opened.upsert_node("n-1", "box", HW, [BackendOffer(name=BackendName.CPU, device="cpu", slots=2)], "127.0.0.1", "h")
-    opened.set_node_state("n-1", NodeState.READY)
-    return opened
+    return one_node_store(tmp_path)
 
 
 def run_job(store: Store, tmp_path: Path, budget: str = "") -> tuple[Store, Path]:

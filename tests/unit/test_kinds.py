@@ -20,7 +20,7 @@ import farm
 from farm.core.energy import Energy, EnergyScope, EnergySource
 from farm.core.errors import SpecError
 from farm.core.kernels import KernelResult
-from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
+from farm.core.models import BackendName, BackendOffer, JobState, ShardState
 from farm.core.spec import JobKind, parse_spec
 from farm.core.tasks import ShardFigures
 from farm.head import autoshard, kinds
@@ -29,6 +29,7 @@ from farm.head.dispatch import Dispatcher, Round
 from farm.head.kinds.base import Submission
 from farm.data.batches import output_column
 from farm_agent.work.kinds.kernel_eval import rows_table
+from tests.stores import HW, one_node_store
 from tests.uploads import arrive, parts, stream
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
 from farm.head.settings import HeadSettings
@@ -36,7 +37,6 @@ from farm.head.store import Store
 
 SETTINGS = HeadSettings(state_dir=Path("/nowhere"))  # planning these kinds reads nothing from the state folder
 
-HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
 TRAIN = ("name: t\nkind: training\nmodel: m:build\ndataset: d:train\nbatch_size: 10\n"
          "training: {steps: 25, checkpoint_every: 10}\n")
@@ -60,10 +60,7 @@ def submission(items: int, *names: str) -> Submission:
 
 @pytest.fixture()
 def store(tmp_path: Path) -> Store:
-    opened = Store(tmp_path / "state.db")
-    opened.upsert_node("n-1", "box", HW, [BackendOffer(name=BackendName.CPU, device="cpu", slots=2)], "127.0.0.1", "h")
-    opened.set_node_state("n-1", NodeState.READY)
-    return opened
+    return one_node_store(tmp_path)
 
 
 def dispatcher(store: Store, tmp_path: Path) -> Dispatcher:

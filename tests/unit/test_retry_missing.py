@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from farm.core.errors import ConflictError, DataError, NotFoundError
-from farm.core.models import BackendName, BackendOffer, Hardware, JobState, NodeState, ShardState
+from farm.core.models import JobState, ShardState
 from farm.head import arrivals
 from farm.head.attempts import Running
 from farm.head.dispatch import Dispatcher
@@ -22,18 +22,15 @@ from farm.head.jobs import Jobs
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm_agent.work.upload import failure_of
+from tests.stores import one_node_store
 from tests.uploads import succeed_shard
 
-HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 INFER = "name: toy\nmodel: toyjob:doubler\ndataset: toyjob:numbers\nshards: 3\n"
 
 
 @pytest.fixture()
 def store(tmp_path: Path) -> Store:
-    opened = Store(tmp_path / "state.db")
-    opened.upsert_node("n-1", "box", HW, [BackendOffer(name=BackendName.CPU, device="cpu", slots=2)], "127.0.0.1", "h")
-    opened.set_node_state("n-1", NodeState.READY)
-    return opened
+    return one_node_store(tmp_path)
 
 
 def ended_job(store: Store) -> None:
