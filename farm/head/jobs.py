@@ -99,7 +99,7 @@ class Jobs:
         if not isinstance(self.dispatcher.handler(job), ShardedKind):
             raise ConflictError(f"job {job_id} is a {job.kind.value} job: it runs as a whole, not as shards, so it "
                                 "has no missing rows to run again (submit it again)")
-        if self.dispatcher.holds(job_id):  # an attempt still out could land its result after its shard ran again
+        if job.state.finished and self.dispatcher.holds(job_id):  # one still out could land after its shard reran
             raise ConflictError(f"job {job_id} has ended but its last shards are still being stopped: retry it in a "
                                 "moment")
         self.store.retry_missing(job_id)
