@@ -86,6 +86,18 @@ class Peak:
         return (self.peak - self.base) / 2**20
 
 
+def big_file(path: Path, mib: int) -> Path:
+    """A .npy of `mib` rows of 1 MiB of random bytes (nothing a compressing path could shortcut)."""
+    import numpy as np
+
+    rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(mib, 2**20))
+    for row in range(mib):
+        rows[row] = np.frombuffer(os.urandom(2**20), np.uint8)
+    rows.flush()
+    del rows
+    return path
+
+
 def start(code: str, *args: str) -> tuple[subprocess.Popen[str], int]:
     # Farm's tree first, then whatever the caller's path had (the H200's wheels live in a folder of their own).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "agents"),
@@ -132,14 +144,7 @@ def main() -> None:
         table.add_column(column, justify="right" if column in ("GB/s", "head peak MiB") else "left")
 
     with tempfile.TemporaryDirectory() as tmp:
-        import numpy as np
-
-        data = Path(tmp) / "big.npy"  # rows of 1 MiB of random bytes
-        rows = np.lib.format.open_memmap(data, mode="w+", dtype=np.uint8, shape=(args.mib, 2**20))
-        for row in range(args.mib):
-            rows[row] = np.frombuffer(os.urandom(2**20), np.uint8)
-        rows.flush()
-        del rows
+        data = big_file(Path(tmp) / "big.npy", args.mib)
         size = data.stat().st_size
 
         def preadv() -> int:

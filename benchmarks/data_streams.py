@@ -33,7 +33,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from benchmarks.data_service import Peak, start, stop  # noqa: E402
+from benchmarks.data_service import Peak, big_file, start, stop  # noqa: E402
 
 HEAD = textwrap.dedent("""
     import sys
@@ -55,8 +55,6 @@ def main() -> None:
 
     import dataclasses
 
-    import numpy as np
-
     from farm.core.dataset import DatasetSpec
     from farm.data.locations.head import HeadFileSystem
     from farm.head.settings import HeadSettings
@@ -70,12 +68,7 @@ def main() -> None:
                    "head peak MiB"):
         table.add_column(column, justify="left" if column == "port" else "right")
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "big.npy"
-        rows = np.lib.format.open_memmap(data, mode="w+", dtype=np.uint8, shape=(args.mib, 2**20))
-        for row in range(args.mib):
-            rows[row] = np.frombuffer(os.urandom(2**20), np.uint8)
-        rows.flush()
-        del rows
+        data = big_file(Path(tmp) / "big.npy", args.mib)
         size = data.stat().st_size
         state = Path(tmp) / "state"
         process, port = start(HEAD, str(state), str(args.lanes))

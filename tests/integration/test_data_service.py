@@ -117,6 +117,21 @@ def test_a_dataset_inside_the_state_folder_is_refused(head: Head) -> None:
                                 head.settings.state_dir)
 
 
+def test_a_planned_file_inside_the_state_folder_is_not_served(head: Head) -> None:
+    """Checked again at every read, whatever the plan says (a plan made before the state folder moved there, say): the
+    state folder's real path against the file's path as opened, which follows no link."""
+    inside = head.settings.state_dir / "kept"
+    inside.mkdir()
+    (inside / "a.txt").write_text("the head's own\n")
+    access, _ = add_job(head, "j-1", DatasetSpec(location=str(inside / "a.txt")))  # past check_location, as planned
+    with grpc.secure_channel(head.settings.address, grpc.ssl_channel_credentials(head.ca_pem)) as channel:
+        request = data_pb2.ReadRequest(job_id="j-1", path="", offset=0, length=100)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(data_pb2_grpc.DataServiceStub(channel).Read(
+                request, metadata=(("authorization", f"Bearer {access.token}"),)))
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()
+
+
 def test_every_format_reads_through_the_head(head: Head, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from PIL import Image
 
