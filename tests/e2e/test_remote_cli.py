@@ -97,15 +97,22 @@ def test_version_and_shell_completion(user: dict[str, str], head: Head, tmp_path
 def test_ctrl_c_on_submit_wait_leaves_the_job_running_and_says_how_to_come_back(
         user: dict[str, str], head: Head, tmp_path: Path, work: Path) -> None:
     add_lab(user, head, tmp_path)
+    with head.client() as client:
+        before = {j.id for j in client.list_jobs()}
     # SIGINT as a terminal's Ctrl-C finds it: a suite run in the background (`cmd &` in a script) ignores SIGINT,
     # the child would inherit that, and Python then installs no KeyboardInterrupt handler (the CLI never sees it).
+    # The child installs the handler itself: a `preexec_fn` makes subprocess fork() this process, whose gRPC threads
+    # can leave a lock held in the child, which then hangs before exec (CI saw the submit never arrive).
+    interruptible = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                     "sys.argv[0] = 'farm'; runpy.run_module('farm.cli.main', run_name='__main__')")
     waiting = subprocess.Popen(
-        [sys.executable, "-m", "farm.cli.main", "submit", "job.yaml", "--wait", "--no-check"], cwd=work,
-        env={**os.environ, **user}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        [sys.executable, "-c", interruptible, "submit", "job.yaml", "--wait", "--no-check"], cwd=work,
+        env={**os.environ, **user}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     with head.client() as client:
-        wait_for(lambda: any(j.name == "toy" and j.created_at > time.time() - 60 for j in client.list_jobs()), 60)
-        job_id = max(client.list_jobs(), key=lambda j: j.created_at).id
+        if not wait_for(lambda: any(j.id not in before for j in client.list_jobs()), 60):
+            waiting.kill()
+            pytest.fail(f"the submit never reached the head: {waiting.communicate()}")
+        (job_id,) = [j.id for j in client.list_jobs() if j.id not in before]
         # Into the watch (the job is in the store before submit returns: a signal then would come mid-submit).
         assert head.events is not None and wait_for(lambda: head.on_loop(lambda: head.events.watched(job_id)), 30)
         waiting.send_signal(signal.SIGINT)

@@ -26,8 +26,8 @@ KERNELS = "name: toy\nkind: kernel-eval\n"  # a kernel-eval spec names no model 
 def code_zip(*names: str) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        for name in names:
-            archive.writestr(name, "x")
+        for name in names:  # a fixed date: two archives built across a 2-second tick would differ
+            archive.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), "x")
     return buffer.getvalue()
 
 
