@@ -37,7 +37,7 @@ HEAD = textwrap.dedent("""
         service.tune_malloc = lambda: False
     from tests.integration.inprocess_head import running_head
     with running_head(Path(sys.argv[1]), insecure=sys.argv[2] == "1") as head:
-        print(head.settings.port, flush=True)
+        print(head.settings.port, head.settings.data_listen_port, flush=True)
         sys.stdin.read()
 """)
 
@@ -98,14 +98,15 @@ def big_file(path: Path, mib: int) -> Path:
     return path
 
 
-def start(code: str, *args: str) -> tuple[subprocess.Popen[str], int]:
+def start(code: str, *args: str) -> tuple[subprocess.Popen[str], list[int]]:
+    """The process and the ports it printed."""
     # Farm's tree first, then whatever the caller's path had (the H200's wheels live in a folder of their own).
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "agents"),
                                                                      os.environ.get("PYTHONPATH", "")]))}
     process = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                text=True, env=env, cwd=ROOT)
     assert process.stdout is not None
-    return process, int(process.stdout.readline())
+    return process, [int(port) for port in process.stdout.readline().split()]
 
 
 def stop(process: subprocess.Popen[str]) -> None:
@@ -168,7 +169,7 @@ def main() -> None:
                 tune()
             malloc = "tuned" if tuned else "default"
             if not tls:
-                process, port = start(BARE, str(chunk), "1" if tuned else "0")
+                process, (port,) = start(BARE, str(chunk), "1" if tuned else "0")
                 peak = Peak(process.pid)
                 with grpc.insecure_channel(f"127.0.0.1:{port}",
                                            options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
@@ -183,12 +184,14 @@ def main() -> None:
                               f"{speed:.2f}", f"{peak.stop():.0f}")
                 stop(process)
             state = Path(tmp) / f"state-{tuned}-{tls}-{chunk}"
-            process, port = start(HEAD, str(state), "0" if tls else "1", str(chunk), "1" if tuned else "0")
+            process, (port, data_port) = start(HEAD, str(state), "0" if tls else "1", str(chunk),
+                                               "1" if tuned else "0")
             from farm.head.settings import HeadSettings
             from tests.integration.inprocess_head import Head
 
             head = Head.__new__(Head)  # what add_job needs of a head: its settings, store and CA
-            head.settings = HeadSettings(state_dir=state, host="127.0.0.1", port=port, insecure=not tls)
+            head.settings = HeadSettings(state_dir=state, host="127.0.0.1", port=port, data_port=data_port,
+                                         insecure=not tls)  # the reader goes to the data lanes, as a node's
             head.db = state / "state.db"
             head.ca_pem = (head.settings.tls_dir / "ca.pem").read_bytes() if tls else b""
             access, _ = add_job(head, "j-1", DatasetSpec(location=str(data), format="npy"))

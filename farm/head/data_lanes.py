@@ -12,8 +12,8 @@ streams of its own connections, so several cores send, and the control plane's l
 Nothing is looser than on the main port: the same servicer (the read credential checked from metadata at every call,
 each file opened once without following links and checked against the plan), the same gate before it (a caller
 without a live job's credential is refused before its request is read, counted against it as on the main port), the
-same TLS identity. Only the DataService is served here. Each lane has its own Store (a SQLite connection is one
-thread's)."""
+same TLS identity. Only the DataService is served here: the main port's servicer (one read pool, each job's plan
+loaded once), with a Store of each lane's own (a SQLite connection is one thread's)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ import threading
 import grpc
 
 from farm.head import datasets
-from farm.head.auth import Tokens
 from farm.head.data_service import DataServicer
 from farm.head.gate import AuthGate
 from farm.head.settings import HeadSettings
@@ -35,16 +34,14 @@ OPTIONS = [("grpc.max_send_message_length", 64 * 1024 * 1024), ("grpc.so_reusepo
 
 
 class DataLanes:
-    """settings.data_lanes servers on settings.data_listen_port; start() binds them all (or raises), stop() ends
-    them."""
+    """settings.data_lanes servers on settings.data_listen_port, serving `data` (the main port's DataServicer, its
+    tokens' one failure limiter); start() binds them all (or raises), stop() ends them."""
 
-    def __init__(self, settings: HeadSettings, tokens: Tokens, tls: HeadTLS | None) -> None:
+    def __init__(self, settings: HeadSettings, data: DataServicer, tls: HeadTLS | None) -> None:
         self.settings = settings
-        self.tokens = tokens
+        self.data = data
         self.tls = tls
         self._lanes: list[tuple[asyncio.AbstractEventLoop, threading.Thread, asyncio.Event]] = []
-        self._servicer: DataServicer | None = None  # the lanes' read pool and plans kept, shared
-        self._sharing = threading.Lock()
 
     def start(self) -> None:
         for lane in range(self.settings.data_lanes):
@@ -60,12 +57,8 @@ class DataLanes:
             store = Store(self.settings.state_dir / "state.db")
             try:
                 server = grpc.aio.server(options=OPTIONS, interceptors=[AuthGate(
-                    self.tokens, store, reads_data=datasets.ReadCredentials(self.settings.state_dir, store).admits)])
-                with self._sharing:
-                    if self._servicer is None:
-                        self._servicer = DataServicer(store, self.tokens, self.settings)
-                    servicer = self._servicer.for_lane(store)
-                data_pb2_grpc.add_DataServiceServicer_to_server(servicer, server)
+                    self.data.tokens, store, reads_data=datasets.ReadCredentials(self.settings.state_dir, store).admits)])
+                data_pb2_grpc.add_DataServiceServicer_to_server(self.data.for_lane(store), server)
                 where = f"{self.settings.host}:{self.settings.data_listen_port}"
                 if self.tls is None:
                     server.add_insecure_port(where)

@@ -159,13 +159,14 @@ def ray_port_args(settings: HeadSettings) -> list[str]:
 
 
 def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatcher: Dispatcher, events: JobEvents,
-                 tls: HeadTLS | None = None) -> grpc.aio.Server:
+                 tls: HeadTLS | None = None) -> tuple[grpc.aio.Server, DataLanes]:
     """The control plane: the five services on one gRPC server (call within the event loop that will run it).
 
     With TLS (unless settings.insecure; `tls` is loaded from the state folder when not given) it listens twice: on
     --port with server authentication only (joining agents and the CLI have no certificate), and on the mTLS port,
     where every client must present a certificate of the head's CA: joined agents beat there. (gRPC's server
-    credentials either require client certificates or never ask for them, hence two ports.)"""
+    credentials either require client certificates or never ask for them, hence two ports.) With it, the data lanes
+    (farm.head.data_lanes: the same DataService on the data port), started and stopped by the caller."""
     if tls is None and not settings.insecure:
         tls = head_tls(settings)
     tokens = tokens.for_server(settings)
@@ -178,16 +179,18 @@ def build_server(settings: HeadSettings, tokens: Tokens, store: Store, dispatche
     fleet_pb2_grpc.add_FleetServiceServicer_to_server(FleetServicer(store, tokens), server)
     job_pb2_grpc.add_JobServiceServicer_to_server(
         JobServicer(Jobs(store, dispatcher, events, settings), tokens), server)
-    data_pb2_grpc.add_DataServiceServicer_to_server(DataServicer(store, tokens, settings), server)
+    data = DataServicer(store, tokens, settings)
+    data_pb2_grpc.add_DataServiceServicer_to_server(data, server)
     result_pb2_grpc.add_ResultServiceServicer_to_server(ResultServicer(dispatcher), server)
+    lanes = DataLanes(settings, data, tls)
     if tls is None:
         server.add_insecure_port(f"{settings.host}:{settings.port}")
-        return server
+        return server, lanes
     identity = [(tls.server_key_pem, tls.server_chain_pem)]
     server.add_secure_port(f"{settings.host}:{settings.port}", grpc.ssl_server_credentials(identity))
     server.add_secure_port(f"{settings.host}:{settings.mtls_listen_port}", grpc.ssl_server_credentials(
         identity, root_certificates=tls.ca_pem, require_client_auth=True))
-    return server
+    return server, lanes
 
 
 async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str], None],
@@ -197,9 +200,8 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     dispatcher = Dispatcher(store, settings, events.publish)
     tls = None if settings.insecure else head_tls(settings)
     tokens = tokens.for_server(settings)
-    server = build_server(settings, tokens, store, dispatcher, events, tls)
+    server, lanes = build_server(settings, tokens, store, dispatcher, events, tls)
     await server.start()
-    lanes = DataLanes(settings, tokens, tls)
     await asyncio.to_thread(lanes.start)
     served: dict[str, str] = {}
     for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from

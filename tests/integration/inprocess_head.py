@@ -17,8 +17,7 @@ from farm.core.models import Hardware
 from farm.head.auth import Tokens
 from farm.head.dispatch import Dispatcher
 from farm.head.events import JobEvents
-from farm.head.data_lanes import DataLanes
-from farm.head.server import build_server, head_tls
+from farm.head.server import build_server
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm.local import free_port
@@ -97,9 +96,8 @@ def running_head(state: Path, **options: Any) -> Iterator[Head]:
         store = Store(state / "state.db")
         dispatcher = Dispatcher(store, settings, events.publish)
         served = tokens.for_server(settings)  # one limiter for the control plane and the data lanes, as a head's
-        server = build_server(settings, served, store, dispatcher, events)
+        server, lanes = build_server(settings, served, store, dispatcher, events)
         await server.start()
-        lanes = DataLanes(settings, served, None if settings.insecure else head_tls(settings))
         await asyncio.to_thread(lanes.start)
         started.set()
         await stopping.wait()
