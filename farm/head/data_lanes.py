@@ -56,8 +56,9 @@ class DataLanes:
         async def serve() -> None:
             store = Store(self.settings.state_dir / "state.db")
             try:
-                server = grpc.aio.server(options=OPTIONS, interceptors=[AuthGate(
-                    self.data.tokens, store, reads_data=datasets.ReadCredentials(self.settings.state_dir, store).admits)])
+                reads_data = datasets.ReadCredentials(self.settings.state_dir, store).admits
+                server = grpc.aio.server(options=OPTIONS, interceptors=[AuthGate(self.data.tokens, store,
+                                                                                 reads_data=reads_data)])
                 data_pb2_grpc.add_DataServiceServicer_to_server(self.data.for_lane(store), server)
                 where = f"{self.settings.host}:{self.settings.data_listen_port}"
                 if self.tls is None:

@@ -12,8 +12,9 @@ import re
 import stat
 import threading
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
 
@@ -35,43 +36,80 @@ CHUNK = 1024 * 1024  # bytes a Chunk message carries
 JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_FILES = 1024  # paths one ReadFiles may name
 SERVED_KEPT = 16  # jobs whose credential and plan the service keeps read
-READ_AHEAD = 8  # files a ReadFiles call has opened and started reading ahead of the one it sends: its memory is at
-# most READ_AHEAD x CHUNK bytes, whatever the files' sizes
+READ_AHEAD = 4  # groups of files a ReadFiles call has started reading ahead of the one it sends: its memory is at
+# most READ_AHEAD x 2 CHUNK bytes (a group stops past CHUNK), with a file open a group, whatever the files' sizes
+GROUP_FIRST, GROUP_MOST = 8, 64  # files a call's first group starts with; the most a group takes
+Started = tuple["int | None", bytes, str]  # a file opened and its first CHUNK read: (its fd if more is left, the
+# bytes, why it does not read)
 Planned = dict[str, "tuple[int, int] | None"]  # a job's planned files: path → (st_dev, st_ino) as planned, if kept
 _FOLLOW_NONE = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
 class LinkRefused(NotFoundError):
     """A planned file that is now a link (or a link on its way), or not a regular file: never followed."""
 
 
-def open_planned(root: str, path: str) -> int:
-    """A file descriptor of the regular file `path` under the absolute `root`, opened one component at a time from
-    "/" with O_NOFOLLOW (openat on the folder opened before): no link anywhere on the way is followed, so what is
-    opened is the file at that very path, which is below the planned root, whatever was swapped in since planning
-    (a path checked, then opened by name, raced a swap for a link: issue 30). A FIFO or device is refused without
-    blocking on it."""
-    parts = [p for p in root.split("/") if p] + (path.split("/") if path else [])
+def open_planned(root: str, path: str, folder: int | None = None) -> tuple[int, os.stat_result]:
+    """A file descriptor of the regular file `path` under the absolute `root`, and its stat, opened one component at
+    a time from "/" with O_NOFOLLOW (openat on the folder opened before): no link anywhere on the way is followed, so
+    what is opened is the file at that very path, which is below the planned root, whatever was swapped in since
+    planning (a path checked, then opened by name, raced a swap for a link: issue 30). A FIFO or device is refused
+    without blocking on it. `folder`: a descriptor of `root` opened so (open_folder), where the walk starts instead
+    (the files of one call: the root's components opened once, not per file)."""
+    parts = path.split("/") if path else []
+    if folder is None:
+        parts = [p for p in root.split("/") if p] + parts
     if not root.startswith("/") or any(p in ("", ".", "..") for p in parts) or not parts:
         raise NotFoundError(f"{path or root!r} is not a plain path under the dataset")
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    start = os.open("/", _FOLDER) if folder is None else folder
+    fd = _walk(start, parts, path or root, file=True)
+    if start != folder:
+        os.close(start)
     try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            try:
-                following = os.open(part, _FOLLOW_NONE | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
-            except OSError as exc:
-                # ELOOP: a link opened with O_NOFOLLOW; ENOTDIR: a link (or a file) where a folder was
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-                    raise LinkRefused(f"{path or root!r} is now a link (or has one on its way): not followed") from None
-                raise
-            os.close(fd)
-            fd = following
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise LinkRefused(f"{path or root!r} is not a regular file")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
+        raise
+    return fd, info
+
+
+def open_folder(root: str) -> int:
+    """A descriptor of the folder `root` (absolute), no link on the way followed (open_planned's walk)."""
+    parts = [p for p in root.split("/") if p]
+    if not root.startswith("/") or any(p in (".", "..") for p in parts):
+        raise NotFoundError(f"{root!r} is not a plain path")
+    top = os.open("/", _FOLDER)
+    try:
+        return _walk(top, parts, root, file=False) if parts else os.dup(top)
+    finally:
+        os.close(top)
+
+
+def _walk(start: int, parts: list[str], named: str, file: bool) -> int:
+    """The descriptor of `parts` below the folder `start` (left open), each component opened with O_NOFOLLOW; the
+    last one a file (without blocking on a FIFO) or a folder."""
+    fd = start
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                following = os.open(part, _FOLLOW_NONE | (os.O_NONBLOCK if last and file else os.O_DIRECTORY),
+                                    dir_fd=fd)
+            except OSError as exc:
+                # ELOOP: a link opened with O_NOFOLLOW; ENOTDIR: a link (or a file) where a folder was
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+                    raise LinkRefused(f"{named!r} is now a link (or has one on its way): not followed") from None
+                raise
+            if fd != start:
+                os.close(fd)
+            fd = following
+    except BaseException:
+        if fd != start:
+            os.close(fd)
         raise
     return fd
 
@@ -140,20 +178,20 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
                 self.served.popitem(last=False)
         return served
 
-    def _open(self, job_id: str, root: str, planned: Planned, path: str) -> int:
-        """The file `path` of the job's plan, opened without following links (open_planned), never inside the head's
-        state folder (no link followed: its path as planned is where it is), and the very file planned."""
+    def _open(self, job_id: str, root: str, planned: Planned, path: str, folder: int | None = None) -> int:
+        """The file `path` of the job's plan, opened without following links (open_planned; from `folder`, the
+        root's descriptor, when given), never inside the head's state folder (no link followed: its path as planned
+        is where it is), and the very file planned."""
         # Lexically: open_planned follows no link on the way, so a path that opens is where it says it is (resolving
         # it at every file was the largest part of serving a folder of small images).
         if path not in planned or (os.path.normpath(join(root, path)) + os.sep).startswith(self.state_real):
             raise NotFoundError(f"no file {path!r} in job {job_id}'s dataset")
         try:
-            fd = open_planned(root, path)
+            fd, info = open_planned(root, path, folder)
         except LinkRefused:
             raise
         except OSError:
             raise NotFoundError(f"{path!r} of job {job_id}'s dataset is gone") from None
-        info = os.fstat(fd)
         if planned[path] not in (None, (info.st_dev, info.st_ino)):
             os.close(fd)
             raise LinkRefused(f"{path!r} of job {job_id}'s dataset has been replaced since the job was submitted "
@@ -210,11 +248,16 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         if len(request.paths) > MAX_FILES:
             raise UserError(f"a ReadFiles call names at most {MAX_FILES} files, not {len(request.paths)}")
         loop = asyncio.get_running_loop()
+        try:  # the root's components opened once for the call's files (a folder of images: most of the syscalls)
+            opened = _Opened(await loop.run_in_executor(self.pool, open_folder, root))
+        except OSError:
+            opened = _Opened(None)  # each file then opened from "/", and refused there with its reason
 
-        def start(path: str) -> tuple[int | None, bytes, str]:
-            """The file opened and its first CHUNK bytes read (on the pool, ahead of its turn); or why not."""
+        def start(path: str) -> Started:
+            """The file opened and its first CHUNK bytes read; or why not."""
             try:
-                fd = self._open(request.job_id, root, planned, path)
+                with opened.walking() as folder:
+                    fd = self._open(request.job_id, root, planned, path, folder)
             except NotFoundError as exc:
                 return None, b"", exc.message
             try:
@@ -225,40 +268,59 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
             if len(data) < CHUNK:
                 os.close(fd)
                 return None, data, ""
-            return fd, data, ""
+            return opened.keep(fd), data, ""
 
-        ahead: deque[asyncio.Future[tuple[int | None, bytes, str]]] = deque()
-        names = iter(request.paths)
+        def start_group(paths: list[str]) -> list[Started]:
+            """start() for the first files of `paths`, on one trip to the pool (small files: a trip a file was most
+            of the head's time), up to CHUNK bytes read or a file that has more: the rest start in their turn."""
+            found: list[Started] = []
+            held = 0
+            for path in paths:
+                found.append(start(path))
+                held += len(found[-1][1])
+                if held >= CHUNK or found[-1][0] is not None:
+                    break
+            return found
+
+        names = list(request.paths)
+        group = GROUP_FIRST
+        ahead: deque[tuple[list[str], asyncio.Future[list[Started]]]] = deque()
         parts: list[data_pb2.FilePart] = []
-        held = 0
-        fd: int | None = None
+        held = index = taken = 0
         try:
-            for index in range(len(request.paths)):
-                while len(ahead) < READ_AHEAD and (name := next(names, None)) is not None:
-                    ahead.append(loop.run_in_executor(self.pool, start, name))
-                fd, data, error = await ahead.popleft()
-                while True:
-                    parts.append(data_pb2.FilePart(index=index, data=data, last=fd is None, error=error))
-                    held += len(data)
-                    if held >= CHUNK:  # several small files a message; a large file one CHUNK a message
-                        yield data_pb2.FileParts(parts=parts)
-                        parts, held = [], 0
-                    if fd is None:
-                        break
-                    try:
-                        data = await loop.run_in_executor(self.pool, os.read, fd, CHUNK)
-                    except OSError as exc:
-                        data, error = b"", f"{request.paths[index]!r} does not read: {exc.strerror}"
-                    if len(data) < CHUNK:
-                        os.close(fd)
-                        fd = None
+            while index < len(names):
+                while len(ahead) < READ_AHEAD and taken < len(names):
+                    paths = names[taken:taken + group]
+                    ahead.append((paths, loop.run_in_executor(self.pool, start_group, paths)))
+                    taken += len(paths)
+                paths, future = ahead.popleft()
+                started = await future
+                group = _next_group(started)
+                for k, path in enumerate(paths):
+                    fd, data, error = (started[k] if k < len(started)
+                                       else await loop.run_in_executor(self.pool, start, path))
+                    offset = 0
+                    while True:
+                        parts.append(data_pb2.FilePart(index=index, data=data, last=fd is None, error=error))
+                        held += len(data)
+                        offset += len(data)
+                        if held >= CHUNK:  # several small files a message; a large file one CHUNK a message
+                            yield data_pb2.FileParts(parts=parts)
+                            parts, held = [], 0
+                        if fd is None:
+                            break
+                        try:  # pread: a read still running when the call ends moves no shared offset
+                            data = await loop.run_in_executor(self.pool, os.pread, fd, CHUNK, offset)
+                        except OSError as exc:
+                            data, error = b"", f"{path!r} does not read: {exc.strerror}"
+                        if len(data) < CHUNK:
+                            opened.close(fd)
+                            fd = None
+                    index += 1
             if parts:
                 yield data_pb2.FileParts(parts=parts)
-        finally:  # a call ended mid-way (cancelled, broken): the files it opened are closed
-            if fd is not None:
-                os.close(fd)
-            for future in ahead:
-                future.add_done_callback(_close_started)
+        finally:  # a call ended mid-way (cancelled, broken): what it holds and what its tasks still open is closed
+            opened.end()
 
     @unary
     async def ListResults(self, request: data_pb2.ListResultsRequest, context: grpc.aio.ServicerContext
@@ -302,6 +364,64 @@ async def _chunks(handle: IO[bytes], offset: int, length: int | None) -> AsyncIt
         yield data_pb2.Chunk(data=data)
 
 
-def _close_started(future: asyncio.Future[tuple[int | None, bytes, str]]) -> None:
-    if not future.cancelled() and future.exception() is None and future.result()[0] is not None:
-        os.close(future.result()[0])  # type: ignore[arg-type]
+def _next_group(started: list[Started]) -> int:
+    """Files the next start_group is given: as many as its CHUNK holds at the sizes just seen (what it does not
+    reach starts a file a trip)."""
+    read = sum(len(data) for _, data, _ in started)
+    if not started or any(fd is not None for fd, _, _ in started):
+        return 1
+    return max(1, min(GROUP_MOST, CHUNK * len(started) // max(read, 1)))
+
+
+class _Opened:
+    """The descriptors one ReadFiles call holds: its root folder's, and its files' that have more to send. Its pool
+    tasks may still run once the call has ended (cancelled, broken): what they open then is closed at once, and the
+    folder once no task walks from it (closed while one did, its number could by then name another folder)."""
+
+    def __init__(self, folder: int | None) -> None:
+        self.folder = folder
+        self.files: set[int] = set()
+        self.walkers = 0
+        self.ended = False
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def walking(self) -> Iterator[int | None]:
+        """The folder to open a file from, held open meanwhile."""
+        with self.lock:
+            if self.ended:
+                raise NotFoundError("the read has ended")
+            self.walkers += 1
+        try:
+            yield self.folder
+        finally:
+            with self.lock:
+                self.walkers -= 1
+                self._close_folder()
+
+    def keep(self, fd: int) -> int | None:
+        """A file with more to send, closed with the call; None (and closed) if the call has ended."""
+        with self.lock:
+            if not self.ended:
+                self.files.add(fd)
+                return fd
+        os.close(fd)
+        return None
+
+    def close(self, fd: int) -> None:
+        with self.lock:
+            self.files.discard(fd)
+        os.close(fd)
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended = True
+            files, self.files = self.files, set()
+            self._close_folder()
+        for fd in files:
+            os.close(fd)
+
+    def _close_folder(self) -> None:
+        if self.ended and not self.walkers and self.folder is not None:
+            os.close(self.folder)
+            self.folder = None

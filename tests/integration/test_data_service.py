@@ -368,3 +368,56 @@ def test_sixteen_concurrent_large_reads_stay_under_the_service_s_memory_bound(he
         tracemalloc.stop()
     assert got == [size] * 16
     assert peak < 16 * 6 * CHUNK, peak  # a few chunks a call on each side, against 16 x 24 MiB read
+
+
+def test_files_of_every_size_come_whole_and_in_order_from_one_call(head: Head, tmp_path: Path) -> None:
+    """Small files share a trip to the head's read pool and a message; a file past a message's bytes (CHUNK) is
+    sent on in parts while the files after it wait their turn: each arrives whole, in order, at every boundary."""
+    from farm.head.data_service import CHUNK
+
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    sizes = [0, 10, CHUNK - 1, CHUNK, CHUNK + 1, *[300] * 40, 3 * CHUNK + 5, 7, 2 * CHUNK, *[70_000] * 30, 1]
+    rng = np.random.default_rng(0)
+    contents = {f"{i:03d}.png": rng.bytes(size) for i, size in enumerate(sizes)}
+    for name, content in contents.items():
+        (folder / name).write_bytes(content)
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="images"))
+    names = [f.path for f in plan.files]
+    got = list(HeadFileSystem(access).iter_files(names))
+    assert [name for name, _ in got] == sorted(contents)
+    assert all(value == contents[name] for name, value in got)
+
+
+def test_a_call_ended_early_leaves_no_file_of_the_dataset_open_in_the_head(head: Head, tmp_path: Path) -> None:
+    """A reader that stops (a shard cancelled) ends its calls mid-way: the head's descriptors of the dataset's folder
+    and of the files it had started are closed, also those its read pool opened after the call ended."""
+    import os
+    import time
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(2_000):
+        (folder / f"{i:05d}.png").write_bytes(os.urandom(200_000 if i % 50 == 0 else 3_000))
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="images"))
+
+    def open_in_folder() -> list[str]:  # the head runs in this process
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target == str(folder) or target.startswith(f"{folder}/"):
+                found.append(target)
+        return found
+
+    files = HeadFileSystem(access).iter_files([f.path for f in plan.files])
+    for _ in range(300):
+        next(files)
+    assert open_in_folder()  # the calls ahead hold the folder and the files they started
+    files.close()  # cancels them
+    deadline = time.monotonic() + 10
+    while open_in_folder() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert open_in_folder() == []

@@ -85,3 +85,38 @@ def test_a_hard_link_put_in_a_planned_file_s_place_is_not_read(head: Head, tmp_p
         _read(head, "j-1", access.token, "a.txt")
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND, caught.value.details()
     assert "replaced" in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize("swap", ["file", "folder", "root"])
+def test_a_batched_read_follows_no_link_swapped_in_after_planning(head: Head, tmp_path: Path, swap: str) -> None:
+    """The same, for the batched reads an image folder's shards make (ReadFiles, which opens the dataset's root once
+    a call and each file from there): a file, a folder on the way, or the dataset's root itself become links."""
+    from farm.data.locations.head import HeadFileSystem
+
+    secret = tmp_path / "secret"
+    (secret / "sub").mkdir(parents=True)
+    (secret / "sub" / "a.png").write_text("the admin's secret\n")
+    folder = tmp_path / "images"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.png").write_text("a\n")
+    (folder / "b.png").write_text("b\n")
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="images"))
+    fs = HeadFileSystem(access)
+    assert fs.cat(["b.png", "sub/a.png"]) == {"b.png": b"b\n", "sub/a.png": b"a\n"}
+    if swap == "file":
+        (folder / "sub" / "a.png").unlink()
+        os.symlink(secret / "sub" / "a.png", folder / "sub" / "a.png")
+    elif swap == "folder":
+        (folder / "sub" / "a.png").unlink()
+        (folder / "sub").rmdir()
+        os.symlink(secret / "sub", folder / "sub")
+    else:
+        os.rename(folder, tmp_path / "moved")
+        os.symlink(secret, folder)
+    if swap == "root":  # the whole call is refused
+        with pytest.raises(FileNotFoundError, match="is now a link"):
+            fs.cat(["b.png", "sub/a.png"], on_error="return")
+        return
+    found = fs.cat(["b.png", "sub/a.png"], on_error="return")
+    assert found["b.png"] == b"b\n", found
+    assert isinstance(found["sub/a.png"], FileNotFoundError) and "link" in str(found["sub/a.png"]), found
