@@ -13,6 +13,7 @@ Where each attack of issues 27 and 30 lives (one test per finding):
   test_output_folder.py;
 - oversized and malformed messages: test_malicious_lender.py;
 - the client side against a hostile head: fake_head.py, test_hostile_head_results.py.
+- a tuning winner a lender reports, which the farm shares with every node of its GPU kind: test_shared_winners.py.
 """
 
 from __future__ import annotations

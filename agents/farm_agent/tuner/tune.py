@@ -409,9 +409,31 @@ def shared_winner(key: CacheKey, shared: Sequence[SharedWinner]) -> Winner | Non
         family = FAMILY_BY_NAME.get(found.winner)
         if family is None or dict(found.params) != dict(family.params) or family.name in UNTUNED:
             continue
+        if family.min_rtol > key.rtol:  # a precision the job's tolerance does not allow (fp16 for a strict job)
+            continue
         return Winner(candidate=family.name, params=dict(family.params), lowers_precision=family.lowers_precision,
                       median_ms=0.0, eager_ms=None, compile_ms=None)
     return None
+
+
+def agrees(forward: Callable[..., Any], module: torch.nn.Module, batch: torch.Tensor, atol: float, rtol: float
+           ) -> bool:
+    """Whether `forward` answers `batch` as the model does in full fp32, by the evaluator's measure of a tolerance.
+    A winner the farm shares is checked so on this node's own batch before it runs a row: the node that reported it
+    chose which known transform the farm runs (a hostile one would choose a wrong one), and a transform right for
+    the batch it was measured on may not be for this one."""
+    from farm_agent.tuner.worker import Errors, Rejected, strict_precision, tensors_of
+
+    errors = Errors(atol, rtol)
+    try:
+        with torch.no_grad():
+            answers = tensors_of(forward(batch), "winner")
+            with strict_precision():
+                expected = tensors_of(module(batch), "Model")
+            errors.add(answers, expected)
+    except (Rejected, RuntimeError, ValueError, TypeError):  # other outputs than tensors, their number or shapes
+        return False
+    return errors.rel_norm <= max(atol, rtol) and errors.excess[rtol] <= atol
 
 
 def _tuning_run(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float], device: str,
@@ -447,8 +469,10 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
                          input_shapes=key.input_shapes)
     winner = cache.get(key)
     why = "a cached winner for this GPU, model, shapes, tolerance and objective"
+    from_farm = False
     if winner is None and (winner := shared_winner(key, shared)) is not None:
         why = "a winner the farm shares for this GPU kind, model, shapes, tolerance and objective: tuned nothing"
+        from_farm = True
     cost: tuple[float, float | None] = (0.0, None)
     if winner is None and tune_first:
         plan = TuningPlan(True, budget_s, "no cap: the rows left are not known")
@@ -474,6 +498,11 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
         print(f"farm tuner: cached winner {winner.candidate} does not build here ({type(exc).__name__}: {exc}); "
               "running the model untuned", file=sys.stderr)
         return Untuned(module), replace(said, reason=f"the winner {winner.candidate} does not build here"[:MAX_TEXT])
+    if from_farm and not agrees(forward, module, example_batch, atol, rtol):
+        print(f"farm tuner: the farm's winner {winner.candidate} answers this batch outside the job's tolerance; "
+              "running the model untuned", file=sys.stderr)
+        return Untuned(module), replace(said, reason=(f"the farm's winner {winner.candidate} answers this node's "
+                                                      "batch outside the job's tolerance: not run")[:MAX_TEXT])
     params = tuple(sorted((k, v) for k, v in winner.params.items() if isinstance(v, (str, int, float, bool))))
     return forward, replace(said, winner=winner.candidate, params=params)
 
