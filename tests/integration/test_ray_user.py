@@ -99,11 +99,6 @@ def reachable_python() -> Iterator[ray_user.pwd.struct_passwd]:
             path.chmod(stat.S_IMODE(mode))
 
 
-# Seen in two full runs on the 2-core box, never alone: the probe job's worker (as farm-ray) ended by SIGABRT three
-# times, before the model ran. Not yet understood (closing note, 2026-12-04): it runs, and must pass when it does.
-FLAKY_PROBE = pytest.mark.xfail(reason="a farm-ray worker's intermittent SIGABRT in full runs", strict=False)
-
-
 @dataclass
 class FarmRayFarm:
     state: Path  # the head's state folder
@@ -184,7 +179,6 @@ def test_a_lender_gets_no_ray_credentials_and_the_heads_ray_runs_as_farm_ray(far
     assert not (farm_ray_farm.agent_dir / "ray.token").exists()
 
 
-@FLAKY_PROBE
 def test_job_code_cannot_read_the_agent_s_tokens_and_key(farm_ray_farm: FarmRayFarm) -> None:
     """Finding 4: a job's code returned the agent's join token and node key in its output."""
     folder = farm_ray_farm.agent_dir
@@ -216,7 +210,6 @@ def test_a_job_runs_on_the_agent_s_node_as_farm_ray(farm_ray_farm: FarmRayFarm, 
     assert {s["node_name"] for s in job["shards"]} == {"lent"}
 
 
-@FLAKY_PROBE
 def test_what_job_code_starts_ends_when_the_agent_stops(farm_ray_farm: FarmRayFarm) -> None:
     """Finding 4: a process a job started in a new session survived `farm agent stop`; and the workers' folder (their
     unpacked job code) stays behind no more. Stops the module's agent: the module's last test."""
