@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
