@@ -24,7 +24,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import lru_cache
-from typing import TypeVar
+from typing import TypeAlias, TypeVar
 
 import numpy as np
 
@@ -32,6 +32,10 @@ from farm.core.dataset import DataFormat
 from farm.core.errors import DataError
 
 T = TypeVar("T")
+# A batch's items decoded: one array [N, ...] when they all decoded to one shape and type (stacked where they were
+# decoded: a decoder process sends it back as one buffer, not one pickled array an item), else each item's array or
+# why it did not decode (one line).
+Decoded: TypeAlias = "np.ndarray | list[np.ndarray | str]"
 
 AHEAD = 3  # batches a shard's reader keeps decoding at once (decode_ahead): see benchmarks/image_job.py
 
@@ -76,10 +80,10 @@ DECODERS: dict[DataFormat, Decoder] = {DataFormat.IMAGES: PILLOW}
 
 
 def decode_all(decoder: Decoder, items: Sequence[bytes], workers: int, pool: PoolKind | None = None
-               ) -> list[np.ndarray | str]:
-    """Each item decoded, in order, or why it did not decode (one line), on `workers` of the pool that suits the
-    batch (`pool`: that one instead). A decoder process that dies (a file that crashes the codec) fails the batch
-    with DataError; the next batch gets a fresh pool."""
+               ) -> Decoded:
+    """Each item decoded, in order, or why it did not decode (one line): Decoded. On `workers` of the pool that suits
+    the batch (`pool`: that one instead). A decoder process that dies (a file that crashes the codec) fails the
+    batch with DataError; the next batch gets a fresh pool."""
     return submit(decoder, items, workers, pool).result()
 
 
@@ -89,14 +93,18 @@ class Decoding:
 
     decoder: Decoder
     items: int
-    parts: list[Future[list[np.ndarray | str]]]
+    parts: list[Future[Decoded]]
 
-    def result(self) -> list[np.ndarray | str]:
-        """Waits for the items: decode_all's list."""
+    def result(self) -> Decoded:
+        """Waits for the items: decode_all's Decoded."""
         try:
-            return [found for part in self.parts for found in part.result()]
+            parts = [part.result() for part in self.parts]
         except BrokenProcessPool:
             raise _died(self.decoder, self.items) from None
+        stacked = [p for p in parts if isinstance(p, np.ndarray)]
+        if len(stacked) == len(parts) and len({(p.shape[1:], p.dtype) for p in stacked}) == 1:
+            return stacked[0] if len(stacked) == 1 else np.concatenate(stacked)
+        return [found for part in parts for found in part]
 
     def cancel(self) -> None:
         """Drops what the pool has not started."""
@@ -107,7 +115,7 @@ class Decoding:
 def submit(decoder: Decoder, items: Sequence[bytes], workers: int, pool: PoolKind | None = None) -> Decoding:
     """decode_all's work handed to the pool now, to be waited for later (Decoding.result)."""
     if workers <= 1 or len(items) <= 1:
-        done: Future[list[np.ndarray | str]] = Future()
+        done: Future[Decoded] = Future()
         done.set_result(_decode_chunk(decoder.name, list(items)))
         return Decoding(decoder, len(items), [done])
     kind = pool or decoder.pool(sum(map(len, items)) / len(items))
@@ -130,8 +138,8 @@ def _died(decoder: Decoder, items: int) -> DataError:
 
 
 def decode_ahead(decoder: Decoder, batches: Iterable[T], items: Callable[[T], Sequence[bytes]], workers: int,
-                 ahead: int) -> Generator[tuple[T, list[np.ndarray | str]]]:
-    """Each batch with its items decoded (decode_all's list), in order, while the batches after it are read and
+                 ahead: int) -> Generator[tuple[T, Decoded]]:
+    """Each batch with its items decoded (decode_all's Decoded), in order, while the batches after it are read and
     decode on the pool, `ahead` batches in flight in all (the memory it holds). One batch at a time, the pool idles
     while a batch's last items finish, while it is stacked and while the next one is read (a head's files, in the
     calling thread). An error reading a batch is raised once the batches before it are handed on, as it would be
@@ -168,9 +176,11 @@ def _decode_one(name: str, data: bytes) -> np.ndarray | str:
         return (str(exc).strip().splitlines() or ["it does not decode"])[0]
 
 
-def _decode_chunk(name: str, items: list[bytes]) -> list[np.ndarray | str]:
-    """In a decoder process."""
-    return [_decode_one(name, item) for item in items]
+def _decode_chunk(name: str, items: list[bytes]) -> Decoded:
+    """In a decoder process: Decoded."""
+    found = [_decode_one(name, item) for item in items]
+    shapes = {(a.shape, a.dtype) if isinstance(a, np.ndarray) else None for a in found}
+    return np.stack(found) if found and len(shapes) == 1 and None not in shapes else found
 
 
 def _by_name(name: str) -> Decoder:

@@ -43,6 +43,18 @@ def test_small_images_decode_in_decoder_processes_in_row_order() -> None:
     assert pids and os.getpid() not in pids
 
 
+def test_a_batch_of_one_shape_comes_back_as_one_array_and_mixed_sizes_item_by_item() -> None:
+    """Stacked where it was decoded (a decoder process sends one buffer back, not an array an item)."""
+    items = [_png(16, i) for i in range(9)]
+    for workers in (1, 2):
+        found = decode_all(PILLOW, items, workers=workers)
+        assert isinstance(found, np.ndarray) and found.shape == (9, 16, 16, 3)
+        assert np.array_equal(found, np.stack([PILLOW.decode(item) for item in items]))
+    mixed = decode_all(PILLOW, [*items[:4], _png(8, 9), *items[4:]], workers=2)
+    assert isinstance(mixed, list) and [a.shape for a in mixed] == [(16, 16, 3)] * 4 + [(8, 8, 3)] + [  # type: ignore[union-attr]
+        (16, 16, 3)] * 5
+
+
 def test_a_bad_image_decoded_in_a_process_is_named_with_its_row() -> None:
     images = [_png(16, i) for i in range(6)]
     images[4] = b"\x89PNG\r\n\x1a\n truncated"

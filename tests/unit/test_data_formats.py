@@ -218,6 +218,21 @@ def test_an_image_that_does_not_decode_names_its_file_and_row(tmp_path: Path) ->
         numpy_batch(bad, ["image"], plan.format, plan.location)
 
 
+def test_a_local_image_gone_since_planning_names_its_file_and_row(tmp_path: Path) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(4):
+        Image.fromarray(np.full((4, 4), i, np.uint8)).save(folder / f"{i}.png")
+    plan = data.plan(DatasetSpec(location=str(folder), format="images"))
+    (folder / "2.png").unlink()
+    batches = data.read(plan, 0, 4, None, 2)
+    assert next(batches).column("image").to_pylist() == [(folder / f"{i}.png").read_bytes() for i in (0, 1)]
+    with pytest.raises(DataError, match=r"imgs/2\.png \(row 2\): does not read: .*No such file"):
+        next(batches)
+
+
 def test_a_truncated_npy_file_names_the_missing_row(tmp_path: Path) -> None:
     np.save(tmp_path / "d.npy", np.zeros((100, 4), np.float32))
     plan = data.plan(DatasetSpec(location=str(tmp_path / "d.npy")))

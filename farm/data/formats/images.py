@@ -48,12 +48,22 @@ def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int
 
 def _contents(fs, paths: list[str], group: int = 64) -> Iterator[tuple[str, bytes | Exception]]:
     """Each file's bytes (or its error) in order. The head's files stream in batched calls, read ahead across the
-    model's batches (HeadFileSystem.iter_files); elsewhere fsspec's `cat` a group at a time (concurrent for http and
-    s3)."""
+    model's batches (HeadFileSystem.iter_files); local ones (a shared path) are read as they are (fsspec's local
+    `cat` costs twice a plain read a file, in the one thread that feeds the decode pool); elsewhere fsspec's `cat` a
+    group at a time (concurrent for http and s3)."""
+    from farm.data.locations import is_local
     from farm.data.locations.head import HeadFileSystem
 
     if isinstance(fs, HeadFileSystem):
         yield from fs.iter_files(paths)
+        return
+    if is_local(fs):
+        for path in paths:
+            try:
+                with open(path, "rb") as handle:
+                    yield path, handle.read()
+            except OSError as exc:
+                yield path, exc
         return
     for start in range(0, len(paths), group):
         part = paths[start:start + group]
@@ -79,6 +89,9 @@ def decode_images(location: str, batches: Iterable[pa.RecordBatch], workers: int
     from farm.data.decoders import DECODERS, decode_ahead
 
     for batch, arrays in decode_ahead(DECODERS[DataFormat.IMAGES], batches, _encoded, workers, ahead):
+        if isinstance(arrays, np.ndarray):  # all of one shape and type, stacked where they were decoded
+            yield batch, arrays
+            continue
         failed = next((i for i, a in enumerate(arrays) if isinstance(a, str)), None)
         if failed is not None:
             path, row = batch.column("path")[failed].as_py(), batch.column(ROW_ID)[failed].as_py()
