@@ -17,11 +17,14 @@ of --repeat runs, the ways taking turns (the machine is shared: the best is the 
 load when it began, and the least CPU time a way took (this process, the head's and the decoders'): on a box
 whose cores are all busy, images/s follow it.
 
-On the 2-core dev box (shared, load 2-6; 2026-12), 8,192 PNGs of 64x64: the plain loop 7,000-7,400 images/s at
-best (1.1 s, 1.7 CPU s); the Farm shard 3,100-3,900 (2.1-2.6 s, 3.6-4 CPU s), 3 batches decoding a few percent
-ahead of 1 (read and decode alone: 1.5-1.9 s against 1.6-2.4 s). The box is CPU-bound, so the CPU time decides: of
-Farm's, the head serving the files takes 0.8-1.0 s (about 0.1 ms a file), the decoder processes 0.7 s (Pillow
-alone: 0.5 s in one process) and the model and reader 1.5 s; the plain loop pays only its own decode and model.
+On the 2-core dev box (quiet, 2026-12-05), 8,192 PNGs of 64x64 (~500 bytes each), `--repeat 3 --ahead 1 3`: the
+plain loop 7,700-7,900 images/s (1.04 s, 1.4 CPU s); the Farm shard 7,000-7,170 with 3 batches decoding, 0.91x
+(1.15 s, 2.0 CPU s), 0.87-0.88x with one. On 7684baa the same command gave 4,995, 0.63x (3.0 CPU s). The box is
+CPU-bound, so CPU time decides what was cut: OpenMP's spinning threads (OMP_WAIT_POLICY=PASSIVE, as the agent's
+workers now run: 2.5 CPU s to 2.0), the decoder processes' sending back (one stacked buffer a part, not a pickled
+array an image: it was 40 % of their time), the planning's listing (os.walk: 0.13 s to 0.06), and the head's serving
+of the files (started in groups, one trip to its read pool a group, the dataset's root opened once a call: 0.5-0.6
+CPU s for 8,192 files before and after on the quiet box, 0.85-2.0 to 0.2-0.3 while the test suite ran alongside).
 """
 
 from __future__ import annotations
@@ -135,6 +138,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--data", type=Path, default=None, help="where the images are written (kept)")
     args = parser.parse_args()
+    # As the agent's workers run (farm_agent.daemon.workers.worker_env), before torch loads OpenMP; the plain loop's
+    # rate is the same either way on the dev box (7,700-8,000 images/s), only its CPU time is lower.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.chdir(ROOT)  # the job's code root: run_shard loads the model from the working directory
     from data_read import write_images  # benchmarks/ is the script's path
 

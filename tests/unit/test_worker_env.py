@@ -23,6 +23,15 @@ def test_a_worker_keeps_the_machine_s_blas_settings_and_no_secret(monkeypatch: p
     assert env["JOB_VAR"] == "1" and env["HOME"] == str(tmp_path)
 
 
+def test_a_worker_s_openmp_threads_wait_without_spinning_unless_the_machine_or_the_job_says_otherwise(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert worker_env(tmp_path, None, "n-1", {})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert worker_env(tmp_path, None, "n-1", {"OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert worker_env(tmp_path, None, "n-1", {})["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_a_crashed_worker_is_described_by_its_signal_and_its_last_words(tmp_path: Path) -> None:
     log = tmp_path / "w1.log"
     log.write_text("loading model\n" + "x" * 9000 + "\nlibfoo: illegal state\nFatal Python error: Segmentation fault\n\n"

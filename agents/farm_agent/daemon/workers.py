@@ -47,7 +47,7 @@ log = logging.getLogger("farm.agent")
 # detection computes wrong results or crashes on the processor): a worker without them is not the machine's Python.
 KEPT_PREFIXES = ("AWS_", "OPENBLAS_", "MKL_")
 KEPT = ("PATH", "PYTHONPATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-        "TMPDIR", "FARM_REQUIREMENTS_CACHE")
+        "TMPDIR", "FARM_REQUIREMENTS_CACHE", "OMP_WAIT_POLICY")
 # Variables a job's `env:` may not set in its workers (they are Farm's).
 RESERVED = frozenset({"PATH", "HOME", "USER", "LOGNAME", FD_VAR, NODE_ID_VAR, "FARM_STATE_DIR", "PYTHONPATH",
                       "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONSTARTUP"})
@@ -283,7 +283,12 @@ def worker_env(home: Path, account: pwd.struct_passwd | None, node_id: str, job_
     env.update(HOME=str(home), USER=user, LOGNAME=user, FARM_STATE_DIR=str(home / "state"),
                MALLOC_ARENA_MAX=env.get("MALLOC_ARENA_MAX", "2"), PYTHONUNBUFFERED="1",
                # a native crash, from the first import on, prints the Python stack to the worker's log (exit_reason)
-               PYTHONFAULTHANDLER="1")
+               PYTHONFAULTHANDLER="1",
+               # OpenMP's threads (torch's on the CPU) sleep when they wait instead of spinning: on a lent machine a
+               # spin burns the owner's cores and the shard's own decoders' (an image shard on the 2-core dev box:
+               # 2.5 CPU s to 2.0, 6,000 images/s to 7,000, benchmarks/image_job.py). The machine's or the job's
+               # own setting stands.
+               OMP_WAIT_POLICY=env.get("OMP_WAIT_POLICY", "PASSIVE"))
     env[NODE_ID_VAR] = node_id
     env.setdefault("PATH", os.defpath)
     return env

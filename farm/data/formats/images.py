@@ -11,14 +11,14 @@ import pyarrow as pa
 
 from farm.core.dataset import ROW_ID, DataFile, DataFormat
 from farm.core.errors import DataError
-from farm.data.locations import join, where
+from farm.data.locations import find, join, where
 
 SUFFIXES = (".png", ".jpg", ".jpeg")
 
 
 def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
     prefix = root.rstrip("/") + "/"
-    found = sorted(p.removeprefix(prefix) for p in fs.find(root) if p.lower().endswith(SUFFIXES)
+    found = sorted(p.removeprefix(prefix) for p in find(fs, root) if p.lower().endswith(SUFFIXES)
                    and not p.rsplit("/", 1)[-1].startswith("."))
     return [(path, 1) for path in found], ("image", "path"), len(found)
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from farm.core.dataset import ROW_ID, DataFile
 from farm.core.errors import DataError
-from farm.data.locations import join
+from farm.data.locations import find, join
 from farm.data.locations import where
 
 BLOCK = 1 << 20  # bytes read at a time
@@ -25,7 +25,7 @@ def plan_files(fs, root: str, suffixes: tuple[str, ...]) -> list[tuple[str, int]
     """A file, or a folder's files with these suffixes, sorted, with their sizes in bytes."""
     if fs.isfile(root):
         return [("", int(fs.size(root)))]
-    found = sorted(p for p in fs.find(root) if p.lower().endswith(suffixes)
+    found = sorted(p for p in find(fs, root) if p.lower().endswith(suffixes)
                    and not p.rsplit("/", 1)[-1].startswith((".", "_")))
     prefix = root.rstrip("/") + "/"
     return [(p.removeprefix(prefix), int(fs.size(p))) for p in found]

@@ -33,6 +33,18 @@ def join(root: str, path: str) -> str:
     return f"{root.rstrip('/')}/{path}" if root and path else (root or path)
 
 
+def find(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
+    """Every file below the folder `root`, as fsspec's `find` lists them. A local folder is walked with os.walk: a
+    tenth of fsspec's local listing, which stats each entry in Python (a folder of 8,192 images: 0.1 s of a shard's
+    1.4 s planning it on the dev box). Links to folders are not walked into, as the head's data service follows no
+    link on a file's way (farm.head.data_service.open_planned)."""
+    if not is_local(fs):
+        return list(fs.find(root))
+    import os
+
+    return [os.path.join(folder, name) for folder, _, names in os.walk(root) for name in names]
+
+
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     from fsspec.implementations.local import LocalFileSystem
 
