@@ -136,3 +136,23 @@ def test_an_inference_job_writes_its_results_and_manifest_to_a_bucket(bucket: st
     assert read_predictions(f"s3://{bucket}/out/b")[:, 0].tolist() == [0.0, 0.0, 1.0, 1.0]
     with results.open(MANIFEST) as handle:
         assert json.loads(handle.read())["format"] == "parquet"
+
+
+def test_a_local_folder_is_listed_as_fsspec_lists_it(tmp_path: Path) -> None:
+    """find's own walk of a local folder (fsspec's stats each entry in Python): the same paths, hidden files and
+    links included, a link to a folder listed as fsspec lists it (not walked into)."""
+    import os
+
+    from fsspec.implementations.local import LocalFileSystem
+
+    from farm.data.locations import find
+
+    (tmp_path / "d" / "a" / ".hidden").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    for path in ("d/x.png", "d/a/y.png", "d/a/.hidden/z.png", "d/.dot.png", "elsewhere/w.png"):
+        (tmp_path / path).write_bytes(b"x")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "d" / "linked")
+    os.symlink(tmp_path / "d" / "x.png", tmp_path / "d" / "alias.png")
+    fs = LocalFileSystem()
+    assert sorted(find(fs, str(tmp_path / "d"))) == sorted(fs.find(str(tmp_path / "d")))
+    assert str(tmp_path / "d" / "linked") in find(fs, str(tmp_path / "d"))
