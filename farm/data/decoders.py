@@ -200,4 +200,7 @@ def _processes(workers: int) -> Executor:
     module as `__mp_main__` (a Ray worker's is guarded; a script's needs `if __name__ == "__main__"`) and costs about
     a second to start on the 2-core dev box: once per worker, not per shard."""
     method = "forkserver" if sys.platform.startswith("linux") else "spawn"
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method))
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":  # this module (and the package's imports: pyarrow's) once in the server, not a process
+        context.set_forkserver_preload(["__main__", __name__])
+    return ProcessPoolExecutor(max_workers=workers, mp_context=context)
