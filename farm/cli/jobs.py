@@ -137,7 +137,8 @@ def detach(client: Client, job_id: str) -> NoReturn:
 def show_summary(job: job_pb2.Job) -> None:
     print_whole(summary_table(job))
     metrics = dict(job.metrics)
-    wall = job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0
+    # The head's wall time (less the time a retried job lay ended between runs), else the clock's
+    wall = metrics.get("wall_s") or (job.finished_at - job.started_at if job.finished_at and job.started_at else 0.0)
     trained = "step" in metrics and "loss" in metrics  # a training job's progress
     done = items_done(job)
     facts = [f"{count(job.items)} items in {wall:.2f} s" if done == job.items

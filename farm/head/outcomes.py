@@ -19,6 +19,7 @@ from farm.head import output_place, tuning
 from farm.head.output import manifest, write_manifest
 from farm.head.settings import HeadSettings
 from farm.head.store import Job, Store
+from farm.head.store.retries import PAUSED
 from farm.scheduler import bad_rows
 from farm.scheduler.calibration import Sample
 
@@ -205,8 +206,8 @@ def over_budget(job: Job, spec: JobSpec, failed: list[Shard]) -> str | None:
 
 def job_metrics(job: Job) -> dict[str, float]:
     """What the kind recorded on the way, then rates over the job's wall time from its first shard's start, as a
-    user waiting on it sees them."""
-    wall_s = time.time() - job.started_at
+    user waiting on it sees them, less the time it lay ended between runs (--retry-missing)."""
+    wall_s = time.time() - job.started_at - job.metrics.get(PAUSED, 0.0)
     items = job.items_done  # what the shards did: a job over lines counts its range in bytes, its items in rows
     metrics = {**job.metrics, "items_per_s": items / wall_s if wall_s > 0 else 0.0, "wall_s": wall_s}
     if job.energy_j > 0 and all(s.energy_source for s in job.shards):

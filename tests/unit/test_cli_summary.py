@@ -20,6 +20,15 @@ def test_a_failed_jobs_summary_counts_only_the_items_done(capsys: pytest.Capture
     assert "16 of 32 items done" in out and "32 items in" not in out
 
 
+def test_a_retried_job_s_summary_gives_its_wall_time_without_the_time_it_lay_ended(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    job = job_pb2.Job(id="j-1", name="toy", kind="inference", state="succeeded", items=16, started_at=1.0,
+                      finished_at=1001.0, metrics={"wall_s": 12.5}, shards=[
+                          job_pb2.Shard(index=0, state="succeeded", start=0, stop=16, items=16, node_name="a")])
+    show_summary(job)
+    assert "16 items in 12.50 s" in capsys.readouterr().out
+
+
 def test_a_jobs_output_cannot_drive_the_users_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     from farm.cli.render import print_log_line
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -151,3 +152,14 @@ def test_a_job_whose_last_attempts_are_still_out_is_refused_until_they_end(store
     assert store.job("j-1").run == 1
     dispatcher.attempts.release(("j-1", 1))
     assert asyncio.run(jobs.retry_missing("j-1")).run == 2
+
+
+def test_a_retried_job_s_wall_time_leaves_out_the_time_it_lay_ended(store: Store) -> None:
+    from farm.head.outcomes import job_metrics
+
+    ended_job(store)  # it ran 10 s and lay ended for 990 s before the retry
+    store._db.execute("UPDATE jobs SET started_at=?, finished_at=? WHERE id='j-1'", (time.time() - 1000,
+                                                                                    time.time() - 990))
+    store.retry_missing("j-1")
+    assert 989 < store.job("j-1").metrics["paused_s"] < 992
+    assert 9 < job_metrics(store.job("j-1"))["wall_s"] < 12

@@ -4,9 +4,15 @@ stay, and the job runs again as its next run, in one transaction."""
 
 from __future__ import annotations
 
+import json
+import time
+
 from farm.core.errors import ConflictError, NotFoundError
 from farm.core.models import JobState, ShardState
 from farm.head.store.jobs import JobRecords
+
+
+PAUSED = "paused_s"  # a job's metric: seconds it lay ended between its runs (farm.head.outcomes.job_metrics)
 
 
 class RetryRecords(JobRecords):
@@ -16,7 +22,8 @@ class RetryRecords(JobRecords):
         ended before its last cut has its uncut rows missing too: the dispatcher cuts them as it would have.
         ConflictError: the job has not ended, or misses nothing."""
         with self._tx() as db:
-            row = db.execute("SELECT state, items, run FROM jobs WHERE id=?", (job_id,)).fetchone()
+            row = db.execute("SELECT state, items, run, started_at, finished_at, metrics FROM jobs WHERE id=?",
+                             (job_id,)).fetchone()
             if row is None:
                 raise NotFoundError(f"no job {job_id!r}")
             state = JobState(row["state"])
@@ -32,8 +39,11 @@ class RetryRecords(JobRecords):
             db.execute("UPDATE shards SET state=?, error='', attempts=0 WHERE job_id=? AND state!=?",
                        (ShardState.PENDING.value, job_id, ShardState.SUCCEEDED.value))
             run = row["run"] + 1
-            db.execute("UPDATE jobs SET state=?, error='', finished_at=0, run=? WHERE id=?",
-                       (JobState.RUNNING.value, run, job_id))
+            metrics = json.loads(row["metrics"])
+            if row["started_at"] and row["finished_at"]:  # the time it lay ended is no part of its wall time
+                metrics[PAUSED] = metrics.get(PAUSED, 0.0) + max(time.time() - row["finished_at"], 0.0)
+            db.execute("UPDATE jobs SET state=?, error='', finished_at=0, run=?, metrics=? WHERE id=?",
+                       (JobState.RUNNING.value, run, json.dumps(metrics), job_id))
             rows = sum(r["stop"] - r["start"] for r in missing)
             what = [f"shards {', '.join(str(r['idx']) for r in missing)} ({rows} rows) run again"] if missing else []
             if frontier < row["items"]:
