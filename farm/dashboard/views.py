@@ -17,6 +17,7 @@ import yaml
 from farm.core.energy import EnergySource
 from farm.core.models import BackendOffer, GpuMemory, JobState, Node, NodeState, ShardState, cpu_split
 from farm.head.store import Job, NodeWork
+from farm.head.store.retries import PAUSED
 
 JSON = dict[str, Any]
 LIVE_STATES = (NodeState.JOINING, NodeState.READY, NodeState.DRAINING)
@@ -249,8 +250,9 @@ def job_summary(job: Job, now: float | None = None) -> JSON:
     done = sum(1 for s in job.shards if s.state is ShardState.SUCCEEDED)
     now = time.time() if now is None else now
     rate = eta_s = None
-    if job.state is JobState.RUNNING and job.started_at and job.items_done > 0 and now > job.started_at:
-        rate = job.items_done / (now - job.started_at)
+    ran = now - job.started_at - job.metrics.get(PAUSED, 0.0)  # less the time a retried job lay ended
+    if job.state is JobState.RUNNING and job.started_at and job.items_done > 0 and ran > 0:
+        rate = job.items_done / ran
         eta_s = max(job.items - job.items_done, 0) / rate
     return {
         "rate_items_per_s": rate, "eta_s": eta_s,

@@ -88,6 +88,9 @@ def test_a_running_job_has_a_rate_and_a_time_left(tmp_path: Path) -> None:
     job = store.job("j-1")
     summary = job_summary(job, now=job.started_at + 20.0)
     assert summary["rate_items_per_s"] == pytest.approx(2.0) and summary["eta_s"] == pytest.approx(30.0)
+    # Retried after lying ended for 100 s: the rate is over the time it ran
+    paused = job.model_copy(update={"metrics": {**job.metrics, "paused_s": 100.0}})
+    assert job_summary(paused, now=job.started_at + 120.0)["rate_items_per_s"] == pytest.approx(2.0)
     store.add_job("j-2", "fresh", "inference", "name: fresh\n", "/c.zip", "/out", 100, [(0, 100)])
     assert job_summary(store.job("j-2"))["eta_s"] is None  # queued: no rate yet
 
