@@ -32,6 +32,11 @@ SHAPE = (3, 64, 64)
 
 
 def build():  # noqa: ANN201  (torch is imported inside: this module also runs where only numpy is needed)
+    return resnet18(lambda images: images.reshape(-1, *SHAPE).float() / 255.0)
+
+
+def resnet18(scaled):  # noqa: ANN001, ANN201
+    """The CNN, its input made (N, 3, H, W) float by `scaled` on the device."""
     import torch
     from torch import nn
 
@@ -59,7 +64,7 @@ def build():  # noqa: ANN201  (torch is imported inside: this module also runs w
             self.head = nn.Linear(512, 1000)
 
         def forward(self, images: torch.Tensor) -> torch.Tensor:
-            x = images.reshape(-1, *SHAPE).float() / 255.0
+            x = scaled(images)
             return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
 
     torch.manual_seed(0)
