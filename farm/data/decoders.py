@@ -195,12 +195,13 @@ def _threads(workers: int) -> Executor:
 
 @lru_cache(maxsize=1)
 def _processes(workers: int) -> Executor:
-    """Kept for the worker's life. Started by forkserver (spawn off Linux), never forked from this process: a Ray
-    worker holds gRPC's and Ray's threads, which a fork would copy mid-lock. Each process imports the parent's main
-    module as `__mp_main__` (a Ray worker's is guarded; a script's needs `if __name__ == "__main__"`) and costs about
-    a second to start on the 2-core dev box: once per worker, not per shard."""
+    """Kept for the worker's life. Started by forkserver (spawn off Linux), never forked from this process: a
+    worker holds gRPC's threads, which a fork would copy mid-lock. The forkserver imports the parent's main module
+    as `__mp_main__` (a worker's is guarded; a script's needs `if __name__ == "__main__"`) and this module once, and
+    each decoder process is forked from it with both loaded (importing them in each process was 0.17 CPU s apiece
+    on the 2-core dev box): once per worker, not per shard."""
     method = "forkserver" if sys.platform.startswith("linux") else "spawn"
     context = multiprocessing.get_context(method)
-    if method == "forkserver":  # this module (and the package's imports: pyarrow's) once in the server, not a process
+    if method == "forkserver":
         context.set_forkserver_preload(["__main__", __name__])
     return ProcessPoolExecutor(max_workers=workers, mp_context=context)

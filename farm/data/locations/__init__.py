@@ -34,9 +34,9 @@ def join(root: str, path: str) -> str:
 
 
 def find(fs: fsspec.AbstractFileSystem, root: str) -> list[str]:
-    """Every file below the folder `root`, as fsspec's `find` lists them. A local folder is walked with os.walk: a
-    tenth of fsspec's local listing, which stats each entry in Python (a folder of 8,192 images: 0.1 s of a shard's
-    1.4 s planning it on the dev box). A link to a folder is listed, not walked into, as fsspec does."""
+    """Every file below the folder `root`, as fsspec's `find` lists them. A local folder is walked with os.walk:
+    fsspec's local listing stats each entry in Python (a folder of 8,192 images on the dev box: 55 ms, os.walk 7 ms,
+    at every plan). A link to a folder is listed, not walked into, as fsspec does."""
     if not is_local(fs):
         return list(fs.find(root))
     import os
