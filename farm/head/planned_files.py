@@ -33,9 +33,11 @@ def open_planned(root: str, path: str, folder: int | None = None) -> tuple[int, 
     if not root.startswith("/") or any(p in ("", ".", "..") for p in parts) or not parts:
         raise NotFoundError(f"{path or root!r} is not a plain path under the dataset")
     start = os.open("/", _FOLDER) if folder is None else folder
-    fd = _walk(start, parts, path or root, file=True)
-    if start != folder:
-        os.close(start)
+    try:
+        fd = _walk(start, parts, path or root, file=True)
+    finally:
+        if start != folder:
+            os.close(start)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

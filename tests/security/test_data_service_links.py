@@ -120,3 +120,23 @@ def test_a_batched_read_follows_no_link_swapped_in_after_planning(head: Head, tm
     found = fs.cat(["b.png", "sub/a.png"], on_error="return")
     assert found["b.png"] == b"b\n", found
     assert isinstance(found["sub/a.png"], FileNotFoundError) and "link" in str(found["sub/a.png"]), found
+
+
+def test_a_refused_open_leaves_no_descriptor_behind(tmp_path: Path) -> None:
+    """Each refusal (a link on the way, a missing file, a FIFO) closes what the walk opened, "/" included: a lender
+    asking again and again must not run the head out of descriptors."""
+    from farm.core.errors import NotFoundError
+    from farm.head.planned_files import open_folder, open_planned
+
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real", tmp_path / "link")
+    os.mkfifo(tmp_path / "real" / "fifo")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        for root, path in ((str(tmp_path / "link"), "a.txt"), (str(tmp_path / "real"), "missing.txt"),
+                           (str(tmp_path / "real"), "fifo")):
+            with pytest.raises((NotFoundError, OSError)):
+                open_planned(root, path)
+        with pytest.raises(NotFoundError):
+            open_folder(str(tmp_path / "link"))
+    assert len(os.listdir("/proc/self/fd")) == before
