@@ -68,32 +68,34 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         lane.store = store
         return lane
 
-    def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, Planned]:
+    async def _dataset(self, context: grpc.aio.ServicerContext, job_id: str) -> tuple[str, Planned]:
         """Job `job_id`'s dataset root on this machine and its plan's files, once the job's read credential is
-        checked, only while the job runs."""
+        checked, only while the job runs. The plan is loaded once the credential is checked, off the event loop (a
+        folder of 65,536 images: most of a second of pydantic, which would hold up every call on this loop)."""
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
-        served = self._served(job_id) if JOB_ID.match(job_id) else None
-        self.tokens.check_secret(context, presented, served.token if served else None,
-                                 "invalid or missing read credential for this job")
-        assert served is not None  # check_secret refused a job without a credential
+        kept = self._kept(job_id) if JOB_ID.match(job_id) else None
+        token = kept.token if kept else (datasets.read_token(self.settings.state_dir, job_id)
+                                         if JOB_ID.match(job_id) else None)
+        self.tokens.check_secret(context, presented, token, "invalid or missing read credential for this job")
+        assert token is not None  # check_secret refused a job without a credential
         if self.store.job_state(job_id).finished:
             raise AuthError(f"job {job_id} has ended: its read credential is void")
+        served = kept if kept is not None else await asyncio.to_thread(self._load, job_id, token)
         if served.root is None:
             raise NotFoundError(f"job {job_id} reads no dataset from the head")
         return served.root, served.paths
 
-    def _served(self, job_id: str) -> _Served | None:
-        """A job's credential and plan as the head serves them, read once: both are written at submit and never
-        change, and a large plan (a folder of 65,536 images) took longer to load than its files to read, at every
-        call. The last SERVED_KEPT jobs are kept."""
+    def _kept(self, job_id: str) -> _Served | None:
         with self.serving:
             if (served := self.served.get(job_id)) is not None:
                 self.served.move_to_end(job_id)
-                return served
-        token = datasets.read_token(self.settings.state_dir, job_id)
-        if token is None:
-            return None
+            return served
+
+    def _load(self, job_id: str, token: str) -> _Served:
+        """A job's plan as the head serves it, read once: it is written at submit and never changes, and a large
+        plan (a folder of 65,536 images) took longer to load than its files to read, at every call. The last
+        SERVED_KEPT jobs are kept."""
         saved = datasets.load(self.settings.state_dir, job_id)
         if saved is None or saved[0].where is not Location.HEAD:
             served = _Served(token, None, {})
@@ -129,7 +131,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
     @unary
     async def Stat(self, request: data_pb2.DataFileRequest, context: grpc.aio.ServicerContext
                    ) -> data_pb2.DataFileInfo:
-        root, planned = self._dataset(context, request.job_id)
+        root, planned = await self._dataset(context, request.job_id)
         fd = await asyncio.to_thread(self._open, request.job_id, root, planned, request.path)
         try:
             return data_pb2.DataFileInfo(size=os.fstat(fd).st_size)
@@ -139,7 +141,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
     @streaming
     async def Read(self, request: data_pb2.ReadRequest, context: grpc.aio.ServicerContext
                    ) -> AsyncIterator[data_pb2.Chunk]:
-        root, planned = self._dataset(context, request.job_id)
+        root, planned = await self._dataset(context, request.job_id)
         if request.offset < 0 or not 0 <= request.length <= MAX_READ:
             raise UserError(f"a read is at most {MAX_READ} bytes from an offset of at least 0")
         loop = asyncio.get_running_loop()
@@ -172,7 +174,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
     @streaming
     async def ReadFiles(self, request: data_pb2.ReadFilesRequest, context: grpc.aio.ServicerContext
                         ) -> AsyncIterator[data_pb2.FileParts]:
-        root, planned = self._dataset(context, request.job_id)
+        root, planned = await self._dataset(context, request.job_id)
         if len(request.paths) > MAX_FILES:
             raise UserError(f"a ReadFiles call names at most {MAX_FILES} files, not {len(request.paths)}")
         loop = asyncio.get_running_loop()
