@@ -256,23 +256,31 @@ def test_inductor_compile_thread_pool_workers_are_allowed_only_while_idle(monkey
     import torch._inductor.config
     from torch._inductor.async_compile import AsyncCompile
 
-    from farm_agent.tuner.worker import is_inductor_thread, threads_now
+    from farm_agent.tuner.worker import is_inductor_thread
 
     monkeypatch.setattr(torch._inductor.config, "compile_threads", 2)
-    before = threads_now()
-    release = threading.Event()
-    busy = AsyncCompile.pool().submit(release.wait, 60)  # someone's work on Inductor's own pool
+    release, started = threading.Event(), threading.Event()
+    running: list[threading.Thread] = []
+
+    def held() -> None:  # someone's work on Inductor's own pool, on whichever of its threads takes it
+        running.append(threading.current_thread())
+        started.set()
+        release.wait(60)
+
+    # The pool may be an earlier test's, its threads already started: the one to watch is the one running the work.
+    busy = AsyncCompile.pool().submit(held)
     mine = ThreadPoolExecutor(1)
     mine.submit(lambda: None).result()
     try:
-        workers = [t for t in threads_now() - before if t.name.startswith("ThreadPoolExecutor")]
-        inductor = [t for t in workers if t not in mine._threads]
-        assert inductor and not any(is_inductor_thread(t) for t in inductor)  # busy: work left running
+        assert started.wait(10)
+        worker = running[0]
+        assert worker.name.startswith("ThreadPoolExecutor") and worker not in mine._threads
+        assert not is_inductor_thread(worker)  # busy: work left running
         release.set()
         busy.result(10)
         from farm.local import wait_for
 
-        assert wait_for(lambda: all(is_inductor_thread(t) for t in inductor), 10, 0.05)  # idle: allowed
+        assert wait_for(lambda: is_inductor_thread(worker), 10, 0.05)  # idle: allowed
         assert not any(is_inductor_thread(t) for t in mine._threads)  # an idle worker of another pool
     finally:
         release.set()
