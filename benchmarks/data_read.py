@@ -162,10 +162,12 @@ def consume(batches: Iterator[np.ndarray], device: str) -> int:
     return rows
 
 
-def timed(run: Callable[[], Iterator[np.ndarray]], device: str) -> tuple[int, float]:
-    began = time.perf_counter()
+def timed(run: Callable[[], Iterator[np.ndarray]], device: str) -> tuple[int, float, float]:
+    """Rows, seconds, and the CPU seconds of this process (the thread feeding the device and what reads and decodes
+    in-process; not a way's worker processes): the serial part, which no added core speeds up."""
+    began, used = time.perf_counter(), time.process_time()
     rows = consume(run(), device)
-    return rows, time.perf_counter() - began
+    return rows, time.perf_counter() - began, time.process_time() - used
 
 
 def main() -> None:
@@ -203,7 +205,7 @@ def main() -> None:
     out = Table(title=f"Reading to {device} ({gpu}; {os.cpu_count()} cores, {platform.machine()}; batch {b}; "
                       f"{args.images:,} PNGs of {args.side}x{args.side}, Parquet {args.rows:,} x {args.width} "
                       "float32)", title_justify="left")
-    for column in ("data", "way", "rows", "seconds", "rows/s", "x plain loop"):
+    for column in ("data", "way", "rows", "seconds", "rows/s", "x plain loop", "CPU s in this process"):
         out.add_column(column, justify="left" if column in ("data", "way") else "right")
     plain: dict[str, float] = {}
     rows: dict[str, list[list[str]]] = {}
@@ -214,11 +216,11 @@ def main() -> None:
             if not ray.is_initialized():
                 ray.init(num_cpus=w, include_dashboard=False, log_to_driver=False)
         timed(run, device)  # untimed: what a worker starts once (Farm's decoder processes, Ray's actors)
-        run_rows, seconds = min((timed(run, device) for _ in range(args.repeat)), key=lambda found: found[1])
+        run_rows, seconds, cpu = min((timed(run, device) for _ in range(args.repeat)), key=lambda found: found[1])
         rate = run_rows / seconds
         plain.setdefault(kind, rate)
         rows.setdefault(kind, []).append([kind, way, f"{run_rows:,}", f"{seconds:.2f}", f"{rate:,.0f}",
-                                          f"{rate / plain[kind]:.2f}"])
+                                          f"{rate / plain[kind]:.2f}", f"{cpu:.2f}"])
         print(" | ".join(rows[kind][-1]), file=sys.stderr, flush=True)
     for row in (r for found in rows.values() for r in found):
         out.add_row(*row)

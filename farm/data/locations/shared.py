@@ -21,10 +21,10 @@ def stamp(path: str) -> FileStamp:
     return FileStamp(size=found.st_size, mtime_ns=found.st_mtime_ns)
 
 
-def stamped(plan: DatasetPlan, root: str) -> DatasetPlan:
-    """The plan with each file's stamp, as planning sees it on the head (a stat a file)."""
-    files = tuple(f.model_copy(update={"stamp": stamp(join(root, f.path))}) for f in plan.files)
-    return plan.model_copy(update={"files": files, "shared": True})
+def stamps(root: str, paths: list[str]) -> list[dict[str, int]]:
+    """Each file's stamp (FileStamp's fields), as planning sees it on the head: a stat a file."""
+    found = [os.stat(join(root, path)) for path in paths]
+    return [{"size": f.st_size, "mtime_ns": f.st_mtime_ns} for f in found]
 
 
 def mismatch(plan: DatasetPlan, root: str) -> str | None:
