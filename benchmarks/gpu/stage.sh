@@ -2,8 +2,8 @@
 # Source this on the lent H200 (`. benchmarks/gpu/stage.sh`) in the call that carries .whl/gpu/c3, after two calls
 # that copied .whl/gpu/c1 and c2 into /tmp/parts (the machine is handed back after 30 s idle: back to back). It puts
 # the cp312 wheels Farm needs and the image lacks (ray, pyarrow, pydantic, ...; one tar in three parts under 64 MiB,
-# made by `split -b 52m`) together, installs them into /tmp/site, and sets PYTHONPATH, PATH and FARM_STATE_DIR; then
-# sources farm_up.sh (farm_up, farm_head, farm_agent, farm_down).
+# made here by benchmarks/gpu/wheels.sh) together, installs them into /tmp/site, and sets PYTHONPATH, PATH and
+# FARM_STATE_DIR; then sources farm_up.sh (farm_up, farm_head, farm_agent, farm_down).
 export OUT=${OUT:-/tmp/o}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=200
 if [ ! -d /tmp/site/ray ]; then
