@@ -4,14 +4,15 @@
 # (benchmarks/gpu/data_jobs.py). Two calls before it staged .whl/gpu/c1 and c2 in /tmp/parts; this one carries c3
 # (benchmarks/gpu/stage.sh). A call runs 600 s at most: SHAPES picks the shapes of this call (default all three),
 # SCALE the datasets' sizes (1: a million Parquet rows, 65,536 PNGs, a 6.4 GB .npy); the data stays in /tmp while
-# the machine is held, so back-to-back calls can split the shapes.
+# the machine is held, so back-to-back calls can split the shapes. FARM_TIMEOUT_S bounds Farm's ways (default 400 s)
+# so that the head and agent are stopped and their logs copied inside the call's 600 s.
 . benchmarks/gpu/stage.sh
 D=/tmp/data-jobs B=benchmarks/gpu/data_jobs.py SHAPES=${SHAPES:-parquet images npy}
 nproc; free -g | head -2; nvidia-smi --query-gpu=name,power.draw --format=csv,noheader
 python3 $B data $D --scale "${SCALE:-1}" --shapes $SHAPES | tail -1
 python3 $B run $D --shapes $SHAPES --ways plain loader ray --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
 farm_up
-python3 $B run $D --shapes $SHAPES --ways farm farm-shared --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
+timeout ${FARM_TIMEOUT_S:-400} python3 $B run $D --shapes $SHAPES --ways farm farm-shared --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
 farm_down
 python3 $B table $D | tee $OUT/data_jobs.md
 cp $D/results.jsonl $OUT/
