@@ -40,7 +40,7 @@ HEAD = textwrap.dedent("""
     from pathlib import Path
     from tests.integration.inprocess_head import running_head
     with running_head(Path(sys.argv[1]), data_lanes=int(sys.argv[2])) as head:
-        print(head.settings.port, head.settings.data_listen_port, sep="\\n", flush=True)
+        print(head.settings.port, head.settings.data_listen_port, flush=True)
         sys.stdin.read()
 """)
 
@@ -71,12 +71,12 @@ def main() -> None:
         data = big_file(Path(tmp) / "big.npy", args.mib)
         size = data.stat().st_size
         state = Path(tmp) / "state"
-        process, port = start(HEAD, str(state), str(args.lanes))
+        process, (port, data_port) = start(HEAD, str(state), str(args.lanes))
         try:
             assert process.stdout is not None
             head = Head.__new__(Head)  # what add_job needs of a head: its settings, store and CA
             head.settings = HeadSettings(state_dir=state, host="127.0.0.1", port=port, data_lanes=args.lanes,
-                                         data_port=int(process.stdout.readline()))
+                                         data_port=data_port)
             head.ca_pem = (head.settings.tls_dir / "ca.pem").read_bytes()
             head.db = state / "state.db"
             access, _ = add_job(head, "j-1", DatasetSpec(location=str(data), format="npy"))
