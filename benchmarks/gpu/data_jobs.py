@@ -257,10 +257,10 @@ def ray_data(shape: str, data: Path, device: str, workers: int, out: Path) -> in
 
 
 def farm(shape: str, data: Path, device: str, workers: int, out: Path, shared: bool = False
-         ) -> tuple[int, float, float, float]:
-    """The job through the head running on this machine: (rows, the head's job start and end, submit-to-end). The
-    node reads the dataset through the head's data service; `shared` (the way farm-shared): from the path itself,
-    as a node that mounts it at the same place does (`shared: true`)."""
+         ) -> tuple[int, float, float, float, str]:
+    """The job through the head running on this machine: (rows, the head's job start and end, submit-to-end, its
+    id). The node reads the dataset through the head's data service; `shared` (the way farm-shared): from the path
+    itself, as a node that mounts it at the same place does (`shared: true`)."""
     import yaml
 
     from farm.client import Client, find_head
@@ -283,7 +283,7 @@ def farm(shape: str, data: Path, device: str, workers: int, out: Path, shared: b
         ended = time.time()
     if job is None or job.state != "succeeded":
         sys.exit(f"job {job_id} ended {job.state if job else '?'}: {job.error if job else ''}")
-    return job.items, job.started_at, job.finished_at, ended - began
+    return job.items, job.started_at, job.finished_at, ended - began, job_id
 
 
 RUN: dict[str, Callable[..., Any]] = {"plain": plain, "loader": loader, "ray": ray_data, "farm": farm,
@@ -314,15 +314,16 @@ def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: 
                 began = time.time()
                 found = RUN[way](shape, where[shape], device, workers, out)
                 ended = time.time()
-                submit_to_end = None
+                submit_to_end = job_id = None
                 if way.startswith("farm"):
-                    found, began, ended, submit_to_end = found
+                    found, began, ended, submit_to_end, job_id = found
                 joules = meter.joules(began, ended)
                 wall = ended - began
                 row = {"shape": shape, "way": way, "rows": int(found), "wall_s": wall, "rows_per_s": found / wall,
                        "submit_to_end_s": submit_to_end, "joules": joules, "idle_w": idle_w,
                        "above_idle_j": joules - idle_w * wall if joules is not None and idle_w is not None else None,
-                       "utilisation": meter.utilisation(began, ended), "device": device, "workers": workers}
+                       "utilisation": meter.utilisation(began, ended), "device": device, "workers": workers,
+                       "job": job_id}
                 print(json.dumps(row), flush=True)
                 with open(folder / "results.jsonl", "a") as results:
                     results.write(json.dumps(row) + "\n")

@@ -13,6 +13,9 @@ python3 $B data $D --scale "${SCALE:-1}" --shapes $SHAPES | tail -1
 python3 $B run $D --shapes $SHAPES --ways plain loader ray --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
 farm_up
 timeout ${FARM_TIMEOUT_S:-400} python3 $B run $D --shapes $SHAPES --ways farm farm-shared --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
+for job in $(grep -o '"job": "j-[0-9a-f]*"' $OUT/rows.jsonl | cut -d'"' -f4); do  # where each Farm job's time went
+  $F job "$job" --explain > "$OUT/explain-$job.txt" 2>&1
+done
 farm_down
 python3 $B table $D | tee $OUT/data_jobs.md
 cp $D/results.jsonl $OUT/
