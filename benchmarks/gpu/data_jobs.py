@@ -286,6 +286,20 @@ def farm(shape: str, data: Path, device: str, workers: int, out: Path, shared: b
     return job.items, job.started_at, job.finished_at, ended - began, job_id
 
 
+def warm(shapes: list[str], device: str) -> None:
+    """One batch of each shape's model on the device, before any window: the first way in this process would
+    otherwise carry CUDA's context, cuBLAS's and cuDNN's set-up and their kernels' first load (seconds), which the
+    ways after it do not (Farm's worker and Ray's actor start their own, inside their windows: what a job pays)."""
+    import torch
+
+    sample = {"parquet": torch.zeros(BATCH["parquet"], WIDTH),
+              "images": torch.zeros(BATCH["images"], SIDE, SIDE, 3, dtype=torch.uint8),
+              "npy": torch.zeros(BATCH["npy"], 3, SIDE, SIDE)}
+    with torch.inference_mode():
+        for shape in shapes:
+            globals()[MODEL[shape]]().to(device)(sample[shape].to(device)).float().cpu()
+
+
 RUN: dict[str, Callable[..., Any]] = {"plain": plain, "loader": loader, "ray": ray_data, "farm": farm,
                                      "farm-shared": lambda *args: farm(*args, shared=True)}
 
@@ -306,6 +320,8 @@ def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: 
         ray.init(num_cpus=workers, num_gpus=1 if device.startswith("cuda") else 0, include_dashboard=False,
                  log_to_driver=False)
     where = paths(folder)
+    if device.startswith("cuda"):
+        warm(shapes, device)
     try:
         for shape in shapes:
             for way in ways:
