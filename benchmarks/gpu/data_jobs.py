@@ -320,7 +320,7 @@ def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: 
         ray.init(num_cpus=workers, num_gpus=1 if device.startswith("cuda") else 0, include_dashboard=False,
                  log_to_driver=False)
     where = paths(folder)
-    if device.startswith("cuda"):
+    if device.startswith("cuda") and {"plain", "loader"} & set(ways):  # the ways that use this process's GPU
         warm(shapes, device)
     try:
         for shape in shapes:
