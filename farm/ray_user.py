@@ -16,6 +16,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from farm import switch_user
 from farm.core.errors import UserError
@@ -47,81 +48,98 @@ def ensure(name: str) -> pwd.struct_passwd:
     return pwd.getpwnam(name)
 
 
-def check_reachable(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> None:
-    """The Python environment Ray's processes start from (and `extra`: what they import, Farm's own packages on an
+class Closed(NamedTuple):
+    """What a Ray process needs that `user` cannot reach, and where it is stopped."""
+
+    target: Path  # the interpreter, a library's folder, a package's
+    folder: Path  # the first folder on the way it may not pass through, or may not list where Python must
+    listed: bool  # whether Python lists `folder` (an import root or a package): then read and execute, else execute
+
+
+def check_reachable(user: pwd.struct_passwd, packages: Sequence[Path] = ()) -> None:
+    """The Python environment Ray's processes start from (and `packages`: what they import, Farm's own packages on an
     agent, whose workers run shards) must be readable by `user`: else a clear line, not a Ray that dies at start or
     a shard that fails on its first import."""
-    closed = first_closed(user, extra)
+    closed = first_closed(user, packages)
     if closed is not None:
-        target, blocked = closed
+        mode = "rx" if closed.listed else "x"
         raise UserError(
-            f"job code runs as {user.pw_name!r} (never as root), who cannot reach {target}: {blocked} is private. "
-            f"Run ./scripts/setup as root once (it lets {user.pw_name} pass through, by an ACL for it alone), or "
-            f"`setfacl -m u:{user.pw_name}:x {blocked}`, or install Farm where {user.pw_name} can read it")
+            f"job code runs as {user.pw_name!r} (never as root), who cannot reach {closed.target}: {closed.folder} is "
+            f"private. Run ./scripts/setup as root once (it lets {user.pw_name} pass through, by an ACL for it "
+            f"alone), or `setfacl -m u:{user.pw_name}:{mode} {closed.folder}`, or install Farm where {user.pw_name} "
+            "can read it")
 
 
-def first_closed(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> tuple[Path, Path] | None:
-    """What Ray's processes need (the interpreter, the standard library, Ray's package, `extra`) and the first folder
-    on the way to it that `user` cannot enter; None if it can reach them all."""
+def first_closed(user: pwd.struct_passwd, packages: Sequence[Path] = ()) -> Closed | None:
+    """What Ray's processes need (the interpreter, the standard library, Ray's package, `packages`) and the first
+    folder on the way to it that `user` cannot enter; None if it can reach them all. Python lists the folders it
+    imports from (each sys.path entry: a checkout's root is one) and the packages' own, so those it must also be
+    able to list: a checkout cloned into a 0700 folder, passable only, imported nothing of Farm's."""
     ray_package = importlib.util.find_spec("ray")
     ray_folder = Path(ray_package.origin).parent if ray_package and ray_package.origin else Path(sys.prefix)
+    stdlib = Path(shutil.__file__).resolve().parent
     # The interpreter as started (a venv's bin/, whose pyvenv.cfg and site-packages it reads) and as it is.
-    for target in (Path(sys.executable), Path(sys.executable).resolve(), Path(shutil.__file__).resolve().parent,
-                   ray_folder, *(p.resolve() for p in extra)):
-        blocked = _first_closed(target, user)
+    needs: list[tuple[Path, set[Path]]] = [(Path(sys.executable), set()), (Path(sys.executable).resolve(), set()),
+                                           (stdlib, {stdlib})]
+    for package in (ray_folder, *(p.resolve() for p in packages)):
+        needs.append((package, {package, package.parent}))
+    for target, listed in needs:
+        blocked = _first_closed(target, user, listed)
         if blocked is not None:
-            return target, blocked
+            return Closed(target, blocked, blocked in listed)
     return None
 
 
-def _first_closed(target: Path, user: pwd.struct_passwd) -> Path | None:
+def _first_closed(target: Path, user: pwd.struct_passwd, listed: set[Path]) -> Path | None:
     folders = [*reversed(target.parents), target]
     if os.geteuid() == 0:  # asked of the kernel as that user: ACLs and all
-        return _first_closed_as(user, [f for f in folders if f.is_dir()])
+        return _first_closed_as(user, [f for f in folders if f.is_dir()], listed)
     for folder in folders:
         info = folder.stat()
         mode = info.st_mode
         if info.st_uid == user.pw_uid:
-            allowed = mode & stat.S_IXUSR
+            bits = stat.S_IXUSR | (stat.S_IRUSR if folder in listed else 0)
         elif info.st_gid == user.pw_gid:
-            allowed = mode & stat.S_IXGRP
+            bits = stat.S_IXGRP | (stat.S_IRGRP if folder in listed else 0)
         else:
-            allowed = mode & stat.S_IXOTH
-        if stat.S_ISDIR(mode) and not allowed:
+            bits = stat.S_IXOTH | (stat.S_IROTH if folder in listed else 0)
+        if stat.S_ISDIR(mode) and mode & bits != bits:
             return folder
     return None
 
 
-def _first_closed_as(user: pwd.struct_passwd, folders: Sequence[Path]) -> Path | None:
-    """The first of `folders` that `user` may not pass through, as the kernel answers a process that became that
-    user (mode bits, ACLs, whatever else decides); only root can ask. A process of its own asks: this one is never
-    forked (farm.switch_user says why)."""
-    index = switch_user.first_closed_as(user, [str(folder) for folder in folders])
+def _first_closed_as(user: pwd.struct_passwd, folders: Sequence[Path], listed: set[Path]) -> Path | None:
+    """The first of `folders` that `user` may not pass through (or list, those in `listed`), as the kernel answers a
+    process that became that user (mode bits, ACLs, whatever else decides); only root can ask. A process of its own
+    asks: this one is never forked (farm.switch_user says why)."""
+    index = switch_user.first_closed_as(user, [str(folder) for folder in folders], [str(f) for f in listed])
     if index is None:
         raise UserError(f"cannot check what {user.pw_name!r} may reach")
     return folders[index] if index >= 0 else None
 
 
-def grant_passage(user: pwd.struct_passwd, extra: Sequence[Path] = ()) -> list[Path]:
-    """Let `user` pass through each folder on the way to what its processes need (first_closed) that it may not:
-    an ACL entry for that user alone, execute only (`setfacl -m u:USER:x`), so it can reach this Python and Farm
-    under a private home (pyenv or conda in /root, as on many GPU machines) without listing those folders or
-    reading what is private in them. The folders opened, in order; a UserError where it cannot (no setfacl, or a
-    filesystem without ACLs)."""
-    opened: list[Path] = []
-    while (closed := first_closed(user, extra)) is not None:
-        folder = closed[1]
-        if folder in opened:
-            raise UserError(f"an ACL on {folder} did not let {user.pw_name!r} pass (does its filesystem keep ACLs?)")
+def grant_passage(user: pwd.struct_passwd, packages: Sequence[Path] = ()) -> list[Closed]:
+    """Let `user` reach what its processes need (first_closed) where it may not: an ACL entry on each folder in the
+    way for that user alone, execute only (`setfacl -m u:USER:x`) on a folder it only passes through, read and
+    execute on one Python lists (an import root such as a checkout cloned into a 0700 folder), so it can reach this
+    Python and Farm under a private home (pyenv or conda in /root, as on many GPU machines) without reading what is
+    private there. What it opened, in order (a folder opened twice, once); a UserError where it cannot (no setfacl,
+    or a filesystem without ACLs)."""
+    opened: list[Closed] = []
+    while (closed := first_closed(user, packages)) is not None:
+        if closed in opened:
+            raise UserError(f"an ACL on {closed.folder} did not let {user.pw_name!r} pass (does its filesystem keep "
+                            "ACLs?)")
         if shutil.which("setfacl") is None:
-            raise UserError(f"{user.pw_name!r} cannot reach {closed[0]}: {folder} is private, and setfacl is not "
-                            "installed to let it pass (Debian/Ubuntu: apt-get install acl)")
-        done = subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:x", str(folder)], capture_output=True, text=True,
-                              check=False)
+            raise UserError(f"{user.pw_name!r} cannot reach {closed.target}: {closed.folder} is private, and setfacl "
+                            "is not installed to let it pass (Debian/Ubuntu: apt-get install acl)")
+        mode = "rx" if closed.listed else "x"
+        done = subprocess.run(["setfacl", "-m", f"u:{user.pw_name}:{mode}", str(closed.folder)], capture_output=True,
+                              text=True, check=False)
         if done.returncode != 0:
-            raise UserError(f"cannot let {user.pw_name!r} pass through {folder}: {done.stderr.strip()}")
-        opened.append(folder)
-    return opened
+            raise UserError(f"cannot let {user.pw_name!r} pass through {closed.folder}: {done.stderr.strip()}")
+        opened.append(closed)
+    return [c for i, c in enumerate(opened) if all(later.folder != c.folder for later in opened[i + 1:])]
 
 
 def main() -> None:
@@ -143,9 +161,11 @@ def main() -> None:
         pass
     try:
         user = ensure(name)
-        for folder in grant_passage(user, extra):
-            print(f"{name} (the account job code runs as) may now pass through {folder}, not list it: an ACL for it "
-                  f"alone; undo with: setfacl -x u:{name} {folder}")
+        for closed in grant_passage(user, extra):
+            folder = closed.folder
+            may = f"list and import from {folder}" if closed.listed else f"pass through {folder}, not list it"
+            print(f"{name} (the account job code runs as) may now {may}: an ACL for it alone; undo with: setfacl -x "
+                  f"u:{name} {closed.folder}")
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -35,15 +35,17 @@ if death:
 os.execvp(sys.argv[4], sys.argv[4:])
 """
 
-# Whether `user` may pass through each folder, asked of the kernel as that user: prints the index of the first it
-# may not (-1: all open). `python -I -S -c CHECK UID GID FOLDER...`.
+# Whether `user` may pass through each folder (and list it, where its path comes with a leading "+"), asked of the
+# kernel as that user: prints the index of the first it may not (-1: all open). `python -I -S -c CHECK UID GID
+# FOLDER...`.
 CHECK = """
 import os, sys
 os.setgroups([])
 os.setgid(int(sys.argv[2]))
 os.setuid(int(sys.argv[1]))
-folders = sys.argv[3:]
-print(next((i for i, folder in enumerate(folders) if not os.access(folder, os.X_OK)), -1))
+def open_(folder):
+    return os.access(folder[1:], os.R_OK | os.X_OK) if folder[0] == "+" else os.access(folder, os.X_OK)
+print(next((i for i, folder in enumerate(sys.argv[3:]) if not open_(folder)), -1))
 """
 
 
@@ -57,12 +59,14 @@ def command_as(user: pwd.struct_passwd | None, args: Sequence[str], death_signal
     return [sys.executable, "-I", "-S", "-c", SWITCH, str(uid), str(gid), "1" if death_signal else "0", *args]
 
 
-def first_closed_as(user: pwd.struct_passwd, folders: Sequence[str]) -> int | None:
-    """The index of the first of `folders` that `user` may not pass through, as the kernel answers a process that
-    became that user (mode bits, ACLs, whatever else decides); -1 when all are open; None when it could not ask."""
+def first_closed_as(user: pwd.struct_passwd, folders: Sequence[str], listed: Sequence[str] = ()) -> int | None:
+    """The index of the first of `folders` that `user` may not pass through (nor list, for those also in `listed`),
+    as the kernel answers a process that became that user (mode bits, ACLs, whatever else decides); -1 when all are
+    open; None when it could not ask."""
+    asked = [f"+{folder}" if folder in listed else folder for folder in folders]
     try:
         done = subprocess.run([sys.executable, "-I", "-S", "-c", CHECK, str(user.pw_uid), str(user.pw_gid),
-                               *folders], capture_output=True, text=True, timeout=30, check=False)
+                               *asked], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     try:

@@ -77,7 +77,7 @@ def test_readme_s_commands_run_a_job_as_farm_ray_from_a_private_home(private_hom
     granted = subprocess.run([str(venv / "bin" / "python"), "-m", "farm.ray_user"], capture_output=True, text=True,
                              env=env, check=False)  # what scripts/setup runs as root
     assert granted.returncode == 0 and "may now pass through" in granted.stdout, granted.stderr
-    assert ray_user.first_closed(user, [venv, ROOT / "farm", ROOT / "agents" / "farm_agent"]) is None
+    assert ray_user.first_closed(user, [ROOT / "farm", ROOT / "agents" / "farm_agent"]) is None
     assert venv.parent.stat().st_mode & 0o007 == 0  # still closed to everyone else (the group bits show the ACL mask)
 
     state = tmp_path / "state"
