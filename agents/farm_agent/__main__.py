@@ -61,6 +61,7 @@ def main() -> None:
     parser.add_argument("--max-foreign-cpu", type=float, default=90.0)
     parser.add_argument("--drain-grace-s", type=float, default=60.0)
     parser.add_argument("--busy-file", type=Path, default=None)
+    parser.add_argument("--keep-warm-s", type=float, default=600.0)
     parser.add_argument("--backends", help="comma-separated backends to offer (default: all this machine runs)")
     parser.add_argument("--ray-user", default=None,
                         help="the user the node's Ray runs as ('': the agent's own; default: farm.ray_user.chosen)")
@@ -98,7 +99,7 @@ def main() -> None:
                         name=args.name, state_dir=args.state_dir,
                         cpus=args.cpus, ca_hash=args.ca_hash, insecure=args.insecure,
                         max_foreign_cpu=args.max_foreign_cpu, drain_grace_s=args.drain_grace_s,
-                        busy_file=args.busy_file,
+                        busy_file=args.busy_file, keep_warm_s=args.keep_warm_s,
                         backends=frozenset(args.backends.split(",")) if args.backends else None,
                         ray_user=chosen_ray_user(args.ray_user)))
 

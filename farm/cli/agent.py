@@ -62,6 +62,9 @@ def start(
     busy_file: Annotated[Path | None, typer.Option(
         help="While this file exists the node counts as busy (its first line is the reason): take the machine "
              "back by hand.")] = None,
+    keep_warm_s: Annotated[float, typer.Option(
+        help="How long a device keeps a warm worker (torch imported, the device ready: seconds a job's first shard "
+             "would wait) after its last shard, and a GPU after the agent starts; 0: none.", min=0)] = 600.0,
     ca_hash: CaHash = None,
     ca: CaFile = None,
     insecure: Insecure = False,
@@ -96,6 +99,7 @@ def start(
         cpus=cpus or os.cpu_count() or 1,
         max_foreign_cpu=max_foreign_cpu, backends=_lent_backends(backends), drain_grace_s=drain_grace_s,
         busy_file=busy_file.expanduser().resolve() if busy_file else None, ca_hash=ca_hash or "", insecure=insecure,
+        keep_warm_s=keep_warm_s,
         ray_user=chosen_ray_user(ray_user), trusted=trusted, admin_token=_admin_token(state) if trusted else "",
     )
     status = read_json(settings.status_path)
@@ -216,7 +220,7 @@ def _start_detached(settings: AgentSettings) -> None:
         f"--name={settings.name}", f"--state-dir={settings.state_dir}", f"--cpus={settings.cpus}",
         f"--max-foreign-cpu={settings.max_foreign_cpu}",
         *([f"--backends={','.join(sorted(settings.backends))}"] if settings.backends is not None else []),
-        f"--drain-grace-s={settings.drain_grace_s}",
+        f"--drain-grace-s={settings.drain_grace_s}", f"--keep-warm-s={settings.keep_warm_s}",
         *([f"--busy-file={settings.busy_file}"] if settings.busy_file else []),
         f"--ray-user={settings.ray_user or ''}",  # as chosen here ('': the agent's own)
         *(["--trusted"] if settings.trusted else []),

@@ -155,8 +155,10 @@ class JobNodes:
         """A node started a persistent worker for a job on a device: the job's log says so (once a node and device,
         unless a worker died and was replaced)."""
         if self.gave(node_id, started.job_id):
-            self.store.log(started.job_id, "info", f"worker started on node {node_id} {started.device[:40]!r} "
-                           f"(pid {started.pid}): it keeps the model loaded between shards")
+            how = ("a warm worker taken on node", ", started before the job with torch and the device ready") \
+                if started.warm else ("worker started on node", "")
+            self.store.log(started.job_id, "info", f"{how[0]} {node_id} {started.device[:40]!r} (pid {started.pid}"
+                           f"{how[1]}): it keeps the model loaded between shards")
 
     def code_for(self, node_id: str, job_id: str) -> Path | None:
         """A job's code package, for a node the head gave a shard of that job."""

@@ -11,7 +11,6 @@ or agent switches users only when it runs as root."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -215,9 +214,10 @@ def test_what_job_code_starts_ends_when_the_agent_stops(farm_ray_farm: FarmRayFa
     pid, euid = farm_ray_farm.job("spawn")
     child = psutil.Process(int(pid))  # with its start time: a pid reused meanwhile is not taken for it
     assert os.getsid(child.pid) != os.getsid(0)  # a session of its own: ending the worker's misses it
-    folders = [Path(p) for p in glob.glob(os.path.join(tempfile.gettempdir(), "farm-work-*"))
-               if Path(p).stat().st_uid == farm_ray_farm.user.pw_uid]
-    assert folders
+    # This agent's workers' folder: where the job's child runs (its worker's code folder, farm-work-*/w<N>-*/code);
+    # another agent on this machine (another test run's) has its own.
+    folders = [Path(child.cwd()).parents[1]]
+    assert folders[0].name.startswith("farm-work-") and folders[0].stat().st_uid == farm_ray_farm.user.pw_uid
 
     stopped = farm("agent", "stop", "--state-dir", str(farm_ray_farm.agent_root))
     assert stopped.returncode == 0, stopped.stderr

@@ -1,10 +1,12 @@
 """Persistent workers on the shared cluster's two agents (issue 27): a worker per (job, node, device) keeps the model
 loaded across its shards; a worker killed mid-queue has its shards run again, each row once; a cancelled job leaves no
-worker behind."""
+worker behind; a job without variables of its own takes the warm worker its device kept ready, and runs its own code
+there."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -72,3 +74,36 @@ def test_a_cancelled_job_leaves_no_worker(cluster: Cluster, work: Path) -> None:
     assert wait_for(lambda: bool(workers_of(job_id)), 60, 0.2), "no worker started"
     assert cluster.farm("cancel", job_id).returncode == 0
     assert wait_for(lambda: not workers_of(job_id), 30, 0.2), [p.pid for p in workers_of(job_id)]
+
+
+def warm_workers() -> set[int]:
+    """The pids of the warm workers no job has taken yet (farm_agent.daemon.workers names their folders w<N>-warm)."""
+    found = set()
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        if "farm_agent.work.host" in (proc.info["cmdline"] or []) and \
+                str(proc.info["cwd"] or "").endswith("-warm/code"):
+            found.add(proc.pid)
+    return found
+
+
+def test_a_job_without_variables_takes_a_warm_worker_and_runs_its_own_code_there(cluster: Cluster,
+                                                                                   work: Path) -> None:
+    def submit(name: str) -> dict[str, object]:
+        path = write_spec(work, name=name, kind="inference", model="workerjob:doubled", dataset="workerjob:numbers",
+                          shards=2, batch_size=10, backends=["cpu"], output=str(work / name))
+        done = cluster.farm("submit", str(path), "--wait", "--json", "--no-check", "--workdir", str(work),
+                            timeout=300)
+        assert done.returncode == 0, done.stderr
+        job: dict[str, object] = json.loads(done.stdout)
+        assert job["state"] == "succeeded", job.get("error")
+        return job
+
+    submit("before")  # a device that ran a shard keeps a warm worker for its next job
+    assert wait_for(lambda: bool(warm_workers()), 120, 0.2), "no warm worker after a job"
+    ready = warm_workers()
+    job = submit("after")
+    ids = ds.dataset(str(work / "after")).to_table(columns=["row_id"])["row_id"].to_pylist()
+    assert sorted(ids) == list(range(200))
+    taken = [int(pid) for pid in re.findall(r"a warm worker taken on node \S+ \S+ \(pid (\d+)",
+                                            cluster.farm("logs", str(job["id"])).stdout)]
+    assert taken and set(taken) <= ready, (taken, ready)

@@ -126,3 +126,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
         loaded = LoadedPackage(package.path, package.buckets, package.compute_units, data)
         _loaded[package.path] = loaded
     return predict_in_buckets(loaded.predict, data, batch_size, package.buckets)
+
+
+def warm(device: str) -> None:
+    import torch  # noqa: F401 - what a shard imports first; Core ML's own loading is per model (cached_conversion)

@@ -26,3 +26,8 @@ class Backend(Protocol):
         """Outputs for `inputs`, in input order; `tuning`: the job's tolerance and tuning budget, for a backend
         that runs models through tuned kernels (the others run the model as it is)."""
         ...
+
+    def warm(self, device: str) -> None:
+        """What any job's first shard on `device` would pay before its first batch (torch imported, the device's
+        context and its libraries' handles made), paid in a warm worker before a job comes (farm_agent.work.host)."""
+        ...

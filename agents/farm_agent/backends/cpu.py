@@ -35,3 +35,10 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
             batch = torch.from_numpy(np.ascontiguousarray(inputs[start : start + batch_size]))
             outputs.append(module(batch).numpy())
     return np.concatenate(outputs)
+
+
+def warm(device: str) -> None:
+    import torch
+
+    with torch.inference_mode():
+        torch.nn.functional.linear(torch.ones(8, 8), torch.ones(8, 8))

@@ -80,6 +80,20 @@ def take_outcome(module: torch.nn.Module, device: str) -> TuningOutcome | None:
     return outcome
 
 
+def warm(device: str) -> None:
+    """The device's context (about half a second on an H200), cuBLAS's handle and cuDNN's (as much again): made before
+    a job comes, in a warm worker, with torch's import (seconds) before them."""
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # as run() sets it: before CUDA initialises
+    import torch
+
+    target = torch.device(device)
+    with torch.inference_mode():
+        images = torch.ones(8, 3, 16, 16, device=target)
+        torch.nn.functional.conv2d(images, torch.ones(4, 3, 3, 3, device=target))
+        torch.nn.functional.linear(images.flatten(1), torch.ones(8, 3 * 16 * 16, device=target))
+    torch.cuda.synchronize(target)
+
+
 def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
         tuning: Tuning = Tuning()) -> np.ndarray:
     # NVML numbers GPUs in PCI bus order and CUDA, by default, fastest first: make cuda:N the GPU that NVML (and so

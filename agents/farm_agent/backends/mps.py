@@ -45,3 +45,12 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
     # Every kernel done before the power meter's window closes.
     torch.mps.synchronize()
     return result.numpy()
+
+
+def warm(device: str) -> None:
+    import torch
+
+    if torch.backends.mps.is_available():
+        with torch.inference_mode():
+            torch.nn.functional.linear(torch.ones(8, 8, device="mps"), torch.ones(8, 8, device="mps"))
+        torch.mps.synchronize()

@@ -43,6 +43,9 @@ class AgentSettings(BaseModel):
     # Ray cluster too (training). Without it the node never learns the head's Ray address or token.
     trusted: bool = False
     admin_token: str = Field(default="", repr=False)  # the API token, for a trusted node's Register only
+    # How long a device keeps a warm worker (torch imported, the device ready) for its next job after its last
+    # shard ended, and a GPU after the agent's start (farm_agent.daemon.workers); 0: none, every job starts its own.
+    keep_warm_s: float = Field(default=600.0, ge=0)
 
     @property
     def ray_token_path(self) -> Path:

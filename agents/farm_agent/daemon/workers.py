@@ -10,7 +10,14 @@ bucket's credentials (AWS_*), the job's own `env:` and the few variables Farm's 
 of processes (farm.node_group): ending it ends whatever its job code started.
 
 A worker that dies takes its queued shards with it: each is reported ended with the reason, and the head runs them
-again (its retry path); the job's next shard on that device starts a new worker."""
+again (its retry path); the job's next shard on that device starts a new worker.
+
+A device that ran a shard in the last `keep_warm_s` (and a GPU from the agent's start) keeps one warm worker: started
+before any job needs it, torch imported and the device ready (farm_agent.work.host's warm mode), it becomes the
+worker of the next job on that device that has no `env:` of its own (whose variables must be there from a process's
+start), with that job's code unpacked into its empty folder first. So a job's first shard does not wait seconds for
+torch and a CUDA context (an H200: 4.4 s for torch's first import, 1.1 s for the context, cuBLAS and cuDNN). A warm
+worker serves one job, as any worker; unused for `keep_warm_s`, it ends."""
 
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ from farm.node_group import NodeGroup
 from farm.switch_user import command_as
 from farm.proto.v1 import agent_pb2
 from farm_agent.work import frames
-from farm_agent.work.host import FD_VAR
+from farm_agent.work.host import FD_VAR, WARM_VAR
 
 log = logging.getLogger("farm.agent")
 
@@ -61,7 +68,7 @@ FetchCode = Callable[[str], Awaitable[bytes]]
 
 @dataclass
 class Worker:
-    job_id: str
+    job_id: str  # "" for a warm worker no job has taken yet
     device: str
     proc: asyncio.subprocess.Process
     writer: asyncio.StreamWriter
@@ -73,12 +80,17 @@ class Worker:
     reading: asyncio.Task[None] | None = None
     stopping: bool = False
     ending: asyncio.Task[None] | None = None  # its stop under way: run to its end even if who asked is cancelled
+    expiry: asyncio.TimerHandle | None = None  # a warm worker's end, unless a job takes it first
 
 
 class Workers:
     def __init__(self, node_id: str, state_dir: Path, account: pwd.struct_passwd | None, report: Report,
-                 fetch_code: FetchCode) -> None:
+                 fetch_code: FetchCode, keep_warm_s: float = 0.0) -> None:
         self.node_id = node_id
+        self.keep_warm_s = keep_warm_s
+        self.warm: dict[str, Worker] = {}  # per device: its warm worker, for the next job there
+        self.warming: set[asyncio.Task[None]] = set()  # warm workers being started
+        self.closed = False
         self.state_dir = state_dir
         self.account = account
         self.report = report
@@ -111,7 +123,7 @@ class Workers:
             worker = self.workers.get(key)
             if worker is None or worker.proc.returncode is not None:
                 try:
-                    worker = await self._start(assignment)
+                    worker = await self._take_warm(assignment) or await self._start(assignment)
                 except Exception as exc:  # noqa: BLE001 - whatever it was (the head unreachable too), the head hears
                     message = exc.message if isinstance(exc, AgentError) else f"{type(exc).__name__}: {exc}"
                     self._ended(assignment.ticket, f"its worker could not start: {message[:500]}")
@@ -139,15 +151,76 @@ class Workers:
                 await self._stop(worker)
 
     async def stop_all(self, reason: str) -> None:
-        """Every worker stopped (the node drains, or its work stream closed): their attempts reported ended."""
-        for worker in list(self.workers.values()):
+        """Every worker stopped (the node drains, or its work stream closed): their attempts reported ended. Warm
+        workers too: the owner taking the machine back gets their memory back."""
+        for worker in [*self.workers.values(), *self.warm.values()]:
             await self._stop(worker, reason)
 
     async def close(self) -> None:
         """Every worker ended, those a job's end was stopping too (what they started with them), and their folder."""
+        self.closed = True
+        await asyncio.gather(*self.warming, return_exceptions=True)
         await self.stop_all("the agent stopped")
         await asyncio.gather(*self.ending, return_exceptions=True)
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def keep_warm(self, device: str) -> None:
+        """`device` keeps a warm worker for its next job for keep_warm_s from now: the one it has, or one started."""
+        if self.keep_warm_s <= 0 or self.closed:
+            return
+        warm = self.warm.get(device)
+        if warm is not None:
+            if warm.expiry is not None:
+                warm.expiry.cancel()
+            warm.expiry = asyncio.get_running_loop().call_later(self.keep_warm_s, self._expire, warm)
+            return
+        if any(task.get_name() == device for task in self.warming):
+            return
+        task = asyncio.create_task(self._start_warm(device), name=device)
+        self.warming.add(task)
+        task.add_done_callback(self.warming.discard)
+
+    async def _start_warm(self, device: str) -> None:
+        try:
+            warm = await self._spawn("", device, 0, None, {})
+        except Exception as exc:  # noqa: BLE001 - no warm worker: the next job starts its own, as without one
+            log.warning("a warm worker for %s could not start: %s", device, exc)
+            return
+        if self.closed:
+            await self._stop(warm)
+            return
+        self.warm[device] = warm
+        warm.expiry = asyncio.get_running_loop().call_later(self.keep_warm_s, self._expire, warm)
+        log.info("a warm worker for %s started (pid %d): torch and the device ready for the next job",
+                 device, warm.proc.pid)
+
+    def _expire(self, warm: Worker) -> None:
+        if self.warm.get(warm.device) is warm:
+            task = asyncio.ensure_future(self._stop(warm))
+            self.warming.add(task)  # close() waits for it
+            task.add_done_callback(self.warming.discard)
+
+    async def _take_warm(self, assignment: agent_pb2.Assignment) -> Worker | None:
+        """The device's warm worker as this job's, its code unpacked into the worker's folder; None where there is
+        none, or the job has variables of its own (they must be there from a process's start)."""
+        warm = self.warm.get(assignment.device)
+        if warm is None or assignment.env:
+            return None
+        del self.warm[assignment.device]
+        if warm.expiry is not None:
+            warm.expiry.cancel()
+        try:
+            code = await self._code(assignment)
+            await asyncio.to_thread(unpack, code, warm.folder / "code", self.account)
+        except BaseException:
+            await self._stop(warm)
+            raise
+        if warm.stopping or warm.proc.returncode is not None:  # it died meanwhile: the job starts its own
+            return None
+        warm.job_id, warm.run = assignment.job_id, assignment.run
+        self.workers[(warm.job_id, warm.device)] = warm
+        self._started(warm, warm=True)
+        return warm
 
     async def _code(self, assignment: agent_pb2.Assignment) -> bytes:
         """The job's code package, fetched for each worker it starts (once a job and device: the daemon keeps none)."""
@@ -158,14 +231,30 @@ class Workers:
 
     async def _start(self, assignment: agent_pb2.Assignment) -> Worker:
         code = await self._code(assignment)
+        worker = await self._spawn(assignment.job_id, assignment.device, assignment.run, code, dict(assignment.env))
+        self.workers[(worker.job_id, worker.device)] = worker
+        self._started(worker, warm=False)
+        return worker
+
+    async def _spawn(self, job_id: str, device: str, run: int, code: bytes | None, job_env: dict[str, str]
+                     ) -> Worker:
+        """A worker process for `job_id` with its `code` unpacked; without code, a warm one for `device` (job_id
+        empty), whose folder stays empty until a job takes it."""
         self.started += 1
-        name = f"w{self.started}-{assignment.job_id[-12:]}"
+        name = f"w{self.started}-{job_id[-12:] or 'warm'}"
         folder = self.root / name
-        await asyncio.to_thread(unpack, code, folder / "code", self.account)
+        if code is not None:
+            await asyncio.to_thread(unpack, code, folder / "code", self.account)
+        else:
+            (folder / "code").mkdir(parents=True)
+            if self.account is not None:
+                os.chown(folder / "code", self.account.pw_uid, self.account.pw_gid)
         uid = self.account.pw_uid if self.account else os.geteuid()
         group = NodeGroup.make(f"farm-work-{self.node_id}-{name}", uid)
-        env = worker_env(self.root / "home", self.account, self.node_id, dict(assignment.env))
+        env = worker_env(self.root / "home", self.account, self.node_id, job_env)
         env.update(group.env())
+        if code is None:
+            env[WARM_VAR] = device
         ours, theirs = socket.socketpair()
         env[FD_VAR] = str(theirs.fileno())
         if self.account is not None:
@@ -184,13 +273,15 @@ class Workers:
             theirs.close()
         group.add(proc.pid)
         reader, writer = await asyncio.open_unix_connection(sock=ours, limit=frames.MAX_REPORT * 2)
-        worker = Worker(assignment.job_id, assignment.device, proc, writer, group, folder, log_path, assignment.run)
+        worker = Worker(job_id, device, proc, writer, group, folder, log_path, run)
         worker.reading = asyncio.create_task(self._read(worker, reader))
-        self.workers[(worker.job_id, worker.device)] = worker
-        log.info("worker for job %s on %s started (pid %d)", worker.job_id, worker.device, proc.pid)
-        self.report(agent_pb2.WorkReport(worker=agent_pb2.WorkerStarted(job_id=worker.job_id, device=worker.device,
-                                                                        pid=proc.pid)))
         return worker
+
+    def _started(self, worker: Worker, warm: bool) -> None:
+        log.info("worker for job %s on %s %s (pid %d)", worker.job_id, worker.device,
+                 "taken warm" if warm else "started", worker.proc.pid)
+        self.report(agent_pb2.WorkReport(worker=agent_pb2.WorkerStarted(job_id=worker.job_id, device=worker.device,
+                                                                        pid=worker.proc.pid, warm=warm)))
 
     async def _read(self, worker: Worker, reader: asyncio.StreamReader) -> None:
         """A worker's reports until it closes its end: each attempt's output as it prints and its end, for its own
@@ -202,6 +293,7 @@ class Workers:
                     worker.tickets.remove(report.ended.ticket)
                     self._ended(report.ended.ticket, report.ended.reason[:2000], worker.device,
                                 report.ended.overhead_s)
+                    self.keep_warm(worker.device)  # after a shard, not at its start: never racing its imports
                 elif which == "output" and report.output.ticket in worker.tickets:
                     self.report(agent_pb2.WorkReport(output=agent_pb2.WorkOutput(
                         ticket=report.output.ticket, text=report.output.text[:LIVE_TEXT])))
@@ -209,7 +301,10 @@ class Workers:
             log.warning("worker for job %s sent %s: stopping it", worker.job_id, exc.message)
         code = await worker.proc.wait() if not worker.stopping else worker.proc.returncode
         if not worker.stopping:
-            await self._stop(worker, exit_reason(code, worker.log_path))
+            reason = exit_reason(code, worker.log_path)
+            if not worker.job_id:  # a warm worker: no job's shard to report it in; the next job starts its own
+                log.warning("the warm worker for %s ended: %s", worker.device, reason)
+            await self._stop(worker, reason)
 
     async def _stop(self, worker: Worker, reason: str = "") -> None:
         """End a worker, in a task of its own that the agent's close waits for: a stop asked by an order that is
@@ -217,6 +312,10 @@ class Workers:
         worker.stopping = True
         if self.workers.get((worker.job_id, worker.device)) is worker:
             del self.workers[(worker.job_id, worker.device)]
+        if self.warm.get(worker.device) is worker:
+            del self.warm[worker.device]
+            if worker.expiry is not None:
+                worker.expiry.cancel()
         if worker.ending is None:
             worker.ending = asyncio.ensure_future(self._end(worker, reason))
             self.ending.add(worker.ending)
@@ -298,9 +397,9 @@ MAX_CODE_BYTES = 1 << 30  # a job's code inflated, at most (the head capped the 
 
 
 def unpack(code: bytes, folder: Path, account: pwd.struct_passwd | None) -> None:
-    """A job's code package into `folder`, owned by the workers' account. Member names are checked (no absolute
-    paths, no `..`), and the bytes inflated are counted."""
-    folder.mkdir(parents=True)
+    """A job's code package into `folder` (new, or a warm worker's empty one), owned by the workers' account. Member
+    names are checked (no absolute paths, no `..`), and the bytes inflated are counted."""
+    folder.mkdir(parents=True, exist_ok=True)
     total = 0
     with zipfile.ZipFile(io.BytesIO(code)) as archive:
         for member in archive.infolist():

@@ -6,10 +6,17 @@ fills, so that a device never waits for its next shard's model load.
 `python -P -m farm_agent.work.host` with FARM_WORK_FD naming its end of a socket pair to the agent: Assignments come
 in, WorkReports go out (farm_agent.work.frames). Each shard sends its own result to the head by its upload ticket
 (farm_agent.work.upload) and then says it ended; what it prints goes out while it runs (WorkOutput); the worker
-exits when the agent closes its end."""
+exits when the agent closes its end.
+
+A warm worker (WARM_VAR naming its device) is one the agent starts before any job needs it: it imports torch and
+Farm's shard code and readies the device (the backend's warm: on a GPU its context, cuBLAS and cuDNN), seconds a
+job's first shard would otherwise wait, then waits for its first Assignment. The agent gives it to the next job
+without an `env:` of its own on that device: the job's code lands in its (until then empty) folder first. It runs
+that job alone, as any worker; nothing of a job ever ran in it before."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import queue
 import socket
@@ -27,6 +34,7 @@ from farm_agent.work.capture import LIVE
 from farm_agent.work.upload import Finishing
 
 FD_VAR = "FARM_WORK_FD"
+WARM_VAR = "FARM_WORK_WARM"
 LIVE_EVERY_S = 0.5
 
 
@@ -76,8 +84,15 @@ def main() -> None:
 
     threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
     threading.Thread(target=send_output, name="farm-live-output", daemon=True).start()
+    first: agent_pb2.Assignment | None = None
+    if warm_device := os.environ.pop(WARM_VAR, ""):
+        warm(warm_device)  # a job's first shard, if it came meanwhile, waits in the queue
+        if (first := waiting.get()) is None:
+            return
+        importlib.invalidate_caches()  # the job's code arrived in this folder after the warm-up's imports
     free: float | None = None  # when the device was last free: the next attempt could start from then (it queued)
-    while (assignment := waiting.get()) is not None:
+    while (assignment := first if first is not None else waiting.get()) is not None:
+        first = None
         ready = free
         running[0] = assignment.ticket  # no shard runs now: the live stream (capture.LIVE) holds nothing to send
         reason, result = run(assignment)
@@ -87,6 +102,17 @@ def main() -> None:
             threading.Thread(target=finished, args=(assignment, result, busy_s), name="farm-ended").start()
         else:
             ended(assignment, reason, result, busy_s)
+
+
+def warm(device: str) -> None:
+    """Farm's shard code imported and `device`'s backend warmed; a failure only leaves it for the first shard."""
+    try:
+        from farm_agent import backends
+        from farm_agent.work.kinds import inference  # noqa: F401 - the shard code and what it imports (pyarrow)
+
+        backends.load(device.split(":")[0]).warm(device)
+    except Exception as exc:  # noqa: BLE001 - the job's first shard meets it again and reports it
+        print(f"warming {device} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def run(assignment: agent_pb2.Assignment) -> tuple[str, ShardFigures | Finishing | None]:

@@ -138,14 +138,16 @@ class WorkEnded(_message.Message):
     def __init__(self, ticket: _Optional[str] = ..., reason: _Optional[str] = ..., overhead_s: _Optional[float] = ..., device: _Optional[str] = ...) -> None: ...
 
 class WorkerStarted(_message.Message):
-    __slots__ = ("job_id", "device", "pid")
+    __slots__ = ("job_id", "device", "pid", "warm")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    WARM_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     device: str
     pid: int
-    def __init__(self, job_id: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    warm: bool
+    def __init__(self, job_id: _Optional[str] = ..., device: _Optional[str] = ..., pid: _Optional[int] = ..., warm: _Optional[bool] = ...) -> None: ...
 
 class WorkOrder(_message.Message):
     __slots__ = ("assign", "cancel")

@@ -1,0 +1,107 @@
+"""Warm workers (farm_agent.daemon.workers): a device keeps one worker started before any job needs it (torch
+imported, the device ready); the next job on that device without an `env:` of its own takes it, with its code unpacked
+into the worker's empty folder; a job with variables starts its own (they must be there from a process's start); a
+warm worker unused for keep_warm_s ends, and the agent's close ends it. Real workers (farm_agent.work.host
+processes), no head."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import zipfile
+from pathlib import Path
+
+import psutil
+
+from farm.proto.v1 import agent_pb2
+from farm_agent.daemon.workers import Worker, Workers
+
+
+def code_zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("job.py", "X = 1\n")
+    return buffer.getvalue()
+
+
+CODE = code_zip()
+
+
+async def fetch(job_id: str) -> bytes:
+    return CODE
+
+
+def order(job_id: str, ticket: str, env: dict[str, str] | None = None) -> agent_pb2.Assignment:
+    return agent_pb2.Assignment(ticket=ticket, job_id=job_id, shard=0, entry="run_shard", device="cpu",
+                                task_json=b"{}", code_sha256=hashlib.sha256(CODE).hexdigest(), run=1, env=env or {})
+
+
+async def warm_one(workers: Workers) -> Worker:
+    workers.keep_warm("cpu")
+    for _ in range(600):
+        if "cpu" in workers.warm:
+            return workers.warm["cpu"]
+        await asyncio.sleep(0.05)
+    raise AssertionError("no warm worker started")
+
+
+def test_the_next_job_without_variables_takes_the_warm_worker_with_its_code(tmp_path: Path) -> None:
+    reports: list[agent_pb2.WorkReport] = []
+
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=60)
+        try:
+            warm = await warm_one(workers)
+            assert list((warm.folder / "code").iterdir()) == []  # nothing of any job's before one takes it
+            await workers.assign(order("j-with-env", "t-env", {"SEED": "1"}))
+            own = workers.workers[("j-with-env", "cpu")]
+            assert own is not warm and workers.warm.get("cpu") is warm  # variables: a worker of its own
+
+            await workers.assign(order("j-plain", "t-plain"))
+            taken = workers.workers[("j-plain", "cpu")]
+            assert taken is warm and taken.job_id == "j-plain" and "cpu" not in workers.warm
+            assert (taken.folder / "code" / "job.py").read_text() == "X = 1\n"
+            assert taken.proc.returncode is None
+            await workers.cancel("j-plain", run=1)  # the job's end ends it, as any worker's
+            assert taken.proc.returncode is not None
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
+    started = [r.worker for r in reports if r.HasField("worker")]
+    assert [(s.job_id, s.warm) for s in started] == [("j-with-env", False), ("j-plain", True)]
+
+
+def test_a_warm_worker_unused_for_keep_warm_s_ends_and_close_ends_the_next(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=1.5)
+        try:
+            first = await warm_one(workers)
+            process = psutil.Process(first.proc.pid)
+            for _ in range(200):
+                if first.ending is not None and first.ending.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert first.proc.returncode is not None and "cpu" not in workers.warm
+            assert not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+            assert not first.folder.exists()
+            second = await warm_one(workers)
+        finally:
+            await workers.close()
+        assert second.proc.returncode is not None and not workers.root.exists()
+
+    asyncio.run(scenario())
+
+
+def test_no_warm_worker_where_keep_warm_s_is_0(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=0)
+        try:
+            workers.keep_warm("cpu")
+            await asyncio.sleep(0.5)
+            assert not workers.warm and not workers.warming
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
