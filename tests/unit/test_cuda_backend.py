@@ -26,8 +26,11 @@ def test_one_offer_per_gpu_of_a_two_gpu_box() -> None:
 
     assert [o.device for o in offers] == ["cuda:0", "cuda:1"]
     assert {o.name for o in offers} == {BackendName.CUDA}
-    assert all(o.available and o.slots == 1 and o.threads == 1 and not o.reason for o in offers)
+    # Each GPU's shards read and decode their batches on its share of the lent CPUs (one thread had an image
+    # folder's shards decode at a plain loop's rate beside a GPU).
+    assert all(o.available and o.slots == 1 and o.threads == 16 and not o.reason for o in offers)
     assert all(o.detail == "NVIDIA H200, 140 GiB" for o in offers)
+    assert [o.threads for o in cuda.offers(node("h200x2-box"), cpus=1)] == [1, 1]
 
 
 def test_a_cpu_box_offers_no_cuda_at_all() -> None:

@@ -21,8 +21,9 @@ def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     # Intel Macs have MPS too, on AMD GPUs, but no power meter here reads them: Apple Silicon only.
     if hardware.os != "darwin" or not hardware.apple_chip:
         return []
+    # Its threads: the lent CPUs that read and decode its batches (farm_agent.backends.cuda says why).
     return [BackendOffer(name=BackendName.MPS, device="mps", detail=f"{hardware.apple_chip} GPU (Metal)", slots=1,
-                         threads=1)]
+                         threads=max(cpus, 1))]
 
 
 def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: str, threads: int,
