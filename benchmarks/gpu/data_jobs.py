@@ -2,6 +2,7 @@
 call (benchmarks/gpu/data_jobs_h200.sh), with the GPU's energy and utilisation through each.
 
     python benchmarks/gpu/data_jobs.py data DIR [--scale 1]                  # the three datasets (seeded)
+    python benchmarks/gpu/data_jobs.py idle DIR                              # the GPU's idle W, before Farm is up
     python benchmarks/gpu/data_jobs.py run DIR --ways plain loader ray       # the ways without Farm, before it is up
     python benchmarks/gpu/data_jobs.py run DIR --ways farm                   # a head and a cuda agent up (farm_up)
     python benchmarks/gpu/data_jobs.py table DIR                             # the tables and the issue's goals
@@ -304,14 +305,23 @@ RUN: dict[str, Callable[..., Any]] = {"plain": plain, "loader": loader, "ray": r
                                      "farm-shared": lambda *args: farm(*args, shared=True)}
 
 
-def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: int) -> None:
+def idle_draw(meter: Meter) -> float | None:
+    """The GPU's idle draw (W) over 5 s, with nothing of ours on it; None without NVML."""
+    if meter.nvml is None:
+        return None
+    began = time.time()
+    time.sleep(5.0)
+    joules = meter.joules(began, time.time())
+    return joules / (time.time() - began) if joules is not None else None
+
+
+def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: int, idle_w: float | None = None
+        ) -> None:
+    """`idle_w`: the idle draw measured before anything of Farm's started (`idle`), since a Farm agent keeps a
+    warm worker's CUDA context on the GPU; else measured here first."""
     meter = Meter(device)
-    idle_w = None
-    if meter.nvml is not None:  # the GPU's idle draw, with nothing of ours on it
-        began = time.time()
-        time.sleep(5.0)
-        joules = meter.joules(began, time.time())
-        idle_w = joules / (time.time() - began) if joules is not None else None
+    if idle_w is None:
+        idle_w = idle_draw(meter)
     if "ray" in ways:
         import ray
 
@@ -394,7 +404,7 @@ def _f(value: float | None, spec: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("data", "run", "table"))
+    parser.add_argument("what", choices=("data", "idle", "run", "table"))
     parser.add_argument("folder", type=Path)
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=["plain", "loader", "ray"])
@@ -402,11 +412,19 @@ def main() -> None:
     parser.add_argument("--device", default="cuda:0")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                         help="CPUs the loops lend to reading (the DataLoader's workers, Ray's CPUs): the agent's")
+    parser.add_argument("--idle-w", type=float, default=None,
+                        help="the GPU's idle draw as `idle` printed it (default: measured at the run's start)")
     args = parser.parse_args()
     if args.what == "data":
         make_data(args.folder, args.scale, args.shapes)
+    elif args.what == "idle":
+        meter = Meter(args.device)
+        try:
+            print(f"{idle_draw(meter) or 0.0:.3f}")
+        finally:
+            meter.close()
     elif args.what == "run":
-        run(args.folder, args.shapes, args.ways, args.device, args.workers)
+        run(args.folder, args.shapes, args.ways, args.device, args.workers, args.idle_w)
     else:
         table(args.folder)
 

@@ -10,9 +10,11 @@
 D=/tmp/data-jobs B=benchmarks/gpu/data_jobs.py SHAPES=${SHAPES:-parquet images npy}
 nproc; free -g | head -2; nvidia-smi --query-gpu=name,power.draw --format=csv,noheader
 python3 $B data $D --scale "${SCALE:-1}" --shapes $SHAPES | tail -1
-[ "${BASE:-}" != none ] && python3 $B run $D --shapes $SHAPES --ways plain loader ray --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
+# One idle draw for every way, read before Farm is up: its agent keeps a warm worker's CUDA context on the GPU.
+IDLE=$(python3 $B idle $D | tail -1); echo "idle W: $IDLE"
+[ "${BASE:-}" != none ] && python3 $B run $D --shapes $SHAPES --ways plain loader ray --workers 8 --idle-w $IDLE 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
 farm_up
-timeout ${FARM_TIMEOUT_S:-400} python3 $B run $D --shapes $SHAPES --ways farm farm-shared --workers 8 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
+timeout ${FARM_TIMEOUT_S:-400} python3 $B run $D --shapes $SHAPES --ways ${FARM_WAYS:-farm farm-shared} --workers 8 --idle-w $IDLE 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
 for job in $(grep -o '"job": "j-[0-9a-f]*"' $OUT/rows.jsonl | cut -d'"' -f4); do  # where each Farm job's time went
   $F job "$job" --explain > "$OUT/explain-$job.txt" 2>&1
 done
