@@ -105,3 +105,26 @@ def test_no_warm_worker_where_keep_warm_s_is_0(tmp_path: Path) -> None:
             await workers.close()
 
     asyncio.run(scenario())
+
+
+def test_a_warm_worker_whose_folder_was_written_to_is_not_taken(tmp_path: Path) -> None:
+    """Every worker of a node runs as its one account: another job's worker could write into a warm worker's empty
+    folder. A job's code never lands over what is there: that warm worker ends and the job starts its own."""
+    reports: list[agent_pb2.WorkReport] = []
+
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=60)
+        try:
+            warm = await warm_one(workers)
+            (warm.folder / "code" / "job.py").write_text("X = 'planted'\n")
+            await workers.assign(order("j-plain", "t-plain"))
+            own = workers.workers[("j-plain", "cpu")]
+            assert own is not warm and (own.folder / "code" / "job.py").read_text() == "X = 1\n"
+            assert warm.ending is not None
+            await warm.ending
+            assert warm.proc.returncode is not None
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
+    assert [(r.worker.job_id, r.worker.warm) for r in reports if r.HasField("worker")] == [("j-plain", False)]

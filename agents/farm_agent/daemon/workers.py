@@ -123,7 +123,8 @@ class Workers:
             worker = self.workers.get(key)
             if worker is None or worker.proc.returncode is not None:
                 try:
-                    worker = await self._take_warm(assignment) or await self._start(assignment)
+                    code = await self._code(assignment)
+                    worker = await self._take_warm(assignment, code) or await self._start(assignment, code)
                 except Exception as exc:  # noqa: BLE001 - whatever it was (the head unreachable too), the head hears
                     message = exc.message if isinstance(exc, AgentError) else f"{type(exc).__name__}: {exc}"
                     self._ended(assignment.ticket, f"its worker could not start: {message[:500]}")
@@ -200,8 +201,8 @@ class Workers:
             self.warming.add(task)  # close() waits for it
             task.add_done_callback(self.warming.discard)
 
-    async def _take_warm(self, assignment: agent_pb2.Assignment) -> Worker | None:
-        """The device's warm worker as this job's, its code unpacked into the worker's folder; None where there is
+    async def _take_warm(self, assignment: agent_pb2.Assignment, code: bytes) -> Worker | None:
+        """The device's warm worker as this job's, its `code` unpacked into the worker's folder; None where there is
         none, or the job has variables of its own (they must be there from a process's start)."""
         warm = self.warm.get(assignment.device)
         if warm is None or assignment.env:
@@ -210,8 +211,11 @@ class Workers:
         if warm.expiry is not None:
             warm.expiry.cancel()
         try:
-            code = await self._code(assignment)
             await asyncio.to_thread(unpack, code, warm.folder / "code", self.account)
+        except (AgentError, OSError) as exc:  # its folder was not as left: the job starts a worker of its own
+            log.warning("the warm worker for %s was not taken: %s", warm.device, exc)
+            await self._stop(warm)
+            return None
         except BaseException:
             await self._stop(warm)
             raise
@@ -229,8 +233,7 @@ class Workers:
             raise AgentError("the job's code package does not match its sha256")
         return data
 
-    async def _start(self, assignment: agent_pb2.Assignment) -> Worker:
-        code = await self._code(assignment)
+    async def _start(self, assignment: agent_pb2.Assignment, code: bytes) -> Worker:
         worker = await self._spawn(assignment.job_id, assignment.device, assignment.run, code, dict(assignment.env))
         self.workers[(worker.job_id, worker.device)] = worker
         self._started(worker, warm=False)
