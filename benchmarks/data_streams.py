@@ -4,12 +4,14 @@
 
 A real head (its gRPC server with TLS and its data lanes, in a process of its own, as deployed) serves one file of
 `--mib` MiB, hot in the page cache; this process reads it as a node does, through
-farm.data.locations.head.HeadFileSystem (cat_file: 64 MiB ranges of 4 MiB pieces, `streams` of them in flight), two
+farm.data.locations.head.HeadFileSystem (cat_file: 64 MiB ranges of 4 MiB pieces, `streams` of them in flight), three
 ways:
 - on the head's main port, every stream on one connection (what nodes did before the data port): the head's one
   event loop sends all of it;
 - on the head's data port, each stream on a connection of its own, which the kernel hands to one of the head's
-  `--lanes` data lanes (default: one per core, at most 8), each sending on a thread of its own.
+  `--lanes` data lanes (default: one per core, at most 8), each sending on a thread of its own;
+- on the head's bulk port (farm.head.bulk, what nodes use now), each stream on a plain TLS connection of its own,
+  a thread each on both sides, holding the GIL only between syscalls.
 
 `head cores` is the head process's CPU time over the read's wall time, `its busiest thread` that of its busiest
 thread (on the main port, the event loop's: the ceiling one stream there met); `head peak MiB` its peak RSS growth (the
@@ -40,7 +42,7 @@ HEAD = textwrap.dedent("""
     from pathlib import Path
     from tests.integration.inprocess_head import running_head
     with running_head(Path(sys.argv[1]), data_lanes=int(sys.argv[2])) as head:
-        print(head.settings.port, head.settings.data_listen_port, flush=True)
+        print(head.settings.port, head.settings.data_listen_port, head.settings.bulk_listen_port, flush=True)
         sys.stdin.read()
 """)
 
@@ -71,17 +73,18 @@ def main() -> None:
         data = big_file(Path(tmp) / "big.npy", args.mib)
         size = data.stat().st_size
         state = Path(tmp) / "state"
-        process, (port, data_port) = start(HEAD, str(state), str(args.lanes))
+        process, (port, data_port, bulk_port) = start(HEAD, str(state), str(args.lanes))
         try:
             assert process.stdout is not None
             head = Head.__new__(Head)  # what add_job needs of a head: its settings, store and CA
             head.settings = HeadSettings(state_dir=state, host="127.0.0.1", port=port, data_lanes=args.lanes,
-                                         data_port=data_port)
+                                         data_port=data_port, bulk_port=bulk_port)
             head.ca_pem = (head.settings.tls_dir / "ca.pem").read_bytes()
             head.db = state / "state.db"
             access, _ = add_job(head, "j-1", DatasetSpec(location=str(data), format="npy"))
             ways = [("main (one connection)", dataclasses.replace(access, data_address="")),
-                    ("data lanes", access)]
+                    ("data lanes", access),
+                    ("bulk port (plain TLS)", dataclasses.replace(access, bulk_address=head.settings.bulk_address))]
             head_process, me = psutil.Process(process.pid), psutil.Process()
             for label, reach in ways:
                 for streams in args.streams:
@@ -100,7 +103,7 @@ def main() -> None:
                             busiest = max(t - threads.get(k, 0.0) for k, t in _threads(head_process).items())
                             best = (rate, (_cpu(head_process) - h0) / seconds, busiest / seconds,
                                     (_cpu(me) - m0) / seconds)
-                    connections = len(fs.stubs)
+                    connections = streams if fs.bulk is not None else len(fs.stubs)
                     table.add_row(label, str(streams), str(connections), f"{best[0]:.2f}", f"{best[1]:.2f}",
                                   f"{best[2]:.2f}", f"{best[3]:.2f}", f"{peak.stop():.0f}")
                     print(label, streams, f"{best[0]:.2f} GB/s", file=sys.stderr, flush=True)

@@ -50,6 +50,9 @@ def start(
     data_lanes: Annotated[int | None, typer.Option(
         help="Threads serving the data port (default: one per core, at most 8; 0: nodes read on --port only).",
         min=0, max=64)] = None,
+    bulk_port: Annotated[int | None, typer.Option(
+        help="Where nodes read ranges of large files over plain TLS, beside the data port (default: --port + 5).",
+        min=1, max=65535)] = None,
     tls_name: Annotated[list[str] | None, typer.Option(
         "--tls-name", help="Another host name or IP for the head's TLS certificate (a DNS name agents use); "
                            "repeatable. The advertise address, 127.0.0.1, localhost and the host name are in it.")
@@ -92,7 +95,7 @@ def start(
         ray_object_manager_port=ray_object_manager_port, ray_min_worker_port=ray_min_worker_port,
         ray_max_worker_port=ray_max_worker_port, ray_user=chosen_ray_user(ray_user),
         output_root=output_root.expanduser().resolve() if output_root else None, data_port=data_port,
-        **optional,
+        bulk_port=bulk_port, **optional,
     )
     check_plain_http(host, dashboard_http)
     if detach:

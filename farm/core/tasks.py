@@ -55,6 +55,7 @@ class HeadAccess:
     job_id: str
     token: str
     data_address: str = ""  # the head's data port, where large reads go on several connections ("": `address`)
+    bulk_address: str = ""  # the head's bulk port, where a large read's pieces go over plain TLS (farm.head.bulk)
 
     def __repr__(self) -> str:  # never a credential in a log or a traceback
         return f"HeadAccess(address={self.address!r}, job_id={self.job_id!r})"

@@ -239,7 +239,11 @@ class Tokens:
     def check_secret(self, context: grpc.aio.ServicerContext, presented: str, expected: str | None,
                      reason: str) -> None:
         """A credential made for one purpose (a job's read credential): `presented` must be `expected`."""
-        peer = self._gate(context)
+        self.check_secret_at(peer_address(context), presented, expected, reason)
+
+    def check_secret_at(self, peer: str, presented: str, expected: str | None, reason: str) -> None:
+        """check_secret for a caller outside gRPC (the bulk port, farm.head.bulk), by its address."""
+        peer = self._gate_peer(peer)
         if expected is None or not hmac.compare_digest(presented.encode(), expected.encode()):
             raise self._refuse(peer, reason, presented)
 

@@ -13,7 +13,10 @@ Nothing is looser than on the main port: the same servicer (the read credential 
 each file opened once without following links and checked against the plan), the same gate before it (a caller
 without a live job's credential is refused before its request is read, counted against it as on the main port), the
 same TLS identity. Only the DataService is served here: the main port's servicer (one read pool, each job's plan
-loaded once), with a Store of each lane's own (a SQLite connection is one thread's)."""
+loaded once), with a Store of each lane's own (a SQLite connection is one thread's).
+
+Beside them, while there are lanes, the bulk port (farm.head.bulk): ranges of large files over plain TLS, which a node
+reads a large file's pieces on, started and stopped with the lanes."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import threading
 import grpc
 
 from farm.head import datasets
+from farm.head.bulk import BulkServer
 from farm.head.data_service import DataServicer
 from farm.head.gate import AuthGate
 from farm.head.settings import HeadSettings
@@ -42,10 +46,18 @@ class DataLanes:
         self.data = data
         self.tls = tls
         self._lanes: list[tuple[asyncio.AbstractEventLoop, threading.Thread, asyncio.Event]] = []
+        self.bulk: BulkServer | None = None
 
     def start(self) -> None:
         for lane in range(self.settings.data_lanes):
             self._start_one(lane)
+        if self.settings.data_lanes:
+            try:
+                self.bulk = BulkServer(self.settings, self.data, self.tls)
+                self.bulk.start()
+            except OSError as exc:
+                self.stop()
+                raise RuntimeError(f"the bulk port {self.settings.bulk_listen_port} does not open: {exc}") from None
 
     def _start_one(self, lane: int) -> None:
         loop = asyncio.new_event_loop()
@@ -91,6 +103,9 @@ class DataLanes:
         self._lanes.append((loop, thread, stopping))
 
     def stop(self) -> None:
+        bulk, self.bulk = self.bulk, None
+        if bulk is not None:
+            bulk.stop()
         lanes, self._lanes = self._lanes, []
         for loop, _, stopping in lanes:
             loop.call_soon_threadsafe(stopping.set)

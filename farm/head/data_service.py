@@ -23,7 +23,7 @@ from farm.data.locations import join
 from farm.data.locations.head import MAX_READ, tune_malloc
 from farm.data.results import SHARD_FILE, Results, is_result_file
 from farm.head import datasets
-from farm.head.auth import Tokens
+from farm.head.auth import Tokens, peer_address
 from farm.head.planned_files import LinkRefused, Opened, open_folder, open_planned
 from farm.head.errors import streaming, unary
 from farm.head.settings import HeadSettings
@@ -74,14 +74,29 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         folder of 65,536 images: most of a second of pydantic, which would hold up every call on this loop)."""
         metadata = dict(context.invocation_metadata() or ())
         presented = str(metadata.get("authorization", "")).removeprefix("Bearer ")
+        kept, token = self._credential(job_id, presented, peer_address(context), self.store)
+        served = kept if kept is not None else await asyncio.to_thread(self._load, job_id, token)
+        return self._root(job_id, served)
+
+    def dataset_at(self, peer: str, job_id: str, presented: str, store: Store) -> tuple[str, Planned]:
+        """_dataset for a caller outside gRPC (the bulk port, farm.head.bulk: on its connection's thread)."""
+        kept, token = self._credential(job_id, presented, peer, store)
+        return self._root(job_id, kept if kept is not None else self._load(job_id, token))
+
+    def _credential(self, job_id: str, presented: str, peer: str, store: Store) -> tuple[_Served | None, str]:
+        """The job's plan if kept, and its read credential, once `presented` is that credential (counted against
+        `peer` where it is not) and the job has not ended."""
         kept = self._kept(job_id) if JOB_ID.match(job_id) else None
         token = kept.token if kept else (datasets.read_token(self.settings.state_dir, job_id)
                                          if JOB_ID.match(job_id) else None)
-        self.tokens.check_secret(context, presented, token, "invalid or missing read credential for this job")
-        assert token is not None  # check_secret refused a job without a credential
-        if self.store.job_state(job_id).finished:
+        self.tokens.check_secret_at(peer, presented, token, "invalid or missing read credential for this job")
+        assert token is not None  # check_secret_at refused a job without a credential
+        if store.job_state(job_id).finished:
             raise AuthError(f"job {job_id} has ended: its read credential is void")
-        served = kept if kept is not None else await asyncio.to_thread(self._load, job_id, token)
+        return kept, token
+
+    @staticmethod
+    def _root(job_id: str, served: _Served) -> tuple[str, Planned]:
         if served.root is None:
             raise NotFoundError(f"job {job_id} reads no dataset from the head")
         return served.root, served.paths

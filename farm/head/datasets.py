@@ -117,7 +117,7 @@ def access(settings: HeadSettings, job_id: str) -> HeadAccess | None:
         return None
     ca_pem = b"" if settings.insecure else (settings.tls_dir / "ca.pem").read_bytes()
     return HeadAccess(address=settings.address, ca_pem=ca_pem, job_id=job_id, token=token,
-                      data_address=settings.data_address)
+                      data_address=settings.data_address, bulk_address=settings.bulk_address)
 
 
 def describe(spec: DatasetSpec, plan: DatasetPlan) -> str:

@@ -77,7 +77,7 @@ def check_can_start(settings: HeadSettings) -> None:
     if not settings.insecure:
         ports.append((settings.mtls_listen_port, "--mtls-port"))
     if settings.data_lanes:
-        ports.append((settings.data_listen_port, "--data-port"))
+        ports += [(settings.data_listen_port, "--data-port"), (settings.bulk_listen_port, "--bulk-port")]
     for port, what in ports:
         with socket.socket() as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -220,7 +220,7 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
         "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
         "tls": tls is not None, "ca_hash": tls.ca_hash if tls else "",
         "ca": str(settings.tls_dir / "ca.pem") if tls else "", "mtls_port": settings.mtls_listen_port if tls else 0,
-        "data_address": settings.data_address, **served,
+        "data_address": settings.data_address, "bulk_address": settings.bulk_address, **served,
     })  # 0600, as every state file: it holds the tokens
     log.info("head listening on %s:%d (%s)", settings.host, settings.port,
              f"TLS; mutual TLS for agents on {settings.mtls_listen_port}" if tls else "without TLS: --insecure")

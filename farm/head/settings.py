@@ -43,6 +43,9 @@ class HeadSettings(BaseModel):
     # cores. 0 lanes: nodes read on the main port only.
     data_port: int | None = Field(default=None, ge=1, le=65535)
     data_lanes: int = Field(default_factory=lambda: min(8, os.cpu_count() or 1), ge=0, le=64)
+    # Where nodes read ranges of large files over plain TLS connections (farm.head.bulk; default: port + 5), beside
+    # the data lanes; served while there are data lanes.
+    bulk_port: int | None = Field(default=None, ge=1, le=65535)
     tls_names: tuple[str, ...] = ()  # more names for the server certificate (a Service's DNS name, a public IP)
     open_read: bool = False  # listing nodes and jobs, a job, its logs: without the API token
     auth_failures_allowed: int = Field(default=20, ge=1)  # per peer address within auth_block_s, then refused ...
@@ -78,6 +81,15 @@ class HeadSettings(BaseModel):
     @property
     def data_listen_port(self) -> int:
         return self.data_port or self.port + 4
+
+    @property
+    def bulk_listen_port(self) -> int:
+        return self.bulk_port or self.port + 5
+
+    @property
+    def bulk_address(self) -> str:
+        """Where nodes read ranges of large files ("" without data lanes: through the DataService)."""
+        return f"{self.advertise}:{self.bulk_listen_port}" if self.data_lanes else ""
 
     @property
     def data_address(self) -> str:

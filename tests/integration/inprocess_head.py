@@ -80,8 +80,8 @@ class Head:
 @contextmanager
 def running_head(state: Path, **options: Any) -> Iterator[Head]:
     """A head's control plane in a thread of this process, with its own CA in `state`."""
-    options = {"port": free_port(), "mtls_port": free_port(), "data_port": free_port(), "data_lanes": 2,
-               **options}  # a given port: a head started again
+    options = {"port": free_port(), "mtls_port": free_port(), "data_port": free_port(), "bulk_port": free_port(),
+               "data_lanes": 2, **options}  # a given port: a head started again
     settings = HeadSettings(state_dir=state, host="127.0.0.1", **options)
     tokens = Tokens.load_or_create(state, settings.ray_token_path)
     loop = asyncio.new_event_loop()

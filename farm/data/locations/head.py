@@ -6,7 +6,12 @@ which sees it, never needs the node's key or certificate)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
+import queue
+import socket
+import ssl
+import struct
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -31,6 +36,8 @@ PIECE = 4 * 1024 * 1024  # bytes of a long range one Read asks for ...
 STREAMS = 8  # ... and how many such Reads are in flight, each on a connection of its own to the head's data port
 FILES_PER_CALL = 256  # whole files one ReadFiles call asks for (the head takes up to 1024)
 CALLS_AHEAD = 4  # ReadFiles calls in flight: the head reads the next ones' files while this one's are taken
+BULK_FRAME = struct.Struct("!I")  # the bulk port's frames: a 4-byte length, then JSON (farm.head.bulk)
+BULK_REPLY_MAX = 64 * 1024
 
 
 def filesystem(location: str, access: HeadAccess | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -92,6 +99,83 @@ def _connect(address: str, ca_pem: bytes, options: list[tuple[str, Any]]) -> grp
     return grpc.secure_channel(address, grpc.ssl_channel_credentials(ca_pem), options=options)
 
 
+class BulkReader:
+    """Connections to the head's bulk port (farm.head.bulk), `streams` at most, kept between reads: one request at a
+    time on each. A range arrives in one buffer, received with the GIL released (ssl's recv_into), so several
+    connections read on several cores."""
+
+    def __init__(self, address: str, ca_pem: bytes) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = (host.strip("[]"), int(port))
+        self.context: ssl.SSLContext | None = None
+        if ca_pem:  # the head's own CA, as its gRPC channels trust (none: a head started with --insecure)
+            self.context = ssl.create_default_context(cadata=ca_pem.decode())
+        self.idle: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+
+    def read(self, access: HeadAccess, path: str, start: int, end: int) -> bytearray:
+        """Bytes [start, end) of `path` (fewer at the file's end). A kept connection that fails is dropped and the
+        request made once more on a new one (the head closes connections idle past its limit)."""
+        request = json.dumps({"job_id": access.job_id, "credential": access.token, "path": path, "offset": start,
+                              "length": max(end - start, 0)}).encode()
+        for attempt in (0, 1):
+            try:
+                conn, kept = self.idle.get_nowait(), True
+            except queue.Empty:
+                conn, kept = self._connect(), False
+            try:
+                refused, data = self._exchange(conn, request)
+            except (OSError, ValueError) as exc:
+                conn.close()
+                if kept and attempt == 0:
+                    continue
+                raise OSError(f"the head's bulk port: {exc}") from None
+            if refused is not None:  # the head closes the connection after saying why
+                conn.close()
+                raise OSError(errno.ENOENT if refused.get("missing") else errno.EACCES,
+                              f"the head's data service: {refused['error']}", path)
+            self.idle.put(conn)
+            return data
+        raise AssertionError("unreachable")
+
+    def _connect(self) -> socket.socket:
+        raw = socket.create_connection(self.address, timeout=300)
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.context is None:
+            return raw
+        return self.context.wrap_socket(raw, server_hostname=self.address[0])
+
+    @staticmethod
+    def _exchange(conn: socket.socket, request: bytes) -> tuple[dict[str, Any] | None, bytearray]:
+        """(the head's refusal, nothing) or (None, the bytes)."""
+        conn.sendall(BULK_FRAME.pack(len(request)) + request)
+        (size,) = BULK_FRAME.unpack(_received(conn, BULK_FRAME.size))
+        if size > BULK_REPLY_MAX:
+            raise ValueError(f"a reply header of {size} bytes")
+        reply = json.loads(_received(conn, size))
+        if not isinstance(reply, dict):
+            raise ValueError("a reply that is not an object")
+        if "error" in reply:
+            return reply, bytearray()
+        return None, _received(conn, int(reply["size"]))
+
+
+def _received(conn: socket.socket, size: int) -> bytearray:
+    """Exactly `size` bytes into one buffer; ConnectionError where the connection ends first."""
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        n = conn.recv_into(view[got:])
+        if not n:
+            raise ConnectionError("the head closed the connection")
+        got += n
+    return buffer
+
+
+@lru_cache(maxsize=4)
+def bulk(address: str, ca_pem: bytes) -> BulkReader:
+    return BulkReader(address, ca_pem)
+
+
 class HeadFileSystem(AbstractFileSystem):
     """The files of one job's dataset on the head, by their paths in its plan ("" when the location is a file)."""
 
@@ -109,6 +193,7 @@ class HeadFileSystem(AbstractFileSystem):
         connections = (lanes(access.data_address, access.ca_pem, streams) if access.data_address
                        else (channel(access.address, access.ca_pem),))
         self.stubs = [data_pb2_grpc.DataServiceStub(c) for c in connections]
+        self.bulk = bulk(access.bulk_address, access.ca_pem) if access.bulk_address else None
         self.stub = self.stubs[0]  # the calls that are not a long range's pieces
         self.pool = _pool(streams)
         self._turn = 0  # the connection the next piece goes on
@@ -178,10 +263,17 @@ class HeadFileSystem(AbstractFileSystem):
         return held
 
     def _read_piece(self, path: str, start: int, end: int) -> Future[list[bytes]]:
-        """Called under the lock: the pieces go round the connections in turn."""
+        """Called under the lock: on the bulk port where the head has one, else the pieces go round the data port's
+        connections in turn."""
+        if self.bulk is not None:
+            return self.pool.submit(self._bulk_piece, path, start, end)
         stub = self.stubs[self._turn % len(self.stubs)]
         self._turn += 1
         return self.pool.submit(self._chunks, path, start, end, stub)
+
+    def _bulk_piece(self, path: str, start: int, end: int) -> list[bytes]:
+        assert self.bulk is not None
+        return [self.bulk.read(self.access, path, start, end)]  # type: ignore[list-item]  # a bytearray reads alike
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if end is not None:
