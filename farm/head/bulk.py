@@ -13,7 +13,8 @@ asked at the file's end), or {"error": why, "missing": true|false}, after which 
 Checked as on the DataService, by the same code: the job's read credential (failures counted against the peer's
 address, which is then refused for a while, as on the gRPC ports), only while the job runs, only files of its plan,
 each opened without following links and checked to be the file planned. Memory: one CHUNK a connection, at most
-MAX_CONNECTIONS of them; a connection idle (or a handshake slower) than IDLE_S is closed.
+MAX_CONNECTIONS of them (MAX_PER_PEER from one address); a connection idle (or a handshake slower) than IDLE_S is
+closed.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ log = logging.getLogger("farm.head")
 
 REQUEST_MAX = 8 * 1024  # a request's JSON: a job id, a credential and a path
 CHUNK = 1024 * 1024  # bytes a connection reads from the file and sends at a time (its whole buffer)
-MAX_CONNECTIONS = 64  # a node opens STREAMS (8); more are refused at once
+MAX_CONNECTIONS = 64  # in all: more are refused at once ...
+MAX_PER_PEER = 16  # ... and from one address (a node opens STREAMS, 8): one peer cannot hold every slot
 IDLE_S = 120.0
 
 
@@ -64,6 +66,7 @@ class BulkServer:
         self.store = Store(settings.state_dir / "state.db")  # its own connection; SQLite serialises the threads
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.connections: set[socket.socket] = set()
+        self.per_peer: dict[str, int] = {}
         self.lock = threading.Lock()
         self.listener: socket.socket | None = None
 
@@ -88,10 +91,23 @@ class BulkServer:
                 raw, address = listener.accept()
             except OSError:  # closed: the head stops
                 return
-            if not self.slots.acquire(blocking=False):
-                raw.close()  # past MAX_CONNECTIONS: refused before any byte is read
+            peer = str(address[0])
+            with self.lock:
+                crowded = self.per_peer.get(peer, 0) >= MAX_PER_PEER
+                if not crowded:
+                    self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
+            if crowded or not self.slots.acquire(blocking=False):
+                raw.close()  # refused before any byte is read
+                if not crowded:
+                    self._left(peer)
                 continue
-            threading.Thread(target=self._serve, args=(raw, str(address[0])), name="farm-bulk", daemon=True).start()
+            threading.Thread(target=self._serve, args=(raw, peer), name="farm-bulk", daemon=True).start()
+
+    def _left(self, peer: str) -> None:
+        with self.lock:
+            self.per_peer[peer] -= 1
+            if not self.per_peer[peer]:
+                del self.per_peer[peer]
 
     def _serve(self, raw: socket.socket, peer: str) -> None:
         with self.lock:
@@ -111,6 +127,7 @@ class BulkServer:
                 self.connections.discard(raw)
             raw.close()
             self.slots.release()
+            self._left(peer)
 
     def _one(self, conn: socket.socket, peer: str, buffer: bytearray) -> bool:
         """One request served; False when the connection is to close (its end, or after an error)."""

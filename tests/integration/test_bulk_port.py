@@ -129,3 +129,32 @@ def test_sixteen_concurrent_large_reads_on_the_bulk_port_stay_bounded(head: Head
         tracemalloc.stop()
     assert got == [size] * 16
     assert peak < 16 * (PIECE + 2 * CHUNK), peak
+
+
+def test_one_address_holds_at_most_max_per_peer_connections(head: Head, tmp_path: Path) -> None:
+    from farm.head.bulk import MAX_PER_PEER
+
+    np.save(tmp_path / "a.npy", np.arange(10))
+    access = bulk_job(head, "j-5", tmp_path / "a.npy")
+    held = [socket.create_connection(("127.0.0.1", head.settings.bulk_listen_port), timeout=30)
+            for _ in range(MAX_PER_PEER)]
+    try:
+        with socket.create_connection(("127.0.0.1", head.settings.bulk_listen_port), timeout=30) as extra:
+            try:
+                assert extra.recv(1) == b""  # closed before any byte is read
+            except ConnectionResetError:
+                pass
+        with pytest.raises(OSError):
+            BulkReader(access.bulk_address, access.ca_pem).read(access, "", 0, 16)
+    finally:
+        for conn in held:
+            conn.close()
+    reader = BulkReader(access.bulk_address, access.ca_pem)
+    for _ in range(50):  # the head notices the closed ones as their threads end
+        try:
+            assert bytes(reader.read(access, "", 0, 16)) == (tmp_path / "a.npy").read_bytes()[:16]
+            break
+        except OSError:
+            threading.Event().wait(0.1)
+    else:
+        raise AssertionError("the slots were not given back")

@@ -115,15 +115,16 @@ class BulkReader:
     def read(self, access: HeadAccess, path: str, start: int, end: int) -> bytearray:
         """Bytes [start, end) of `path` (fewer at the file's end). A kept connection that fails is dropped and the
         request made once more on a new one (the head closes connections idle past its limit)."""
+        length = max(end - start, 0)
         request = json.dumps({"job_id": access.job_id, "credential": access.token, "path": path, "offset": start,
-                              "length": max(end - start, 0)}).encode()
+                              "length": length}).encode()
         for attempt in (0, 1):
             try:
                 conn, kept = self.idle.get_nowait(), True
             except queue.Empty:
                 conn, kept = self._connect(), False
             try:
-                refused, data = self._exchange(conn, request)
+                refused, data = self._exchange(conn, request, length)
             except (OSError, ValueError) as exc:
                 conn.close()
                 if kept and attempt == 0:
@@ -145,7 +146,7 @@ class BulkReader:
         return self.context.wrap_socket(raw, server_hostname=self.address[0])
 
     @staticmethod
-    def _exchange(conn: socket.socket, request: bytes) -> tuple[dict[str, Any] | None, bytearray]:
+    def _exchange(conn: socket.socket, request: bytes, length: int) -> tuple[dict[str, Any] | None, bytearray]:
         """(the head's refusal, nothing) or (None, the bytes)."""
         conn.sendall(BULK_FRAME.pack(len(request)) + request)
         (size,) = BULK_FRAME.unpack(_received(conn, BULK_FRAME.size))
@@ -156,7 +157,10 @@ class BulkReader:
             raise ValueError("a reply that is not an object")
         if "error" in reply:
             return reply, bytearray()
-        return None, _received(conn, int(reply["size"]))
+        size = int(reply["size"])
+        if not 0 <= size <= length:
+            raise ValueError(f"a reply of {size} bytes to a read of fewer")
+        return None, _received(conn, size)
 
 
 def _received(conn: socket.socket, size: int) -> bytearray:
