@@ -158,3 +158,19 @@ def test_one_address_holds_at_most_max_per_peer_connections(head: Head, tmp_path
             threading.Event().wait(0.1)
     else:
         raise AssertionError("the slots were not given back")
+
+
+def test_a_job_submitted_after_others_were_served_reads_too(head: Head, tmp_path: Path) -> None:
+    """The H200 run's failure: a job submitted after the head started was 'no job' on the bulk port (its one store
+    shared by the connections' threads). Each connection now has its own."""
+    np.save(tmp_path / "a.npy", np.arange(1000))
+    first = bulk_job(head, "j-6", tmp_path / "a.npy")
+    readers = [BulkReader(first.bulk_address, first.ca_pem) for _ in range(4)]
+    threads = [threading.Thread(target=r.read, args=(first, "", 0, 64)) for r in readers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    later = bulk_job(head, "j-7", tmp_path / "a.npy")
+    for reader in readers:  # on the connections kept from the first job's reads
+        assert bytes(reader.read(later, "", 0, 64)) == (tmp_path / "a.npy").read_bytes()[:64]
