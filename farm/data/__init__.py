@@ -101,9 +101,11 @@ def reach(plan: DatasetPlan, access: HeadAccess | None = None) -> Reach:
 
 def read(plan: DatasetPlan, start: int, stop: int, columns: list[str] | None = None, batch_rows: int = 1024,
          access: HeadAccess | None = None, fs: fsspec.AbstractFileSystem | None = None, root: str | None = None,
-         ) -> Iterator[pa.RecordBatch]:
+         workers: int = 1) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the units [start, stop) only (each with `row_id` first, then `columns`, all when
-    None), at most `batch_rows` rows each: a reader's memory is a batch, whatever the dataset's size."""
+    None), at most `batch_rows` rows each: a reader's memory is a batch (with `workers`, the parts decoding ahead),
+    whatever the dataset's size."""
     if fs is None or root is None:
         fs, root = filesystem(plan.location, access)
-    return FORMATS[plan.format].read(fs, root, plan.location, plan.pieces(start, stop), columns, batch_rows)
+    return FORMATS[plan.format].read(fs, root, plan.location, plan.pieces(start, stop), columns, batch_rows,
+                                     workers)

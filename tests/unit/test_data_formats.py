@@ -137,6 +137,59 @@ def test_a_parquet_range_s_memory_does_not_grow_with_its_rows(tmp_path: Path) ->
     assert sixteen_groups < 1.5 * two_groups, (two_groups, sixteen_groups)
 
 
+def test_parquet_row_groups_decode_in_parallel_in_order_each_row_once(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With workers, a file's row groups decode ahead on threads: the rows come as one thread reads them, cut
+    anywhere; at most `workers` groups (and AHEAD_BYTES of them) are in flight."""
+    import threading
+
+    import farm.data.formats.parquet as parquet
+
+    write_parquet_folder(tmp_path / "d")
+    plan = data.plan(DatasetSpec(location=str(tmp_path / "d"), format="parquet", inputs=["v"]))
+    one = read_all(plan, cuts_of(plan))
+    threads: set[str] = set()
+    in_flight, most = [0], [0]
+    real = parquet._group_table
+
+    def spy(*args):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        try:
+            return real(*args)
+        finally:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(parquet, "_group_table", spy)
+    batches = [b for start, stop in zip(cuts_of(plan), cuts_of(plan)[1:])
+               for b in data.read(plan, start, stop, None, 37, workers=4)]
+    assert all(0 < b.num_rows <= 37 for b in batches)
+    assert pa.Table.from_batches(batches).equals(one)
+    assert threads and all(name.startswith("farm-parquet") for name in threads) and most[0] <= 4
+
+
+def test_a_corrupt_row_group_read_in_parallel_is_named_with_its_rows(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import farm.data.formats.parquet as parquet
+
+    write_parquet_folder(tmp_path / "d", files=1)
+    plan = data.plan(DatasetSpec(location=str(tmp_path / "d"), format="parquet", inputs=["v"]))
+    real = parquet._group_table
+
+    def failing(opened, metadata, index, columns):  # type: ignore[no-untyped-def]
+        if index == 2:
+            raise OSError("Couldn't deserialize thrift\nDeserializing page header failed.")
+        return real(opened, metadata, index, columns)
+
+    monkeypatch.setattr(parquet, "_group_table", failing)
+    before = [b for b in data.read(plan, 0, 80, ["v"], 16, workers=4)]
+    assert sum(b.num_rows for b in before) == 80  # the groups before it read
+    with pytest.raises(DataError, match=r"rows 80-119 \(row group 2\) do not read: Couldn't deserialize") as caught:
+        list(data.read(plan, 0, 160, ["v"], 16, workers=4))
+    assert caught.value.rows == (80, 120)
+
+
 def test_a_batch_as_model_inputs(tmp_path: Path) -> None:
     write_parquet_folder(tmp_path / "d")
     plan = data.plan(DatasetSpec(location=str(tmp_path / "d"), format="parquet", inputs=["v"]))

@@ -3,9 +3,11 @@ streaming Arrow record batches of a range of it. Chosen by farm.core.dataset.Dat
 
 A format module has:
     plan(fs, root) -> (files: list[(path, units)], columns, rows or None)
-    read(fs, root, location, pieces, columns, batch_rows) -> Iterator[pyarrow.RecordBatch]
+    read(fs, root, location, pieces, columns, batch_rows, workers=1) -> Iterator[pyarrow.RecordBatch]
         pieces: (DataFile, first, end) in file units; every batch has `row_id` (int64, the row's place in the
         dataset) and the columns asked for (all when None); a malformed input raises DataError naming file and row.
+        workers: the CPUs the reader may decode on (the shard's threads), for a format whose parts decode apart
+        (Parquet's row groups); the others read in the calling thread.
 """
 
 from __future__ import annotations

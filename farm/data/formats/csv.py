@@ -25,7 +25,7 @@ def _fields(line: bytes) -> list[str]:
 
 
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
-         batch_rows: int) -> Iterator[pa.RecordBatch]:
+         batch_rows: int, workers: int = 1) -> Iterator[pa.RecordBatch]:
     headers: dict[str, bytes] = {}
 
     def parse(name: str, batch: list[tuple[int, bytes]], file: DataFile) -> pa.RecordBatch:

@@ -24,7 +24,7 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
 
 
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
-         batch_rows: int) -> Iterator[pa.RecordBatch]:
+         batch_rows: int, workers: int = 1) -> Iterator[pa.RecordBatch]:
     files = [file for file, first, end in pieces if end > first]
     found = _contents(fs, [join(root, f.path) for f in files])
     for start in range(0, len(files), batch_rows):

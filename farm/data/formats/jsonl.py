@@ -28,7 +28,7 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], None]:
 
 
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
-         batch_rows: int) -> Iterator[pa.RecordBatch]:
+         batch_rows: int, workers: int = 1) -> Iterator[pa.RecordBatch]:
     def parse(name: str, batch: list[tuple[int, bytes]], file: DataFile) -> pa.RecordBatch:
         try:
             table = pajson.read_json(pa.BufferReader(b"\n".join(line for _, line in batch)),

@@ -36,7 +36,7 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
 
 
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
-         batch_rows: int) -> Iterator[pa.RecordBatch]:
+         batch_rows: int, workers: int = 1) -> Iterator[pa.RecordBatch]:
     for file, first, end in pieces:
         name = where(location, file.path)
         path = join(root, file.path)

@@ -1,10 +1,20 @@
 """Parquet: a file or a folder of files (pyarrow's dataset layer finds them, as `pyarrow.dataset.dataset` does: hidden
 and `_`-prefixed files skipped). Planning reads each file's footer only (its row count); a range reads only the row
-groups that hold its rows, batch by batch."""
+groups that hold its rows, batch by batch.
+
+With several workers (the CPUs a shard lends its reader), a file's row groups decode in parallel, each on a thread
+with a handle of its own (pyarrow releases the GIL while it decodes), in order, as many ahead as there are workers
+and at most AHEAD_BYTES of them (their uncompressed size in the footer; one at least): a GPU's shard of a wide
+Parquet file read at ~400 MB/s on one thread of an H200's host, a DataLoader's 8 processes at ~800 MB/s."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import functools
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -14,6 +24,8 @@ from farm.core.dataset import ROW_ID, DataFile
 from farm.core.errors import DataError
 from farm.data.locations import join
 from farm.data.locations import where
+
+AHEAD_BYTES = 512 * 1024 * 1024  # row groups decoding ahead, by their uncompressed size (the first always)
 
 
 def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
@@ -32,14 +44,20 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], int]:
 
 
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
-         batch_rows: int) -> Iterator[pa.RecordBatch]:
+         batch_rows: int, workers: int = 1) -> Iterator[pa.RecordBatch]:
     for file, first, end in pieces:
         name = where(location, file.path)
         try:
             # No cache: pyarrow reads each column chunk it needs whole, once; a read-ahead block (the head's 16 MiB)
             # would hold a second copy and bytes past it, a worker's peak then growing with the dataset's files.
             with fs.open(join(root, file.path), "rb", cache_type="none") as handle:
-                yield from _read_file(pq.ParquetFile(handle), name, file.offset, first, end, columns, batch_rows)
+                parquet = pq.ParquetFile(handle)
+                if workers > 1 and parquet.metadata.num_row_groups > 1:
+                    opened = functools.partial(fs.open, join(root, file.path), "rb", cache_type="none")
+                    yield from _read_groups(opened, parquet.metadata, name, file.offset, first, end, columns,
+                                            batch_rows, workers)
+                else:
+                    yield from _read_file(parquet, name, file.offset, first, end, columns, batch_rows)
         except DataError:
             raise
         except (OSError, pa.ArrowException, ValueError) as exc:  # its footer: none of its rows read
@@ -64,6 +82,58 @@ def _read_file(parquet: pq.ParquetFile, name: str, offset: int, first: int, end:
                 raise DataError(f"{name}: rows {lo}-{hi - 1} (row group {index}) do not read: {first_line(exc)}",
                                 rows=(offset + lo, offset + hi)) from None
         group_start += rows
+
+
+def _read_groups(opened: Callable[[], Any], metadata: pq.FileMetaData, name: str, offset: int, first: int, end: int,
+                 columns: list[str] | None, batch_rows: int, workers: int) -> Iterator[pa.RecordBatch]:
+    """_read_file's batches, the row groups decoding ahead on `workers` threads: each a whole group's table, read
+    through a handle of its own (`opened()`) with the footer already read."""
+    groups, group_start = [], 0
+    for index in range(metadata.num_row_groups):
+        rows = metadata.row_group(index).num_rows
+        if group_start < end and group_start + rows > first:
+            groups.append((index, group_start, rows, metadata.row_group(index).total_byte_size))
+        group_start += rows
+    pool = _pool(workers)
+    pending: deque[tuple[tuple[int, int, int, int], Future[pa.Table]]] = deque()
+    try:
+        for group in groups:
+            while pending and (len(pending) >= workers or sum(g[3] for g, _ in pending) + group[3] > AHEAD_BYTES):
+                yield from _batches_of(*pending.popleft(), name, offset, first, end, batch_rows)
+            pending.append((group, pool.submit(_group_table, opened, metadata, group[0], columns)))
+        while pending:
+            yield from _batches_of(*pending.popleft(), name, offset, first, end, batch_rows)
+    finally:  # the consumer stopped early, or a group failed: what has not started is dropped
+        for _, future in pending:
+            future.cancel()
+
+
+def _group_table(opened: Callable[[], Any], metadata: pq.FileMetaData, index: int, columns: list[str] | None
+                 ) -> pa.Table:
+    with opened() as handle:
+        return pq.ParquetFile(handle, metadata=metadata).read_row_group(index, columns=columns, use_threads=False,
+                                                                        use_pandas_metadata=False)
+
+
+def _batches_of(group: tuple[int, int, int, int], table: Future[pa.Table], name: str, offset: int, first: int,
+                end: int, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    index, row, rows, _ = group
+    lo, hi = max(first - row, 0), min(end - row, rows)
+    try:
+        part = table.result().slice(lo, hi - lo)
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataError(f"{name}: rows {row + lo}-{row + hi - 1} (row group {index}) do not read: {first_line(exc)}",
+                        rows=(offset + row + lo, offset + row + hi)) from None
+    at = offset + row + lo
+    for batch in part.to_batches(max_chunksize=batch_rows):
+        yield batch.add_column(0, ROW_ID, pa.array(range(at, at + batch.num_rows), pa.int64()))
+        at += batch.num_rows
+
+
+@lru_cache(maxsize=4)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """Kept for the process's life (a worker's shards read one after another)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="farm-parquet")
 
 
 def _read_group(parquet: pq.ParquetFile, index: int, row: int, offset: int, first: int, end: int,

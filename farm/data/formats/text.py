@@ -15,7 +15,7 @@ def plan(fs, root: str) -> tuple[list[tuple[str, int]], tuple[str, ...], None]:
 
 
 def read(fs, root: str, location: str, pieces: Sequence[tuple[DataFile, int, int]], columns: list[str] | None,
-         batch_rows: int) -> Iterator[pa.RecordBatch]:
+         batch_rows: int, workers: int = 1) -> Iterator[pa.RecordBatch]:
     def parse(name: str, batch: list[tuple[int, bytes]], file: DataFile) -> pa.RecordBatch:
         texts = [lines.decode(name, file.offset + offset, line) for offset, line in batch]
         return pa.record_batch({"text": pa.array(texts, pa.string())})

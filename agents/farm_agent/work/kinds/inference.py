@@ -147,7 +147,8 @@ def model_batches(task: ShardTask, root: Path, way: Reach | None = None) -> Iter
     needed = ["image", "path"] if plan.format is DataFormat.IMAGES else wanted
     preprocess = resolve(spec.preprocess, root, "preprocess") if spec.preprocess else None
     way = way or reach(plan, task.data.access)
-    stream = read(plan, task.start, task.stop, needed, task.batch_size, fs=way.fs, root=way.root)
+    stream = read(plan, task.start, task.stop, needed, task.batch_size, fs=way.fs, root=way.root,
+                  workers=max(task.threads, 1))
     for batch, arrays in numpy_batches(rebatch(stream, task.batch_size), columns, plan.format, plan.location,
                                        workers=max(task.threads, 1), ahead=DECODE_AHEAD):
         inputs = model_inputs(arrays, columns, plan.location, preprocess, spec.preprocess or "")
