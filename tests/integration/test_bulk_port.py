@@ -9,7 +9,6 @@ import socket
 import ssl
 import struct
 import threading
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ from farm.data.locations.head import BLOCK, PIECE, BulkReader, HeadFileSystem
 from farm.head.bulk import CHUNK, REQUEST_MAX
 from farm.head.store import Store
 from tests.integration.inprocess_head import Head, running_head
-from tests.integration.test_data_service import add_job
+from tests.integration.test_data_service import add_job, peak_while
 
 
 @pytest.fixture()
@@ -117,16 +116,7 @@ def test_sixteen_concurrent_large_reads_on_the_bulk_port_stay_bounded(head: Head
         for at in range(0, size, PIECE):
             got[i] += len(reader.read(access, "", at, at + PIECE))
 
-    tracemalloc.start()
-    try:
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = peak_while(read, 16)
     assert got == [size] * 16
     assert peak < 16 * (PIECE + 2 * CHUNK), peak
 

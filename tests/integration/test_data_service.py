@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -42,6 +43,22 @@ def add_job(head: Head, job_id: str, spec: DatasetSpec) -> tuple[HeadAccess, dat
     assert token
     return HeadAccess(address=head.settings.address, ca_pem=head.ca_pem, job_id=job_id, token=token,
                       data_address=head.settings.data_address), plan
+
+
+def peak_while(read: Callable[[int], None], readers: int) -> int:
+    """The most Python memory held (tracemalloc) while `readers` threads run read(0), read(1), ... at once."""
+    import threading
+
+    tracemalloc.start()
+    try:
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def test_a_node_reads_a_head_dataset_by_ranges_with_the_job_s_credential(head: Head, tmp_path: Path) -> None:
@@ -339,7 +356,6 @@ def test_sixteen_concurrent_large_reads_stay_under_the_service_s_memory_bound(he
     """Each Read holds at most two chunks on the head whatever its length; 16 at once over the data lanes hold 16
     times that, not the 16 files (the Python side, which is what the service allocates; gRPC's own buffers are
     bounded by HTTP/2 flow control)."""
-    import threading
 
     from farm.data.locations.head import lanes
     from farm.head.data_service import CHUNK
@@ -356,16 +372,7 @@ def test_sixteen_concurrent_large_reads_stay_under_the_service_s_memory_bound(he
         for chunk in stubs[i].Read(request, metadata=metadata, timeout=120):
             got[i] += len(chunk.data)
 
-    tracemalloc.start()
-    try:
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = peak_while(read, 16)
     assert got == [size] * 16
     assert peak < 16 * 6 * CHUNK, peak  # a few chunks a call on each side, against 16 x 24 MiB read
 
