@@ -164,3 +164,15 @@ def test_a_job_submitted_after_others_were_served_reads_too(head: Head, tmp_path
     later = bulk_job(head, "j-7", tmp_path / "a.npy")
     for reader in readers:  # on the connections kept from the first job's reads
         assert bytes(reader.read(later, "", 0, 64)) == (tmp_path / "a.npy").read_bytes()[:64]
+
+
+def test_a_node_that_cannot_reach_the_bulk_port_reads_on_the_data_port(head: Head, tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """A firewall that lets through the data port only (as README asked before the bulk port): the reads go there."""
+    from farm.local import free_port
+
+    np.save(tmp_path / "big.npy", np.random.default_rng(3).integers(0, 255, 2 * BLOCK, dtype=np.uint8))
+    access = dataclasses.replace(bulk_job(head, "j-8", tmp_path / "big.npy"), bulk_address=f"127.0.0.1:{free_port()}")
+    fs = HeadFileSystem(access, streams=4)
+    assert fs.cat_file("") == (tmp_path / "big.npy").read_bytes()
+    assert fs.bulk is None and "reading on the head's data port instead" in caplog.text

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import queue
 import socket
@@ -38,6 +39,8 @@ FILES_PER_CALL = 256  # whole files one ReadFiles call asks for (the head takes 
 CALLS_AHEAD = 4  # ReadFiles calls in flight: the head reads the next ones' files while this one's are taken
 BULK_FRAME = struct.Struct("!I")  # the bulk port's frames: a 4-byte length, then JSON (farm.head.bulk)
 BULK_REPLY_MAX = 64 * 1024
+CONNECT_S = 10.0  # a bulk port that does not answer by then is taken as closed to this node
+log = logging.getLogger("farm.data")
 
 
 def filesystem(location: str, access: HeadAccess | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -122,7 +125,10 @@ class BulkReader:
             try:
                 conn, kept = self.idle.get_nowait(), True
             except queue.Empty:
-                conn, kept = self._connect(), False
+                try:
+                    conn, kept = self._connect(), False
+                except OSError as exc:
+                    raise BulkUnreachable(f"the head's bulk port {self.address[0]}:{self.address[1]}: {exc}") from None
             try:
                 refused, data = self._exchange(conn, request, length)
             except (OSError, ValueError) as exc:
@@ -139,7 +145,8 @@ class BulkReader:
         raise AssertionError("unreachable")
 
     def _connect(self) -> socket.socket:
-        raw = socket.create_connection(self.address, timeout=300)
+        raw = socket.create_connection(self.address, timeout=CONNECT_S)
+        raw.settimeout(300)
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self.context is None:
             return raw
@@ -161,6 +168,10 @@ class BulkReader:
         if not 0 <= size <= length:
             raise ValueError(f"a reply of {size} bytes to a read of fewer")
         return None, _received(conn, size)
+
+
+class BulkUnreachable(OSError):
+    """The bulk port does not answer (a firewall that lets through only the data port): the node reads there."""
 
 
 def _received(conn: socket.socket, size: int) -> bytearray:
@@ -276,8 +287,15 @@ class HeadFileSystem(AbstractFileSystem):
         return self.pool.submit(self._chunks, path, start, end, stub)
 
     def _bulk_piece(self, path: str, start: int, end: int) -> list[bytes]:
-        assert self.bulk is not None
-        return [self.bulk.read(self.access, path, start, end)]  # type: ignore[list-item]  # a bytearray reads alike
+        bulk = self.bulk
+        if bulk is not None:
+            try:
+                return [bulk.read(self.access, path, start, end)]  # type: ignore[list-item]  # a bytearray reads alike
+            except BulkUnreachable as exc:
+                if self.bulk is not None:
+                    log.warning("%s: reading on the head's data port instead", exc)
+                self.bulk = None
+        return self._chunks(path, start, end, self.stubs[(start // PIECE) % len(self.stubs)])
 
     def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kwargs: Any) -> bytes:
         if end is not None:
