@@ -20,7 +20,6 @@ closed.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import ssl
@@ -35,8 +34,6 @@ from farm.head.data_service import DataServicer
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
 from farm.tls import HeadTLS
-
-log = logging.getLogger("farm.head")
 
 REQUEST_MAX = 8 * 1024  # a request's JSON: a job id, a credential and a path
 CHUNK = 1024 * 1024  # bytes a connection reads from the file and sends at a time (its whole buffer)
@@ -148,7 +145,7 @@ class BulkServer:
         try:
             request = BulkRequest.model_validate_json(body)
             root, planned = self.data.dataset_at(peer, request.job_id, request.credential, store)
-            fd = self.data._open(request.job_id, root, planned, request.path)
+            fd = self.data.open_file(request.job_id, root, planned, request.path)
         except ValidationError:
             _reply(conn, {"error": "a request is a JSON object of job_id, credential, path, offset and length",
                           "missing": False})

@@ -123,7 +123,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
                 self.served.popitem(last=False)
         return served
 
-    def _open(self, job_id: str, root: str, planned: Planned, path: str, folder: int | None = None) -> int:
+    def open_file(self, job_id: str, root: str, planned: Planned, path: str, folder: int | None = None) -> int:
         """The file `path` of the job's plan, opened without following links (open_planned; from `folder`, the
         root's descriptor, when given), never inside the head's state folder (no link followed: its path as planned
         is where it is), and the very file planned."""
@@ -147,7 +147,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
     async def Stat(self, request: data_pb2.DataFileRequest, context: grpc.aio.ServicerContext
                    ) -> data_pb2.DataFileInfo:
         root, planned = await self._dataset(context, request.job_id)
-        fd = await asyncio.to_thread(self._open, request.job_id, root, planned, request.path)
+        fd = await asyncio.to_thread(self.open_file, request.job_id, root, planned, request.path)
         try:
             return data_pb2.DataFileInfo(size=os.fstat(fd).st_size)
         finally:
@@ -160,7 +160,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
         if request.offset < 0 or not 0 <= request.length <= MAX_READ:
             raise UserError(f"a read is at most {MAX_READ} bytes from an offset of at least 0")
         loop = asyncio.get_running_loop()
-        fd = await loop.run_in_executor(self.pool, self._open, request.job_id, root, planned, request.path)
+        fd = await loop.run_in_executor(self.pool, self.open_file, request.job_id, root, planned, request.path)
         try:
             # The next chunk is read on the pool while this one is sent: the disk and the socket overlap, and the
             # call holds at most two chunks.
@@ -202,7 +202,7 @@ class DataServicer(data_pb2_grpc.DataServiceServicer):
             """The file opened and its first CHUNK bytes read; or why not."""
             try:
                 with opened.walking() as folder:
-                    fd = self._open(request.job_id, root, planned, path, folder)
+                    fd = self.open_file(request.job_id, root, planned, path, folder)
             except NotFoundError as exc:
                 return None, b"", exc.message
             try:
