@@ -138,7 +138,8 @@ def farm_ray_farm(tmp_path_factory: pytest.TempPathFactory,
     env = {"FARM_RAY_USER": ray_user.DEFAULT}
     ray_port = free_port()
     started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port", str(ray_port),
-                   "--state-dir", str(state), "--detach", env=env)
+                   "--data-port", str(free_port()), "--bulk-port", str(free_port()), "--state-dir", str(state),
+                   "--detach", env=env)  # free ones: --port + 4 and + 5 may be taken
     assert started.returncode == 0, started.stderr
     agent_root = Path(tempfile.mkdtemp(prefix="farm-ray-agent-"))
     agent_root.chmod(0o755)
