@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from farm.client import HeadInfo, find_head
-from farm.local import free_port, processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
+from farm.local import processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
 from tests.servers import s3_environment, serve_s3
+from tests.ports import head_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 # Heads and agents the tests start keep Ray as the tests' own user (farm.ray_user: as root they would run it as
@@ -113,8 +114,8 @@ def s3_endpoint() -> Iterator[str]:
 def cluster(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("farm-state")
     s3 = s3_environment(s3_endpoint)  # as an operator gives a farm a bucket: in its processes' environment
-    started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
-                   str(free_port()), "--state-dir", str(state), "--detach", env=s3)
+    started = farm("head", "start", "--host", "127.0.0.1", *head_ports(), "--state-dir", str(state), "--detach",
+                   env=s3)
     assert started.returncode == 0, started.stderr
     head = find_head(state_dir=state)
     cluster = Cluster(state_dir=state, head=head, s3=s3)

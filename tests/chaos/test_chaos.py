@@ -44,6 +44,7 @@ from farm.local import (
 from farm.proto.v1 import job_pb2
 from tests.chaos import chaosjob
 from tests.conftest import ROOT, farm
+from tests.ports import head_ports
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,8 @@ class Farm:
     state: Path
     port: int = field(default_factory=free_port)
     ray_port: int = field(default_factory=free_port)
+    other_ports: list[str] = field(  # the same ones on every restart
+        default_factory=lambda: head_ports(options=("--mtls-port", "--data-port", "--bulk-port")))
     join: str = ""
     ca_hash: str = ""
     sessions: set[int] = field(default_factory=set)
@@ -78,7 +81,8 @@ class Farm:
         while True:
             tries += 1
             started = farm("head", "start", "--host", "127.0.0.1", "--port", str(self.port), "--ray-port",
-                           str(self.ray_port), "--state-dir", str(self.state), "--detach", timeout=180)
+                           str(self.ray_port), *self.other_ports, "--state-dir", str(self.state), "--detach",
+                           timeout=180)
             if started.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(2)

@@ -20,6 +20,7 @@ import pytest
 from farm import ray_user
 from farm.local import free_port, read_json
 from tests.conftest import ROOT
+from tests.ports import head_ports
 
 pytestmark = [
     pytest.mark.slow,
@@ -85,7 +86,7 @@ def test_readme_s_commands_run_a_job_as_farm_ray_from_a_private_home(private_hom
     spec.write_text(json.dumps({"name": "who", "model": "toyjob:whoami", "dataset": "toyjob:numbers", "shards": 1,
                                 "batch_size": 8, "backends": ["cpu"], "output": str(tmp_path / "out")}))
     try:
-        started = run("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--detach")
+        started = run("head", "start", "--host", "127.0.0.1", *head_ports(), "--detach")
         assert started.returncode == 0, started.stderr
         head = read_json(state / "head.json") or {}
         joined = run("agent", "start", "--head", head["address"], "--ca-hash", head["ca_hash"], "--name", "lent",

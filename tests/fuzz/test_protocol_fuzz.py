@@ -19,9 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from farm.client import Client, find_head
-from farm.local import free_port, processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
+from farm.local import processes_in_sessions, read_json, recorded_alive, sessions_of, terminate, wait_for
 from farm.proto.v1 import agent_pb2, data_pb2, fleet_pb2, job_pb2, result_pb2
 from tests.conftest import farm
+from tests.ports import head_ports
 
 pytestmark = pytest.mark.slow
 
@@ -120,8 +121,8 @@ class Head:
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     state = tmp_path_factory.mktemp("fuzz-head")
-    started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port", str(free_port()),
-                   "--state-dir", str(state), "--detach", timeout=180)
+    started = farm("head", "start", "--host", "127.0.0.1", *head_ports(), "--state-dir", str(state), "--detach",
+                   timeout=180)
     assert started.returncode == 0, started.stderr
     running = Head(state)
     sessions = sessions_of([int(running.info["pid"])]) - {os.getsid(0)}

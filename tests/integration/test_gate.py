@@ -16,12 +16,12 @@ import psutil
 import pytest
 
 from farm.core.errors import UserError
-from farm.local import free_port
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc, job_pb2, job_pb2_grpc
 from farm_agent.daemon.client import credentials
 from tests.conftest import ROOT
 from tests.integration.inprocess_head import HW, running_head
+from tests.ports import head_ports
 
 MB = 1024 * 1024
 
@@ -164,7 +164,7 @@ def test_a_damaged_store_is_one_line(tmp_path: Path) -> None:
     state.mkdir()
     (state / "state.db").write_bytes(b"not a database at all" * 100)
     started = subprocess.run([sys.executable, "-m", "farm.cli.main", "head", "start", "--host", "127.0.0.1",
-                              "--port", str(free_port()), "--ray-port", str(free_port()), "--state-dir", str(state)],
+                              *head_ports(), "--state-dir", str(state)],
                              capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert started.returncode == 2, started.stderr
     assert started.stderr.strip().count("\n") == 0 and "cannot be read as Farm's store" in started.stderr

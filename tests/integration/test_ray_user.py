@@ -35,6 +35,7 @@ from farm_agent.daemon.client import NODE_IDENTITY_FILE, credentials
 from farm_agent.daemon.main import worker_packages
 from tests.conftest import ROOT, farm
 from tests.integration.inprocess_head import HW
+from tests.ports import head_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
                                                    reason="Ray runs as another user only for a head or agent run "
@@ -137,9 +138,8 @@ def farm_ray_farm(tmp_path_factory: pytest.TempPathFactory,
     state = tmp_path_factory.mktemp("farm-ray-head")
     env = {"FARM_RAY_USER": ray_user.DEFAULT}
     ray_port = free_port()
-    started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port", str(ray_port),
-                   "--data-port", str(free_port()), "--bulk-port", str(free_port()), "--state-dir", str(state),
-                   "--detach", env=env)  # free ones: --port + 4 and + 5 may be taken
+    started = farm("head", "start", "--host", "127.0.0.1", *head_ports(ray_port), "--state-dir", str(state),
+                   "--detach", env=env)
     assert started.returncode == 0, started.stderr
     agent_root = Path(tempfile.mkdtemp(prefix="farm-ray-agent-"))
     agent_root.chmod(0o755)

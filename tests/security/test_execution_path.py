@@ -19,9 +19,10 @@ import pytest
 
 from farm.client import find_head
 from farm.core.models import Hardware
-from farm.local import free_port, read_json
+from farm.local import read_json
 from tests.conftest import Cluster, farm, stop_cluster
 from tests.integration.test_cluster import write_spec
+from tests.ports import head_ports
 
 HEAD_SECRET = "head-secret-7f3a"  # in the head's environment, as an operator's cloud key is
 OWNER_SECRET = "owner-secret-91c2"  # in the lent agent's environment
@@ -30,8 +31,7 @@ OWNER_SECRET = "owner-secret-91c2"  # in the lent agent's environment
 @pytest.fixture(scope="module")
 def lent_farm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     state = tmp_path_factory.mktemp("lent-farm")
-    started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
-                   str(free_port()), "--state-dir", str(state), "--detach",
+    started = farm("head", "start", "--host", "127.0.0.1", *head_ports(), "--state-dir", str(state), "--detach",
                    env={"AWS_SECRET_ACCESS_KEY": HEAD_SECRET, "HEAD_ONLY_SECRET": HEAD_SECRET})
     assert started.returncode == 0, started.stderr
     head = find_head(state_dir=state)

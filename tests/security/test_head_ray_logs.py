@@ -19,9 +19,10 @@ import pytest
 from farm import ray_user
 from farm.client import find_head
 from farm.head.settings import HeadSettings
-from farm.local import free_port, read_json
+from farm.local import read_json
 from tests.conftest import farm
 from tests.integration.test_ray_user import reachable_python  # noqa: F401 (a fixture)
+from tests.ports import head_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
                                                    reason="Ray runs as another user only for a head run as root")]
@@ -31,8 +32,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(sys.platform != "linux" or os
 def head_state(tmp_path_factory: pytest.TempPathFactory,
                reachable_python: ray_user.pwd.struct_passwd) -> Iterator[Path]:  # noqa: F811
     state = tmp_path_factory.mktemp("ray-logs-head")
-    started = farm("head", "start", "--host", "127.0.0.1", "--port", str(free_port()), "--ray-port",
-                   str(free_port()), "--state-dir", str(state), "--detach", env={"FARM_RAY_USER": ray_user.DEFAULT})
+    started = farm("head", "start", "--host", "127.0.0.1", *head_ports(), "--state-dir", str(state), "--detach",
+                   env={"FARM_RAY_USER": ray_user.DEFAULT})
     assert started.returncode == 0, started.stderr
     try:
         find_head(state_dir=state)

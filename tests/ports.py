@@ -1,0 +1,15 @@
+"""The ports of a head a test starts through the CLI: every one picked free. Left to their defaults, the mTLS, data
+and bulk ports are --port + 3, + 4 and + 5, and CI once found + 5 taken by another test's process."""
+
+from __future__ import annotations
+
+from farm.local import free_port
+
+HEAD_PORT_OPTIONS = ("--port", "--ray-port", "--mtls-port", "--data-port", "--bulk-port")
+
+
+def head_ports(ray_port: int | None = None, options: tuple[str, ...] = HEAD_PORT_OPTIONS) -> list[str]:
+    """`--port P --ray-port R ...`: one free port for each of `options` (Ray's the one given, where the test needs
+    to know it)."""
+    chosen = {"--ray-port": ray_port} if ray_port else {}
+    return [arg for option in options for arg in (option, str(chosen.get(option) or free_port()))]
