@@ -124,14 +124,28 @@ PICKED_PORTS = range(20000, 32768)
 
 def free_port() -> int:
     """A port nothing listens on now, on any interface."""
-    for port in random.sample(PICKED_PORTS, 200):
-        with socket.socket() as sock:
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports nothing listens on now, on any interface (each is held until all are found: picks one
+    by one can name the same port twice)."""
+    held: list[socket.socket] = []
+    try:
+        for port in random.sample(PICKED_PORTS, min(len(PICKED_PORTS), 200 + count)):
+            sock = socket.socket()
             try:
                 sock.bind(("0.0.0.0", port))
             except OSError:
+                sock.close()
                 continue
-            return port
-    raise OSError(f"no free port in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1}")
+            held.append(sock)
+            if len(held) == count:
+                return [s.getsockname()[1] for s in held]
+    finally:
+        for sock in held:
+            sock.close()
+    raise OSError(f"no {count} free ports in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1}")
 
 
 def primary_ip() -> str:

@@ -3,7 +3,7 @@ and bulk ports are --port + 3, + 4 and + 5, and CI once found + 5 taken by anoth
 
 from __future__ import annotations
 
-from farm.local import free_port
+from farm.local import free_ports
 
 HEAD_PORT_OPTIONS = ("--port", "--ray-port", "--mtls-port", "--data-port", "--bulk-port")
 
@@ -12,4 +12,6 @@ def head_ports(ray_port: int | None = None, options: tuple[str, ...] = HEAD_PORT
     """`--port P --ray-port R ...`: one free port for each of `options` (Ray's the one given, where the test needs
     to know it)."""
     chosen = {"--ray-port": ray_port} if ray_port else {}
-    return [arg for option in options for arg in (option, str(chosen.get(option) or free_port()))]
+    free = [port for port in free_ports(len(options) + 1) if port != ray_port][:len(options)]
+    picked = dict(zip(options, free, strict=True)) | chosen
+    return [arg for option in options for arg in (option, str(picked[option]))]

@@ -21,7 +21,7 @@ from farm.cli.render import console
 from farm.client import Client, find_head
 from farm.client.preflight import prepare
 from farm.core.errors import FarmError, UserError
-from farm.local import free_port, read_json, recorded_alive, terminate, write_private
+from farm.local import free_ports, read_json, recorded_alive, terminate, write_private
 
 SPEC = Path("examples/digits/infer.yaml")
 ACCURACY_BAR = 0.90
@@ -39,7 +39,7 @@ def demo(
     began = time.monotonic()
     ok = False
     try:
-        port, ray_port = free_port(), free_port()
+        port, ray_port = free_ports(2)
         ray_as = _ray_user()
         with console.status("starting a local head..."):
             # Its dashboard over plain HTTP: on loopback only, a browser opens it without a certificate warning.

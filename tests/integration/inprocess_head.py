@@ -20,7 +20,7 @@ from farm.head.events import JobEvents
 from farm.head.server import build_server
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
-from farm.local import free_port
+from farm.local import free_ports
 from farm.proto import convert
 from farm.proto.v1 import agent_pb2, agent_pb2_grpc
 from farm.tls import new_node_key
@@ -80,7 +80,7 @@ class Head:
 @contextmanager
 def running_head(state: Path, **options: Any) -> Iterator[Head]:
     """A head's control plane in a thread of this process, with its own CA in `state`."""
-    options = {"port": free_port(), "mtls_port": free_port(), "data_port": free_port(), "bulk_port": free_port(),
+    options = {**dict(zip(("port", "mtls_port", "data_port", "bulk_port"), free_ports(4), strict=True)),
                "data_lanes": 2, **options}  # a given port: a head started again
     settings = HeadSettings(state_dir=state, host="127.0.0.1", **options)
     tokens = Tokens.load_or_create(state, settings.ray_token_path)
