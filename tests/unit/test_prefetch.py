@@ -1,15 +1,17 @@
 """The shard runner's read-ahead: the same batches in the same order, a reader's error raised to the consumer with
-its message, and its thread stopped (and the source closed) when the consumer stops early."""
+its message, and its thread stopped (and the source closed) when the consumer stops early; and the next attempt's
+batches, read while the one before it runs, handed to that attempt only."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from farm.core.errors import DataError
-from farm_agent.work.prefetch import prefetch
+from farm_agent.work.prefetch import DEPTH, ReadAhead, prefetch
 
 
 def _readers() -> list[threading.Thread]:
@@ -53,3 +55,36 @@ def test_an_early_stop_ends_the_thread_and_closes_the_source() -> None:
     stream.close()  # type: ignore[attr-defined]
     assert closed.is_set() and _readers() == []
     assert len(read) <= 3 + 2 + 1  # bounded: what was consumed, the queue, the item in hand
+
+
+def _source(read: list[int], closed: threading.Event, count: int = 10**9) -> Iterator[int]:
+    try:
+        for i in range(count):
+            read.append(i)
+            yield i
+    finally:
+        closed.set()
+
+
+def test_the_next_attempts_batches_are_read_before_it_starts_and_handed_to_it_once() -> None:
+    ahead, read, closed = ReadAhead(), [], threading.Event()
+    ahead.start("t-2", _source(read, closed, count=5))
+    deadline = time.monotonic() + 10
+    while len(read) < 3 and time.monotonic() < deadline:  # read while the attempt before it runs
+        time.sleep(0.01)
+    assert read[:3] == [0, 1, 2]
+    taken = ahead.take("t-2")
+    assert taken is not None and list(taken) == [0, 1, 2, 3, 4]
+    taken.close()
+    assert ahead.take("t-2") is None and closed.is_set() and _readers() == []  # handed over once
+
+
+def test_batches_read_for_another_attempt_are_closed_not_handed_over() -> None:
+    ahead = ReadAhead()
+    read_1, closed_1 = [], threading.Event()
+    read_2, closed_2 = [], threading.Event()
+    ahead.start("t-1", _source(read_1, closed_1))
+    ahead.start("t-2", _source(read_2, closed_2))  # t-1 was never run (cancelled): its reader stops
+    assert closed_1.is_set() and len(read_1) <= DEPTH + 1
+    assert ahead.take("t-3") is None  # not the attempt read for: nothing, and t-2's reader stops
+    assert closed_2.is_set() and _readers() == []

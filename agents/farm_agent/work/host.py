@@ -49,9 +49,12 @@ def main() -> None:
             sock.sendall(frames.pack(message))
 
     def receive() -> None:
-        """Assignments into the queue as they come: the agent sends the next shard while this one runs."""
+        """Assignments into the queue as they come: the agent sends the next shard while this one runs, and its data
+        is read ahead meanwhile."""
         try:
             while (assignment := frames.recv(sock, agent_pb2.Assignment, frames.MAX_ASSIGNMENT)) is not None:
+                if busy.is_set():
+                    read_ahead(assignment)
                 waiting.put(assignment)
         except (FarmError, OSError):
             pass
@@ -69,6 +72,7 @@ def main() -> None:
         ended(assignment, *finishing.wait(), busy_s)
 
     running: list[str] = [""]  # the ticket of the attempt running now
+    busy = threading.Event()  # an attempt runs now
 
     def output(text: str) -> None:
         report(agent_pb2.WorkReport(output=agent_pb2.WorkOutput(ticket=running[0], text=text)))
@@ -95,13 +99,27 @@ def main() -> None:
         first = None
         ready = free
         running[0] = assignment.ticket  # no shard runs now: the live stream (capture.LIVE) holds nothing to send
+        busy.set()
         reason, result = run(assignment)
+        busy.clear()
         free = time.monotonic()
         busy_s = None if ready is None else free - ready
         if isinstance(result, Finishing):  # its result is sent while the next attempt runs
             threading.Thread(target=finished, args=(assignment, result, busy_s), name="farm-ended").start()
         else:
             ended(assignment, reason, result, busy_s)
+
+
+def read_ahead(assignment: agent_pb2.Assignment) -> None:
+    """The next attempt's first batches read while this one runs, where its kind reads a dataset; a failure here is
+    met again, and reported, by the attempt itself."""
+    from farm_agent.work import kinds
+
+    try:
+        if (start := kinds.read_ahead(assignment.entry)) is not None:
+            start(decode_task(assignment.entry, assignment.task_json), assignment.ticket)
+    except Exception:  # noqa: BLE001, S110 - the attempt decodes and reads it again, and says what failed
+        pass
 
 
 def warm(device: str) -> None:

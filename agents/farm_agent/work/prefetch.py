@@ -1,13 +1,16 @@
 """A shard's batches read ahead in a thread, so that the node reads and decodes the next batches while the device
 runs the current one: a shard then takes about max(read, compute) rather than their sum. Hand-written rather than
-torch's DataLoader, whose workers are processes that would copy each batch and re-open the job's dataset."""
+torch's DataLoader, whose workers are processes that would copy each batch and re-open the job's dataset.
+
+The next shard's first batches are read ahead too (AHEAD): a worker is sent its next shard while one runs, and on the
+H100 a Parquet shard's first batch (a whole row group decoded) took longer than the shard's model."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from collections.abc import Generator, Iterator
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -15,45 +18,101 @@ DEPTH = 3  # batches read ahead: enough to ride out one slow block from the head
 _DONE = object()
 
 
-def prefetch(items: Iterator[T], depth: int = DEPTH) -> Generator[T]:
-    """`items` in order, read by a background thread at most `depth` ahead of the consumer. An error raised while
-    reading is raised here, the same exception, when the consumer reaches it. When the consumer stops early (close(),
-    an error of its own, or garbage collection), the thread stops after the item it is reading and closes `items`."""
-    ready: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+class Prefetch(Generic[T]):
+    """`items` in order, read by a background thread, started at once, at most `depth` ahead of the consumer. An
+    error raised while reading is raised here, the same exception, when the consumer reaches it. close() (which an
+    owner must call, whether it read all or none) stops the thread after the item it is reading and closes
+    `items`."""
 
-    def put(entry: tuple[object, BaseException | None]) -> bool:
-        while not stop.is_set():
+    def __init__(self, items: Iterator[T], depth: int = DEPTH) -> None:
+        self._items = items
+        self._ready: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._fill, name="farm-prefetch", daemon=True)
+        self._thread.start()
+
+    def _put(self, entry: tuple[object, BaseException | None]) -> bool:
+        while not self._stop.is_set():
             try:
-                ready.put(entry, timeout=0.05)  # wakes to see `stop` when the consumer has gone
+                self._ready.put(entry, timeout=0.05)  # wakes to see `stop` when the consumer has gone
                 return True
             except queue.Full:
                 continue
         return False
 
-    def fill() -> None:
+    def _fill(self) -> None:
         try:
-            for item in items:
-                if not put((item, None)):
+            for item in self._items:
+                if not self._put((item, None)):
                     return
-            put((_DONE, None))
+            self._put((_DONE, None))
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            put((None, exc))
+            self._put((None, exc))
         finally:
-            close = getattr(items, "close", None)
+            close = getattr(self._items, "close", None)
             if close is not None:
                 close()
 
-    thread = threading.Thread(target=fill, name="farm-prefetch", daemon=True)
-    thread.start()
+    def __iter__(self) -> Prefetch[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._ended:
+            raise StopIteration
+        item, error = self._ready.get()
+        if error is not None:
+            self._ended = True
+            raise error
+        if item is _DONE:
+            self._ended = True
+            raise StopIteration
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self._ended = True
+        self._stop.set()
+        self._thread.join()
+
+
+def prefetch(items: Iterator[T], depth: int = DEPTH) -> Generator[T]:
+    """Prefetch(items, depth) from the first next() on, closed when this generator is (close(), an error of the
+    consumer's, or garbage collection)."""
+    reader = Prefetch(items, depth)
     try:
-        while True:
-            item, error = ready.get()
-            if error is not None:
-                raise error
-            if item is _DONE:
-                return
-            yield item  # type: ignore[misc]
+        yield from reader
     finally:
-        stop.set()
-        thread.join()
+        reader.close()
+
+
+class ReadAhead:
+    """One attempt's batches, read from before it starts: a worker's next shard, while the one before it runs. At
+    most one is held; a take for another attempt closes it (the held one was cancelled or reassigned)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: tuple[str, Prefetch[object]] | None = None
+
+    def start(self, ticket: str, items: Iterator[object]) -> None:
+        started = Prefetch(items)
+        with self._lock:
+            stale, self._held = self._held, (ticket, started)
+        if stale is not None:
+            stale[1].close()
+
+    def take(self, ticket: str) -> Prefetch[object] | None:
+        """The batches read ahead for `ticket`'s attempt, now the caller's to close; None where there are none."""
+        with self._lock:
+            held, self._held = self._held, None
+        if held is None:
+            return None
+        if held[0] == ticket:
+            return held[1]
+        held[1].close()
+        return None
+
+    def close(self) -> None:
+        self.take("")
+
+
+AHEAD = ReadAhead()  # this worker's: one shard runs at a time in it

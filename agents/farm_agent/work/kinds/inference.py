@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from farm_agent.backends.base import Backend
 from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
-from farm_agent.work.prefetch import prefetch
+from farm_agent.work.prefetch import AHEAD, Prefetch, prefetch
 from farm_agent.work.staging import staged
 
 if TYPE_CHECKING:
@@ -43,7 +44,8 @@ _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] 
 
 
 @job_shard
-def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = False) -> ShardResult:
+def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = False,
+              ahead: Prefetch[ModelBatch] | None = None) -> ShardResult:
     """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
     the device's energy window; each batch's results (row_id, passthrough columns, `output`) go to `out` as they are
     made (to the head's upload: farm_agent.work.upload), and the shard's figures are returned.
@@ -55,14 +57,15 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     reading overlaps compute (an image folder's next DECODE_AHEAD batches decoding on the pool meanwhile): the few
     batches it reads during the warm-up are read outside the window. `later`: the
     energy may be found after the shard returns (ShardResult.energy_later), so that its device starts the next one
-    meanwhile."""
+    meanwhile. `ahead`: its batches, read from before it started (read_ahead), the reader now this shard's."""
     root = Path.cwd()
     module = load_model(task.model, task.weights, root)
     backend = backends.load(task.backend)
     way = reach(task.data.plan, task.data.access) if task.data is not None else None
     if way is not None and way.why:  # a shared path read through the head after all: the shard's log says why
         print(f"farm: the dataset is read {way.route.text}: {way.why}")
-    with closing(prefetch(model_batches(task, root, way))) as stream:  # closing: the reader stops if the model fails
+    stream = ahead if ahead is not None else prefetch(model_batches(task, root, way))
+    with closing(stream):  # closing: the reader stops if the model fails
         result = _run(task, module, backend, stream, out, later)
     return replace(result, read_route=way.route if way is not None else None)
 
@@ -117,9 +120,8 @@ def _at_rows(task: ShardTask, batch: ModelBatch) -> Iterator[None]:
 
 
 def _result(task: ShardTask, rows: int, seconds: float, correct: int | None, energy: Energy | None) -> ShardResult:
-    import ray
-
-    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    ray = sys.modules.get("ray")  # imported by a Ray worker only: importing it here cost a shard 0.3 s
+    node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
     return ShardResult(items=rows, seconds=seconds, correct=correct,
                        node_ray_id=node, energy=energy, peak_memory_bytes=_peak_memory(task.device))
 
@@ -205,14 +207,27 @@ def _meter(device: str) -> PowerMeter:
     return meter_for(device)
 
 
+def read_ahead(task: ShardTask, ticket: str) -> None:
+    """Start reading `ticket`'s shard (the worker's next, sent while one runs): its first batches wait, read and
+    decoded, for its attempt (prefetch.AHEAD). Only a located dataset's: a job's own dataset is its code's to load."""
+    if task.data is not None:
+        AHEAD.start(ticket, model_batches(task, Path.cwd()))
+
+
 def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | Finishing | None:
     """One attempt of an inference shard in its worker: its outputs to the head batch by batch, then its figures."""
     from farm_agent.work.upload import figures, send
 
+    ahead: Prefetch[ModelBatch] | None = AHEAD.take(route.ticket)  # type: ignore[assignment]
+
     def work(upload: Upload) -> Callable[[], ShardFigures]:
-        result = run_shard(task, upload.write, later=True)
+        result = run_shard(task, upload.write, later=True, ahead=ahead)
         energy = result.energy_later or (lambda: result.energy)
         route = {READ_ROUTE: float(result.read_route)} if result.read_route is not None else {}
         return lambda: figures(replace(result, energy=energy(), energy_later=None), **route)
 
-    return send(route, work)
+    try:
+        return send(route, work)
+    finally:
+        if ahead is not None:  # run_shard closed it where it ran; this, where it did not (no upload opened)
+            ahead.close()
