@@ -169,6 +169,32 @@ def test_parquet_row_groups_decode_in_parallel_in_order_each_row_once(tmp_path: 
     assert threads and all(name.startswith("farm-parquet") for name in threads) and most[0] <= 4
 
 
+def test_a_row_group_two_ranges_cut_is_decoded_once_for_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """A shard cut inside a row group leaves the group's rest to the next shard: read one after the other (as one
+    worker runs a job's shards), the group decodes once, and each range still gets exactly its own rows."""
+    import farm.data.formats.parquet as parquet
+
+    write_parquet_folder(tmp_path / "d", files=1)  # 40-row groups
+    plan = data.plan(DatasetSpec(location=str(tmp_path / "d"), format="parquet", inputs=["v"]))
+    decoded: list[int] = []
+    real = parquet._group_table
+
+    def spy(opened, metadata, index, columns):  # type: ignore[no-untyped-def]
+        decoded.append(index)
+        return real(opened, metadata, index, columns)
+
+    monkeypatch.setattr(parquet, "_group_table", spy)
+    cuts = [0, 50, 130, plan.size]  # inside groups 1 and 3
+    parts = [pa.Table.from_batches(list(data.read(plan, start, stop, None, 37, workers=2)))
+             for start, stop in zip(cuts, cuts[1:])]
+    assert [part.column("row_id").to_pylist() for part in parts] == [list(range(a, b)) for a, b in zip(cuts, cuts[1:])]
+    assert pa.concat_tables(parts).equals(read_all(plan, [0, plan.size]))
+    assert sorted(decoded) == list(range(-(-plan.size // 40)))  # each group once: 1 and 3 not again
+    again = list(data.read(plan, 50, 130, None, 37, workers=2))  # a cut is shared once: then read anew
+    assert sum(b.num_rows for b in again) == 80 and decoded.count(1) == 2
+
+
 def test_a_corrupt_row_group_read_in_parallel_is_named_with_its_rows(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     import farm.data.formats.parquet as parquet
