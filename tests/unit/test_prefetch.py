@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from farm.core.errors import DataError
-from farm_agent.work.prefetch import DEPTH, ReadAhead, prefetch
+from farm_agent.work.prefetch import AHEAD_DEPTH, ReadAhead, prefetch
 
 
 def _readers() -> list[threading.Thread]:
@@ -70,9 +70,10 @@ def test_the_next_attempts_batches_are_read_before_it_starts_and_handed_to_it_on
     ahead, read, closed = ReadAhead(), [], threading.Event()
     ahead.start("t-2", _source(read, closed, count=5))
     deadline = time.monotonic() + 10
-    while len(read) < 3 and time.monotonic() < deadline:  # read while the attempt before it runs
+    while len(read) < AHEAD_DEPTH + 1 and time.monotonic() < deadline:  # read while the attempt before it runs
         time.sleep(0.01)
-    assert read[:3] == [0, 1, 2]
+    time.sleep(0.2)
+    assert read == list(range(AHEAD_DEPTH + 1))  # the queue's and the one in hand: no more before it starts
     taken = ahead.take("t-2")
     assert taken is not None and list(taken) == [0, 1, 2, 3, 4]
     taken.close()
@@ -85,6 +86,6 @@ def test_batches_read_for_another_attempt_are_closed_not_handed_over() -> None:
     read_2, closed_2 = [], threading.Event()
     ahead.start("t-1", _source(read_1, closed_1))
     ahead.start("t-2", _source(read_2, closed_2))  # t-1 was never run (cancelled): its reader stops
-    assert closed_1.is_set() and len(read_1) <= DEPTH + 1
+    assert closed_1.is_set() and len(read_1) <= AHEAD_DEPTH + 2
     assert ahead.take("t-3") is None  # not the attempt read for: nothing, and t-2's reader stops
     assert closed_2.is_set() and _readers() == []

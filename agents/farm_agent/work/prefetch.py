@@ -85,6 +85,10 @@ def prefetch(items: Iterator[T], depth: int = DEPTH) -> Generator[T]:
         reader.close()
 
 
+AHEAD_DEPTH = 1  # the next shard's batches read before it starts: its first is what it would wait on (a Parquet
+# row group decoded whole); more would take the decoders from the shard that runs meanwhile
+
+
 class ReadAhead:
     """One attempt's batches, read from before it starts: a worker's next shard, while the one before it runs. At
     most one is held; a take for another attempt closes it (the held one was cancelled or reassigned)."""
@@ -94,7 +98,7 @@ class ReadAhead:
         self._held: tuple[str, Prefetch[object]] | None = None
 
     def start(self, ticket: str, items: Iterator[object]) -> None:
-        started = Prefetch(items)
+        started = Prefetch(items, AHEAD_DEPTH)
         with self._lock:
             stale, self._held = self._held, (ticket, started)
         if stale is not None:
