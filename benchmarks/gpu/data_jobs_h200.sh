@@ -18,6 +18,7 @@ farm_up
 timeout ${FARM_TIMEOUT_S:-400} python3 $B run $D --shapes $SHAPES --ways ${FARM_WAYS:-farm farm-shared} --workers 8 --idle-w $IDLE 2>&1 | grep '^{' | tee -a $OUT/rows.jsonl
 for job in $(grep -o '"job": "j-[0-9a-f]*"' $OUT/rows.jsonl | cut -d'"' -f4); do  # where each Farm job's time went
   $F job "$job" --explain > "$OUT/explain-$job.txt" 2>&1
+  $F logs "$job" > "$OUT/logs-$job.txt" 2>&1  # its timeline, to the millisecond: dispatches, worker, shards' ends
 done
 farm_down
 python3 $B table $D | tee $OUT/data_jobs.md

@@ -32,7 +32,11 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
     outputs = []
     with torch.inference_mode():
         for start in range(0, len(inputs), batch_size):
-            batch = torch.from_numpy(np.ascontiguousarray(inputs[start : start + batch_size]))
+            part = inputs[start : start + batch_size]
+            # The model gets this memory itself: a read-only view (Arrow's, a mapped file's) is copied first, so that
+            # a model writing its input in place cannot write into the dataset's buffers.
+            writable = part.flags.writeable and part.flags.c_contiguous
+            batch = torch.from_numpy(part if writable else np.array(part, order="C"))
             outputs.append(module(batch).numpy())
     return np.concatenate(outputs)
 
