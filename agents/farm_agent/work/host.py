@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from typing import Any
 from pathlib import Path
 
 from farm.core.errors import FarmError
@@ -41,7 +42,8 @@ LIVE_EVERY_S = 0.5
 def main() -> None:
     sock = socket.socket(fileno=int(os.environ.pop(FD_VAR)))
     sys.path.insert(0, str(Path.cwd()))  # the job's code, as Ray's working_dir had it
-    waiting: queue.Queue[agent_pb2.Assignment | None] = queue.Queue()
+    # Each assignment with its task where the receiving thread decoded it (to read it ahead), else None.
+    waiting: queue.Queue[tuple[agent_pb2.Assignment, Any] | None] = queue.Queue()
     sending = threading.Lock()
 
     def report(message: agent_pb2.WorkReport) -> None:
@@ -53,9 +55,7 @@ def main() -> None:
         is read ahead meanwhile."""
         try:
             while (assignment := frames.recv(sock, agent_pb2.Assignment, frames.MAX_ASSIGNMENT)) is not None:
-                if busy.is_set():
-                    read_ahead(assignment)
-                waiting.put(assignment)
+                waiting.put((assignment, read_ahead(assignment) if busy.is_set() else None))
         except (FarmError, OSError):
             pass
         waiting.put(None)
@@ -88,19 +88,20 @@ def main() -> None:
 
     threading.Thread(target=receive, name="farm-work-orders", daemon=True).start()
     threading.Thread(target=send_output, name="farm-live-output", daemon=True).start()
-    first: agent_pb2.Assignment | None = None
+    first: tuple[agent_pb2.Assignment, Any] | None = None
     if warm_device := os.environ.pop(WARM_VAR, ""):
         warm(warm_device)  # a job's first shard, if it came meanwhile, waits in the queue
         if (first := waiting.get()) is None:
             return
         importlib.invalidate_caches()  # the job's code arrived in this folder after the warm-up's imports
     free: float | None = None  # when the device was last free: the next attempt could start from then (it queued)
-    while (assignment := first if first is not None else waiting.get()) is not None:
+    while (order := first if first is not None else waiting.get()) is not None:
         first = None
+        assignment, task = order
         ready = free
         running[0] = assignment.ticket  # no shard runs now: the live stream (capture.LIVE) holds nothing to send
         busy.set()
-        reason, result = run(assignment)
+        reason, result = run(assignment, task)
         busy.clear()
         free = time.monotonic()
         busy_s = None if ready is None else free - ready
@@ -110,16 +111,18 @@ def main() -> None:
             ended(assignment, reason, result, busy_s)
 
 
-def read_ahead(assignment: agent_pb2.Assignment) -> None:
-    """The next attempt's first batches read while this one runs, where its kind reads a dataset; a failure here is
-    met again, and reported, by the attempt itself."""
+def read_ahead(assignment: agent_pb2.Assignment) -> Any:
+    """The next attempt's first batches read while this one runs, where its kind reads a dataset; its task, decoded
+    (None where it could not be: the attempt decodes it again and says why, as it does a failed read)."""
     from farm_agent.work import kinds
 
     try:
+        task = decode_task(assignment.entry, assignment.task_json)
         if (start := kinds.read_ahead(assignment.entry)) is not None:
-            start(decode_task(assignment.entry, assignment.task_json), assignment.ticket)
-    except Exception:  # noqa: BLE001, S110 - the attempt decodes and reads it again, and says what failed
-        pass
+            start(task, assignment.ticket)
+    except Exception:  # noqa: BLE001 - met again by the attempt, which reports it
+        return None
+    return task
 
 
 def warm(device: str) -> None:
@@ -133,13 +136,13 @@ def warm(device: str) -> None:
         print(f"warming {device} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def run(assignment: agent_pb2.Assignment) -> tuple[str, ShardFigures | Finishing | None]:
-    """Run one attempt: empty and its figures where its result (or its failure: None) went to the head; else why
-    it could not."""
+def run(assignment: agent_pb2.Assignment, task: Any = None) -> tuple[str, ShardFigures | Finishing | None]:
+    """Run one attempt (`task`: its task, if already decoded): empty and its figures where its result (or its
+    failure: None) went to the head; else why it could not."""
     from farm_agent.work.kinds import attempt
 
     try:
-        task = decode_task(assignment.entry, assignment.task_json)
+        task = task if task is not None else decode_task(assignment.entry, assignment.task_json)
         route = ResultRoute(assignment.result_address, assignment.ca_pem, assignment.ticket)
         return "", attempt(assignment.entry)(task, route)
     except FarmError as exc:

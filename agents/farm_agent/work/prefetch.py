@@ -115,8 +115,5 @@ class ReadAhead:
         held[1].close()
         return None
 
-    def close(self) -> None:
-        self.take("")
-
 
 AHEAD = ReadAhead()  # this worker's: one shard runs at a time in it

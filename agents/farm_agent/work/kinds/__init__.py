@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 # The entry point an Assignment names → the module of this package that runs it (imported at its first attempt:
@@ -15,14 +16,16 @@ from typing import Any
 ATTEMPTS = {"run_shard": "inference", "run_evaluate_shard": "evaluate", "run_kernel_shard": "kernel_eval"}
 
 
+def _kind(entry: str) -> ModuleType:
+    """The module of the kind that runs `entry` (KeyError: no kind does)."""
+    return importlib.import_module(f"{__name__}.{ATTEMPTS[entry]}")
+
+
 def read_ahead(entry: str) -> Callable[[Any, str], None] | None:
-    """The `read_ahead(task, ticket)` of the kind that runs `entry`, where it reads its data ahead (KeyError: no
-    kind runs it)."""
-    module = importlib.import_module(f"{__name__}.{ATTEMPTS[entry]}")
-    return getattr(module, "read_ahead", None)
+    """The `read_ahead(task, ticket)` of the kind that runs `entry`, where it reads its data ahead."""
+    return getattr(_kind(entry), "read_ahead", None)
 
 
 def attempt(entry: str) -> Callable[[Any, Any], Any]:
-    """The `attempt` function of the kind that runs `entry` (KeyError: no kind does)."""
-    module = importlib.import_module(f"{__name__}.{ATTEMPTS[entry]}")
-    return module.attempt
+    """The `attempt` function of the kind that runs `entry`."""
+    return _kind(entry).attempt
