@@ -78,7 +78,7 @@ def start(
              "with the seconds to wait.", metavar="N")] = None,
 ) -> None:
     """Start a head; prints the command that joins other machines to it."""
-    from farm.dashboard import Dashboard, check_plain_http, pick_port
+    from farm.dashboard import Dashboard, check_plain_http, reserve_port
     from farm.head.server import serve
     from farm.head.settings import HeadSettings
     from farm.ray_user import chosen as chosen_ray_user
@@ -105,8 +105,9 @@ def start(
         _adopt_secrets(secrets_dir, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The head's process serves the dashboard too, composed here: the head never imports it.
-    dashboard = Dashboard(host, pick_port(host, dashboard_port, default=port + 2), settings.advertise,
-                          plain_http=dashboard_http)
+    own_ports = {settings.ray_port, settings.mtls_listen_port, settings.data_listen_port, settings.bulk_listen_port}
+    dashboard = Dashboard(host, reserve_port(host, dashboard_port, default=port + 2, avoid=own_ports),
+                          settings.advertise, plain_http=dashboard_http)
     # The join line holds a join token: on a terminal only, never into a log (a detached head's output is its log).
     serve(settings, on_ready=lambda join: console.print(
         f"head ready; dashboard at {dashboard.url}\n" + (

@@ -31,14 +31,16 @@ StateDir = Annotated[
 
 def start_in_background(argv: list[str], log: Path, ready: Callable[[], bool], what: str) -> subprocess.Popen[bytes]:
     """Re-run this `farm` command without --detach in its own session; return once `ready()` holds. If the process
-    dies or never gets ready, stop it and say why with the last line of its log."""
+    dies or never gets ready, stop it and say why: its log's last `error:` line (what came after, a library's noise as
+    the process ended, would hide it), else the log's last line."""
     proc = spawn_detached(python_command("farm.cli.main", *[a for a in argv if a != "--detach"]), log)
     wait_for(lambda: proc.poll() is not None or ready(), timeout=120)
     if proc.poll() is not None or not ready():
         if proc.poll() is None:
             terminate(proc.pid)
-        last = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        raise UserError(f"{what}: {last[0] if last else 'no output'} (log: {log})")
+        lines = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+        said = [line for line in lines if line.startswith("error: ")][-1:] or lines[-1:]
+        raise UserError(f"{what}: {said[0] if said else 'no output'} (log: {log})")
     return proc
 
 

@@ -30,10 +30,11 @@ import asyncio
 import json
 import logging
 import math
+import random
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib import resources
 from typing import Any
 
@@ -49,7 +50,7 @@ from farm.dashboard.views import (LIVE_STATES, fleet_view, gpu_memory_percent, j
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
 from farm.head.store import Job, NodeWork, Store
-from farm.local import free_port, on_loopback
+from farm.local import PICKED_PORTS, on_loopback
 from farm.tls import HeadTLS
 
 log = logging.getLogger("farm.dashboard")
@@ -63,16 +64,24 @@ HTTP_STATUS = {AuthError: 401, NotFoundError: 404, ConflictError: 409, UserError
 CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'"
 
 
-def pick_port(host: str, requested: int | None, default: int) -> int:
-    """The dashboard's port: the one asked for (0: any free one), which must be free; else `default` when it is free,
-    else any free one, so that a busy default never stops a head from starting."""
-    if requested is not None:
-        if requested == 0:
-            return free_port()
-        if not _can_bind(host, requested):
+def reserve_port(host: str, requested: int | None, default: int, avoid: Collection[int] = ()) -> socket.socket:
+    """The dashboard's socket, bound now and held until it listens: on the port asked for (0: any free one), which
+    must be free; else on `default` when it is free and not in `avoid` (the head's other ports, bound later), else on
+    any free one, so that a busy default never stops a head from starting. Bound rather than only checked: between
+    the pick and the dashboard's start the head starts Ray, which binds ports of its own (a port checked free was
+    once taken in that moment, and the head failed to start)."""
+    if requested is not None and requested != 0:
+        sock = _bound(host, requested)
+        if sock is None:
             raise UserError(f"cannot listen on port {requested} (--dashboard-port): it is in use")
-        return requested
-    return default if _can_bind(host, default) else free_port()
+        return sock
+    candidates = ([default] if requested is None and default not in avoid else []) + [
+        port for port in random.sample(PICKED_PORTS, len(PICKED_PORTS)) if port not in avoid]
+    for port in candidates:
+        sock = _bound(host, port)
+        if sock is not None:
+            return sock
+    raise UserError(f"no free port for the dashboard on {host}")
 
 
 def check_plain_http(host: str, plain_http: bool) -> None:
@@ -81,14 +90,15 @@ def check_plain_http(host: str, plain_http: bool) -> None:
                         f"on {host}: signing in would send the API token in the clear")
 
 
-def _can_bind(host: str, port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+def _bound(host: str, port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's own sites: a restart finds it free
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 class Feed:
@@ -124,13 +134,18 @@ class Feed:
 class Dashboard:
     """The head's web dashboard and /metrics: a service the entry point hands to `farm.head.server.serve`."""
 
-    def __init__(self, host: str, port: int, advertise: str, sample_every_s: float = 2.0,
+    def __init__(self, host: str, port: int | socket.socket, advertise: str, sample_every_s: float = 2.0,
                  plain_http: bool = False) -> None:
-        """`plain_http`: no TLS although the head has it, only where the dashboard listens on loopback (a token
-        signed in over plain HTTP crosses the network in the clear)."""
+        """`port`: a number, or a socket bound to it (reserve_port), on which it then listens. `plain_http`: no TLS
+        although the head has it, only where the dashboard listens on loopback (a token signed in over plain HTTP
+        crosses the network in the clear)."""
         check_plain_http(host, plain_http)
         self.host = host
-        self.port = port
+        if isinstance(port, socket.socket):
+            self.reserved: socket.socket | None = port
+            self.port: int = port.getsockname()[1]
+        else:
+            self.reserved, self.port = None, port
         self.advertise = advertise
         self.sample_every_s = sample_every_s
         self.plain_http = plain_http
@@ -152,7 +167,9 @@ class Dashboard:
         self._runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         try:
-            await web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl).start()
+            site = (web.SockSite(self._runner, self.reserved, ssl_context=self.ssl) if self.reserved
+                    else web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl))
+            await site.start()
         except OSError as exc:
             await self._runner.cleanup()
             raise UserError(f"the dashboard cannot listen on {self.host}:{self.port}: {exc.strerror}") from None

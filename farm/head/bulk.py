@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import contextlib
 import socket
 import ssl
 import threading
@@ -72,6 +73,9 @@ class BulkServer:
 
     def stop(self) -> None:
         if self.listener is not None:
+            # Shut down first: a close alone leaves the port listening while the accepting thread blocks on it.
+            with contextlib.suppress(OSError):
+                self.listener.shutdown(socket.SHUT_RDWR)
             self.listener.close()
         with self.lock:
             for conn in self.connections:

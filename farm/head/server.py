@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -201,42 +202,43 @@ async def _serve(settings: HeadSettings, tokens: Tokens, on_ready: Callable[[str
     tls = None if settings.insecure else head_tls(settings)
     tokens = tokens.for_server(settings)
     server, lanes = build_server(settings, tokens, store, dispatcher, events, tls)
-    await server.start()
-    await asyncio.to_thread(lanes.start)
-    served: dict[str, str] = {}
-    for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from
-        served.update(await service.start(store, Jobs(store, dispatcher, events, settings), tokens, tls))
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    dispatch = asyncio.create_task(dispatcher.run())
-    saving = asyncio.create_task(save_heartbeats(store, settings.heartbeat_save_s))
-    # What start-up made (Ray, gRPC, pydantic's schemas: ~100k objects) lives as long as the head: keep it out of
-    # the collector's full passes, which otherwise stall the event loop (and every heartbeat) for a large fleet.
-    gc.freeze()
-    write_json(settings.info_path, {
-        **this_process(), "address": settings.address, "ray_address": settings.ray_address,
-        "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
-        "tls": tls is not None, "ca_hash": tls.ca_hash if tls else "",
-        "ca": str(settings.tls_dir / "ca.pem") if tls else "", "mtls_port": settings.mtls_listen_port if tls else 0,
-        "data_address": settings.data_address, "bulk_address": settings.bulk_address, **served,
-    })  # 0600, as every state file: it holds the tokens
-    log.info("head listening on %s:%d (%s)", settings.host, settings.port,
-             f"TLS; mutual TLS for agents on {settings.mtls_listen_port}" if tls else "without TLS: --insecure")
-    on_ready(join_command(settings.address, tokens.join, tls.ca_hash if tls else ""))
-    try:
+    # Whatever started is stopped, in reverse, also when a later part fails to start (a dashboard port taken): a
+    # gRPC server left running past the loop raises "Event loop is closed" when collected, and that, not the one-line
+    # reason, became the last line of the log that `farm head start --detach` shows.
+    async with contextlib.AsyncExitStack() as started:
+        started.callback(store.close)
+        started.callback(store.save_heartbeats)
+        await server.start()
+        started.push_async_callback(server.stop, 2)
+        await asyncio.to_thread(lanes.start)
+        started.push_async_callback(asyncio.to_thread, lanes.stop)
+        served: dict[str, str] = {}
+        for service in services:  # a Jobs of their own: it holds no state apart from the parts it is built from
+            served.update(await service.start(store, Jobs(store, dispatcher, events, settings), tokens, tls))
+            started.push_async_callback(service.stop)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        started.callback(asyncio.create_task(dispatcher.run()).cancel)
+        started.callback(asyncio.create_task(save_heartbeats(store, settings.heartbeat_save_s)).cancel)
+        # What start-up made (Ray, gRPC, pydantic's schemas: ~100k objects) lives as long as the head: keep it out
+        # of the collector's full passes, which otherwise stall the event loop (and every heartbeat) for a large
+        # fleet.
+        gc.freeze()
+        write_json(settings.info_path, {
+            **this_process(), "address": settings.address, "ray_address": settings.ray_address,
+            "join_token": tokens.join, "api_token": tokens.api, "version": __version__, "started_at": time.time(),
+            "tls": tls is not None, "ca_hash": tls.ca_hash if tls else "",
+            "ca": str(settings.tls_dir / "ca.pem") if tls else "",
+            "mtls_port": settings.mtls_listen_port if tls else 0, "data_address": settings.data_address,
+            "bulk_address": settings.bulk_address, **served,
+        })  # 0600, as every state file: it holds the tokens
+        log.info("head listening on %s:%d (%s)", settings.host, settings.port,
+                 f"TLS; mutual TLS for agents on {settings.mtls_listen_port}" if tls else "without TLS: --insecure")
+        on_ready(join_command(settings.address, tokens.join, tls.ca_hash if tls else ""))
         await stopping.wait()
-    finally:
         log.info("stopping")
-        for service in services:
-            await service.stop()
-        dispatch.cancel()
-        saving.cancel()
-        await asyncio.to_thread(lanes.stop)
-        await server.stop(grace=2)
-        store.save_heartbeats()
-        store.close()
 
 
 async def save_heartbeats(store: Store, every_s: float, chunk: int = 250) -> None:

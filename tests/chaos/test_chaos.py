@@ -32,7 +32,6 @@ import yaml
 from farm.client import Client, find_head
 from farm.core.errors import FarmError
 from farm.local import (
-    free_port,
     processes_in_sessions,
     ray_temp_dir,
     read_json,
@@ -63,14 +62,15 @@ class Farm:
     process's Ray node may outlive it), so that stop() ends all of this farm and nothing else."""
 
     state: Path
-    port: int = field(default_factory=free_port)
-    ray_port: int = field(default_factory=free_port)
-    other_ports: list[str] = field(  # the same ones on every restart
-        default_factory=lambda: head_ports(options=("--mtls-port", "--data-port", "--bulk-port")))
+    ports: list[str] = field(default_factory=head_ports)  # `--port P --ray-port R ...`: the same on every restart
     join: str = ""
     ca_hash: str = ""
     sessions: set[int] = field(default_factory=set)
     starting: dict[str, subprocess.Popen[str]] = field(default_factory=dict)  # `farm agent start --detach` under way
+
+    @property
+    def port(self) -> int:
+        return int(self.ports[self.ports.index("--port") + 1])
 
     def start_head(self, within_s: float = 0.0) -> int:
         """Start the head; how many tries it took. With `within_s`, failed starts are tried again for that long, as
@@ -80,9 +80,8 @@ class Farm:
         tries = 0
         while True:
             tries += 1
-            started = farm("head", "start", "--host", "127.0.0.1", "--port", str(self.port), "--ray-port",
-                           str(self.ray_port), *self.other_ports, "--state-dir", str(self.state), "--detach",
-                           timeout=180)
+            started = farm("head", "start", "--host", "127.0.0.1", *self.ports, "--state-dir", str(self.state),
+                           "--detach", timeout=180)
             if started.returncode == 0 or time.monotonic() > deadline:
                 break
             time.sleep(2)

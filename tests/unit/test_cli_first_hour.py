@@ -272,6 +272,19 @@ def test_a_detached_head_writes_no_join_token_into_a_file(tmp_path: Path, monkey
     assert "JOIN-S3CRET" not in shown.output and "farm head token create" in shown.output
 
 
+def test_a_detached_start_that_fails_says_its_error_not_the_noise_after_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library's complaint as the process ended ("Event loop is closed", CI stop 36) came after the reason."""
+    said = ("import sys; print('starting'); print('error: cannot listen on port 7702', file=sys.stderr); "
+            "print('Traceback (most recent call last):\\nRuntimeError: Event loop is closed', file=sys.stderr); "
+            "sys.exit(2)")
+    monkeypatch.setattr(options, "python_command", lambda *argv: [sys.executable, "-c", said])
+    with pytest.raises(UserError) as failed:
+        options.start_in_background(["head", "start", "--detach"], tmp_path / "head.log", lambda: False,
+                                    "the head did not start")
+    assert failed.value.message.startswith("the head did not start: error: cannot listen on port 7702 (log: ")
+
+
 # ---- 14. the output folder before the model check
 
 

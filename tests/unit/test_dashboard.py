@@ -24,7 +24,7 @@ import farm.dashboard
 from farm.core.energy import DevicePower, Energy, EnergyScope, EnergySource
 from farm.core.errors import UserError
 from farm.core.models import BackendName, BackendOffer, Gpu, GpuMemory, Hardware, JobState, NodeState
-from farm.dashboard import Dashboard, pick_port
+from farm.dashboard import Dashboard, reserve_port
 from farm.dashboard.history import History, Reading
 from farm.head.auth import Tokens
 from farm.head.dispatch import Dispatcher
@@ -85,7 +85,8 @@ async def serving(tmp_path: Path, sample_every_s: float = 60.0, **options: Any) 
     store = Store(tmp_path / "state.db")
     events = JobEvents()
     jobs = Jobs(store, Dispatcher(store, settings, events.publish), events, settings)
-    dashboard = Dashboard("127.0.0.1", free_port(), "127.0.0.1", sample_every_s=sample_every_s)
+    dashboard = Dashboard("127.0.0.1", reserve_port("127.0.0.1", None, default=free_port()), "127.0.0.1",
+                          sample_every_s=sample_every_s)  # as the head: on a socket bound at the pick
     info = await dashboard.start(store, jobs, tokens, tls)
     assert info == {"dashboard": dashboard.url} and dashboard.url.startswith("https://127.0.0.1:")
     trusted = ssl.create_default_context(cadata=tls.ca_pem.decode())
@@ -343,16 +344,41 @@ def test_history_keeps_fifteen_minutes_and_charts_the_busiest_nodes() -> None:
 
 
 def test_the_dashboard_port_falls_back_only_when_none_was_asked_for() -> None:
+    def port(sock: socket.socket) -> int:
+        with sock:
+            return int(sock.getsockname()[1])
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        assert pick_port("127.0.0.1", None, default=busy) != busy
+        assert port(reserve_port("127.0.0.1", None, default=busy)) != busy
         with pytest.raises(UserError, match="--dashboard-port"):
-            pick_port("127.0.0.1", busy, default=busy)
-    port = free_port()
-    assert pick_port("127.0.0.1", None, default=port) == port
-    assert pick_port("127.0.0.1", 0, default=port) > 0
+            reserve_port("127.0.0.1", busy, default=busy)
+    free = free_port()
+    assert port(reserve_port("127.0.0.1", None, default=free)) == free
+    assert port(reserve_port("127.0.0.1", 0, default=free)) > 0
+    # Never the head's own ports, bound after the pick (`--data-port` at --port + 2, say).
+    assert port(reserve_port("127.0.0.1", None, default=free, avoid={free})) != free
+
+
+def test_the_reserved_port_is_held_until_the_dashboard_listens_on_it(tmp_path: Path) -> None:
+    """Ray, started between the pick and the dashboard's start, found a port only checked free and took it; the
+    dashboard then serves on the socket held since the pick (as every test here: `serving`), and lets it go."""
+    reserved = reserve_port("127.0.0.1", None, default=free_port())
+    with reserved, socket.socket() as meanwhile, pytest.raises(OSError):
+        meanwhile.bind(("127.0.0.1", reserved.getsockname()[1]))
+
+    served_on: list[int] = []
+
+    async def scenario(served: Served) -> None:
+        assert served.dashboard.reserved is not None and (await served.get("api/fleet"))[0] == 200
+        served_on.append(served.dashboard.port)
+
+    run(tmp_path, scenario)
+    with socket.socket() as after:
+        after.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        after.bind(("127.0.0.1", served_on[0]))
 
 
 def test_the_grafana_dashboard_charts_only_metrics_the_head_exports(tmp_path: Path) -> None:
