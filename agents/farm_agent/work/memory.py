@@ -1,11 +1,12 @@
 """Memory a shard freed, given back to the system when it ends.
 
-A Ray worker lives on between shards and jobs on a lender's machine, and glibc's malloc keeps what a shard freed in
-its arenas (reads from the head, Arrow batches, result buffers, from the reader thread's arena too), so a worker held
-more between shards the larger the shards it had run (seen in a scratch experiment on the 2-core box, not a benchmark
-of the project). A fixed mmap threshold (MALLOC_MMAP_THRESHOLD_) kept the peak flat but made the model's own tensors
-page-fault on every batch, about half the speed there: not taken. The arenas are two (MALLOC_ARENA_MAX, set for
-every Ray process by farm.local.ray_env): glibc's 8 a core each kept what their threads freed.
+A worker lives on between shards on a lender's machine, and glibc's malloc keeps what a shard freed in its arenas
+(reads from the head, Arrow batches, result buffers, from the reader thread's arena too), so a worker held more
+between shards the larger the shards it had run (seen in a scratch experiment on the 2-core box, not a benchmark of
+the project). A fixed mmap threshold (MALLOC_MMAP_THRESHOLD_) kept the peak flat but made the model's own tensors
+page-fault on every batch, about half the speed there: not taken. The arenas are two (MALLOC_ARENA_MAX, set for every
+worker by farm_agent.daemon.workers and every Ray process by farm.local.ray_env): glibc's 8 a core each kept what
+their threads freed.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def _pool(streams: int) -> ThreadPoolExecutor:
 
 @lru_cache(maxsize=4)
 def channel(address: str, ca_pem: bytes) -> grpc.Channel:
-    """A channel to the head as a Ray worker reaches it (its dataset reads, its shards' uploads): one per head."""
+    """A channel to the head as a node's worker reaches it (its dataset reads, its shards' uploads): one per head."""
     return _connect(address, ca_pem, [])
 
 

@@ -1,6 +1,6 @@
-"""Runs one shard of an evaluate job inside a Ray worker: the model over the shard's rows (as inference runs it, on
-the chosen backend, its energy measured), scored against their labels. Returns figures only: no outputs leave the
-node."""
+"""Runs one shard of an evaluate job in the device's persistent worker: the model over the shard's rows (as inference
+runs it, on the chosen backend, its energy measured), scored against their labels. Returns figures only: no outputs
+leave the node."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Runs one shard inside a Ray worker on the node the scheduler chose; Ray made the job's code its cwd."""
+"""Runs one shard of an inference job in the persistent worker (farm_agent.work.host) of the device the scheduler
+chose, in the job's code folder."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from farm_agent.work.upload import Finishing, Upload
 
 # What each loaded model has already run in this worker process: (device, tuning, batch rows). load_model keeps
-# models cached, and Ray reuses a worker for the next job with the same code, whose tuning may differ.
+# models cached, and a worker runs every shard of its job on its device, whose tuning may differ between them.
 _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] = weakref.WeakKeyDictionary()
 
 
@@ -120,7 +121,7 @@ def _at_rows(task: ShardTask, batch: ModelBatch) -> Iterator[None]:
 
 
 def _result(task: ShardTask, rows: int, seconds: float, correct: int | None, energy: Energy | None) -> ShardResult:
-    ray = sys.modules.get("ray")  # imported by a Ray worker only: importing it here cost a shard 0.3 s
+    ray = sys.modules.get("ray")  # imported by a Ray actor only: importing it here cost a shard 0.3 s
     node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else ""
     return ShardResult(items=rows, seconds=seconds, correct=correct,
                        node_ray_id=node, energy=energy, peak_memory_bytes=_peak_memory(task.device))

@@ -1,6 +1,6 @@
-"""Runs one shard of a kernel-eval job inside a Ray worker: one problem's candidates through the hardened evaluator,
-its eager and torch.compile baselines measured once for all of them. Ray made the job's code (the problems and
-candidates folders) its cwd.
+"""Runs one shard of a kernel-eval job in the device's persistent worker: one problem's candidates through the
+hardened evaluator, its eager and torch.compile baselines measured once for all of them. The job's code (the
+problems and candidates folders) is its cwd.
 
 Every candidate runs in a child process of its own with the job's time and memory limits: a crash, a hang or a CUDA
 fault fails that candidate's row, never this worker, the node or the job.
