@@ -228,8 +228,7 @@ class Dispatcher:
         return None if spec.deadline_s is None else spec.deadline_s - (time.time() - job.created_at)
 
     def _explain(self, job: Job, lines: list[str]) -> None:
-        explanation = "\n".join(lines)
-        if explanation != job.explanation:
+        if (explanation := "\n".join(lines)) != job.explanation:
             self.store.set_explanation(job.id, explanation)
 
     def _waiting(self, job: Job) -> list[Any]:
@@ -276,6 +275,7 @@ class Dispatcher:
         self.attempts.start((job.id, shard.index), Running(node.id, assignment.device, route.ticket))
         self.outcomes.started(job, shard.index, node, assignment.backend.value, assignment.device,
                               why or f"score {assignment.score:,.1f}, {assignment.basis}")
+        self.wake.set()  # a round gives a device one shard: the next, now, fills its other slots and its queue
 
     async def receive(self, ticket: str, parts: AsyncIterator[result_pb2.UploadPart]) -> None:
         """An attempt's upload (ResultService.Upload), read whole. Its result is claimed (the attempt is released, the
@@ -364,7 +364,7 @@ class Dispatcher:
         drained), its data's fails the shard alone, the job's fails the job."""
         job_id, index = key
         if failure.node:
-            if running.node_id in self.draining:  # its agent stopped Ray: not the shard's fault
+            if running.node_id in self.draining:  # its agent stopped its workers: not the shard's fault
                 self.outcomes.requeue(job_id, index, f"its node drained ({failure.message})")
             else:
                 self.outcomes.retry_or_fail(job_id, index, failure.message)
@@ -378,8 +378,7 @@ class Dispatcher:
             self.outcomes.fail(job_id, index, failure.message)
 
     def _with_marginal(self, running: Running, record: ShardRecord) -> ShardRecord:
-        """The record with its energy above its device's idle draw, as the device's agent read that draw on the same
-        meter."""
+        """The record with its energy above its device's idle draw (its agent read that on the same meter)."""
         node = self.round.nodes.get(running.node_id)
         offer = next((o for o in node.backends if o.device == running.device), None) if node else None
         if record.marginal_j is not None or record.energy is None or offer is None:

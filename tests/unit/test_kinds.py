@@ -34,6 +34,7 @@ from tests.uploads import arrive, parts, stream
 from farm.head.outcomes import NodeLost, ShardRecord, sort_failure
 from farm.head.settings import HeadSettings
 from farm.head.store import Store
+from farm.tls import HeadTLS
 
 SETTINGS = HeadSettings(state_dir=Path("/nowhere"))  # planning these kinds reads nothing from the state folder
 
@@ -318,3 +319,36 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
         assert not farm_.writing and store.job("j-1").shards[index].state is ShardState.SUCCEEDED
 
     asyncio.run(collect())
+
+
+def rounds_while_woken(farm_: Dispatcher) -> None:
+    """The dispatcher's loop without its 1 s tick: a round only while the last one (or an event) woke it."""
+    for _ in range(20):
+        if not farm_.wake.is_set():
+            return
+        farm_.wake.clear()
+        farm_.schedule()
+
+
+@pytest.mark.parametrize("shards", ["auto", "8"])
+def test_a_device_s_queue_slot_is_filled_in_the_round_after_a_launch_not_a_tick_later(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: str) -> None:
+    """A round gives a device one shard. The round after a launch came only with the next event or the dispatcher's
+    1 s tick: a device whose shards take less (a Parquet job's on an H100: 5-360 ms) had its next shard sent only
+    once the last ended, so its worker never read one ahead. A round that launched wakes the next."""
+    text = INFER.replace("shards: 3", f"shards: {shards}\nbatch_size: 2")
+    (tmp_path / "code.zip").write_bytes(code("toyjob.py"))
+    ranges = [] if shards == "auto" else [(i * 1250, (i + 1) * 1250) for i in range(8)]
+    store.add_job("j-1", "toy", "inference", text, str(tmp_path / "code.zip"), str(tmp_path / "out"), 10_000, ranges)
+    farm_ = dispatcher(store, tmp_path)
+    HeadTLS.load_or_create(farm_.settings.tls_dir, ["127.0.0.1"])  # its CA goes with each shard's upload route
+    monkeypatch.setattr(farm_.links, "send", lambda node_id, order: True)  # the node's end of its work stream
+    farm_.wake.set()
+    rounds_while_woken(farm_)
+    assert list(farm_.attempts.of_job("j-1")) == [0]  # the first shard measures the device, alone
+    farm_.attempts.release(("j-1", 0))
+    farm_.outcomes.succeeded("j-1", 0, ShardRecord(items=8, seconds=0.01))  # the device is measured
+    farm_.wake.set()
+    rounds_while_woken(farm_)
+    # Both slots of the node's cpu (tests.stores) and its queue (queue_depth 1) hold a shard, without a tick.
+    assert len(farm_.attempts.of_job("j-1")) == 2 + farm_.settings.queue_depth, store.job("j-1").explanation
