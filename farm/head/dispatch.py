@@ -228,7 +228,8 @@ class Dispatcher:
         return None if spec.deadline_s is None else spec.deadline_s - (time.time() - job.created_at)
 
     def _explain(self, job: Job, lines: list[str]) -> None:
-        if (explanation := "\n".join(lines)) != job.explanation:
+        """A round that said nothing (its job all cut) leaves the last one's reasons for `--explain`."""
+        if lines and (explanation := "\n".join(lines)) != job.explanation:
             self.store.set_explanation(job.id, explanation)
 
     def _waiting(self, job: Job) -> list[Any]:

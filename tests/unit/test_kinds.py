@@ -352,3 +352,25 @@ def test_a_device_s_queue_slot_is_filled_in_the_round_after_a_launch_not_a_tick_
     rounds_while_woken(farm_)
     # Both slots of the node's cpu (tests.stores) and its queue (queue_depth 1) hold a shard, without a tick.
     assert len(farm_.attempts.of_job("j-1")) == 2 + farm_.settings.queue_depth, store.job("j-1").explanation
+
+
+def test_the_last_round_s_reasons_outlive_the_rounds_with_nothing_left_to_cut(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`farm job --explain` after an auto-sized job was all cut showed no scheduling round at all: each round after
+    the last cut, with nothing left, blanked what the rounds had said (a drained node's reason with it)."""
+    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
+    (tmp_path / "code.zip").write_bytes(code("toyjob.py"))
+    store.add_job("j-1", "toy", "inference", text, str(tmp_path / "code.zip"), str(tmp_path / "out"), 24, [])
+    farm_ = dispatcher(store, tmp_path)
+    HeadTLS.load_or_create(farm_.settings.tls_dir, ["127.0.0.1"])
+    monkeypatch.setattr(farm_.links, "send", lambda node_id, order: True)  # the node's end of its work stream
+    farm_.wake.set()
+    rounds_while_woken(farm_)
+    farm_.attempts.release(("j-1", 0))
+    farm_.outcomes.succeeded("j-1", 0, ShardRecord(items=8, seconds=0.01))
+    farm_.wake.set()
+    rounds_while_woken(farm_)
+    said = store.job("j-1").explanation
+    assert "box/cpu" in said and sum(s.size for s in store.job("j-1").shards) == 24  # all cut
+    farm_.schedule()  # a round with nothing left to cut
+    assert store.job("j-1").explanation == said
