@@ -7,11 +7,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 
 import pytest
 
 from farm.core.errors import DataError
-from farm_agent.work.prefetch import AHEAD_DEPTH, ReadAhead, prefetch
+from farm_agent.work.prefetch import AHEAD_DEPTH, Prefetch, ReadAhead
 
 
 def _readers() -> list[threading.Thread]:
@@ -19,8 +20,10 @@ def _readers() -> list[threading.Thread]:
 
 
 def test_yields_every_item_in_order() -> None:
-    assert list(prefetch(iter(range(1000)), depth=2)) == list(range(1000))
-    assert list(prefetch(iter([]))) == []
+    with closing(Prefetch(iter(range(1000)), depth=2)) as stream:
+        assert list(stream) == list(range(1000))
+    with closing(Prefetch(iter([]))) as stream:
+        assert list(stream) == []
     assert _readers() == []
 
 
@@ -30,10 +33,10 @@ def test_a_reader_error_reaches_the_consumer_after_the_items_before_it() -> None
         yield 2
         raise DataError("rows.npy: row 3 does not decode")
 
-    stream = prefetch(source())
-    assert next(stream) == 1 and next(stream) == 2
-    with pytest.raises(DataError, match=r"^rows\.npy: row 3 does not decode$"):
-        next(stream)
+    with closing(Prefetch(source())) as stream:
+        assert next(stream) == 1 and next(stream) == 2
+        with pytest.raises(DataError, match=r"^rows\.npy: row 3 does not decode$"):
+            next(stream)
     assert _readers() == []
 
 
@@ -49,10 +52,10 @@ def test_an_early_stop_ends_the_thread_and_closes_the_source() -> None:
         finally:
             closed.set()
 
-    held = source()  # held here, so that only prefetch's close (not garbage collection) can close it
-    stream = prefetch(held, depth=2)
+    held = source()  # held here, so that only the reader's close (not garbage collection) can close it
+    stream = Prefetch(held, depth=2)
     assert [next(stream) for _ in range(3)] == [0, 1, 2]
-    stream.close()  # type: ignore[attr-defined]
+    stream.close()
     assert closed.is_set() and _readers() == []
     assert len(read) <= 3 + 2 + 1  # bounded: what was consumed, the queue, the item in hand
 

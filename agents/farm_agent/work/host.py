@@ -9,8 +9,9 @@ in, WorkReports go out (farm_agent.work.frames). Each shard sends its own result
 exits when the agent closes its end.
 
 A warm worker (WARM_VAR naming its device) is one the agent starts before any job needs it: it imports torch and
-Farm's shard code and readies the device (the backend's warm: on a GPU its context, cuBLAS and cuDNN), seconds a
-job's first shard would otherwise wait, then waits for its first Assignment. The agent gives it to the next job
+Farm's shard code, starts the image decoders' server (farm.data.decoders) and readies the device (the backend's
+warm: on a GPU its context, cuBLAS and cuDNN), seconds a job's first shard would otherwise wait, then waits for its
+first Assignment. The agent gives it to the next job
 without an `env:` of its own on that device: the job's code lands in its (until then empty) folder first. It runs
 that job alone, as any worker; nothing of a job ever ran in it before."""
 
@@ -126,11 +127,14 @@ def read_ahead(assignment: agent_pb2.Assignment) -> Any:
 
 
 def warm(device: str) -> None:
-    """Farm's shard code imported and `device`'s backend warmed; a failure only leaves it for the first shard."""
+    """Farm's shard code imported, the image decoders' server started and `device`'s backend warmed; a failure only
+    leaves it for the first shard."""
     try:
+        from farm.data import decoders
         from farm_agent import backends
         from farm_agent.work.kinds import inference  # noqa: F401 - the shard code and what it imports (pyarrow)
 
+        decoders.start_server()
         backends.load(device.split(":")[0]).warm(device)
     except Exception as exc:  # noqa: BLE001 - the job's first shard meets it again and reports it
         print(f"warming {device} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

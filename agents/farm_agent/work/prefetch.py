@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -73,16 +73,6 @@ class Prefetch(Generic[T]):
         self._ended = True
         self._stop.set()
         self._thread.join()
-
-
-def prefetch(items: Iterator[T], depth: int = DEPTH) -> Generator[T]:
-    """Prefetch(items, depth) from the first next() on, closed when this generator is (close(), an error of the
-    consumer's, or garbage collection)."""
-    reader = Prefetch(items, depth)
-    try:
-        yield from reader
-    finally:
-        reader.close()
 
 
 AHEAD_DEPTH = 1  # the next shard's batches read before it starts: its first is what it would wait on (a Parquet

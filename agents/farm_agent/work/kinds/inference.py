@@ -31,7 +31,7 @@ from farm_agent.backends.base import Backend
 from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
-from farm_agent.work.prefetch import AHEAD, Prefetch, prefetch
+from farm_agent.work.prefetch import AHEAD, Prefetch
 from farm_agent.work.staging import staged
 
 if TYPE_CHECKING:
@@ -60,14 +60,15 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     energy may be found after the shard returns (ShardResult.energy_later), so that its device starts the next one
     meanwhile. `ahead`: its batches, read from before it started (read_ahead), the reader now this shard's."""
     root = Path.cwd()
-    module = load_model(task.model, task.weights, root)
-    backend = backends.load(task.backend)
     way = reach(task.data.plan, task.data.access) if task.data is not None else None
     if way is not None and way.why:  # a shared path read through the head after all: the shard's log says why
         print(f"farm: the dataset is read {way.route.text}: {way.why}")
-    stream = ahead if ahead is not None else prefetch(model_batches(task, root, way))
+    # The reader starts first: its first batch (an image folder's decoder processes starting with it) is read while
+    # the model loads.
+    stream = ahead if ahead is not None else Prefetch(model_batches(task, root, way))
     with closing(stream):  # closing: the reader stops if the model fails
-        result = _run(task, module, backend, stream, out, later)
+        module = load_model(task.model, task.weights, root)
+        result = _run(task, module, backends.load(task.backend), stream, out, later)
     return replace(result, read_route=way.route if way is not None else None)
 
 
