@@ -68,8 +68,8 @@ def reserve_port(host: str, requested: int | None, default: int, avoid: Collecti
     """The dashboard's socket, bound now and held until it listens: on the port asked for (0: any free one), which
     must be free; else on `default` when it is free and not in `avoid` (the head's other ports, bound later), else on
     any free one, so that a busy default never stops a head from starting. Bound rather than only checked: between
-    the pick and the dashboard's start the head starts Ray, which binds ports of its own (a port checked free was
-    once taken in that moment, and the head failed to start)."""
+    the pick and the dashboard's start the head starts Ray, which binds ports of its own, and a port taken in that
+    moment failed the head's start."""
     if requested is not None and requested != 0:
         sock = _bound(host, requested)
         if sock is None:

@@ -11,9 +11,9 @@ exits when the agent closes its end.
 A warm worker (WARM_VAR naming its device) is one the agent starts before any job needs it: it imports torch and
 Farm's shard code, starts the image decoders' server (farm.data.decoders) and readies the device (the backend's
 warm: on a GPU its context, cuBLAS and cuDNN), seconds a job's first shard would otherwise wait, then waits for its
-first Assignment. The agent gives it to the next job
-without an `env:` of its own on that device: the job's code lands in its (until then empty) folder first. It runs
-that job alone, as any worker; nothing of a job ever ran in it before."""
+first Assignment. The agent gives it to the next job without an `env:` of its own on that device: the job's code
+lands in its (until then empty) folder first. It runs that job alone, as any worker; nothing of a job ever ran in it
+before."""
 
 from __future__ import annotations
 
