@@ -480,10 +480,14 @@ def _first_problem(exc: ValidationError, data: Any = None) -> str:
 
 
 def _shown(value: Any) -> str:
-    """A value from the spec as the user wrote it, cut short."""
-    text = repr(value) if isinstance(value, str) else yaml.safe_dump(value, default_flow_style=True).strip() \
-        if isinstance(value, (dict, list, int, float, bool)) or value is None else type(value).__name__
-    text = text.removesuffix("\n...").strip()
+    """A value from the spec as the user wrote it, on one line, cut short."""
+    if isinstance(value, str):
+        text = repr(value)
+    elif isinstance(value, (dict, list, int, float, bool)) or value is None:
+        dumped = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...")
+        text = " ".join(dumped.split())  # YAML breaks a key that holds a line break over lines
+    else:
+        text = type(value).__name__
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -43,12 +43,13 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
     assert int(shards[-1]["stop"]) == ROWS and all(s["state"] == "succeeded" for s in shards)
     np.testing.assert_array_equal(read_predictions(Path(job["output"])),
                                   np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2) * 2)
-    # Each device's first shard measures it (4 batches); then each grows at most 4x.
+    # Each device's first shard measures it (4 batches); then none is more than 4x the largest it ran before (a
+    # tail's share, cut into a queue slot while the shard before it ran, may be smaller than the one after it).
     for node in {s["node_name"] for s in shards}:
         sizes = [int(s["stop"]) - int(s["start"]) for s in sorted(job["shards"], key=lambda s: s["index"])
                  if s["node_name"] == node]
         assert sizes[0] == 4 * BATCH, sizes
-        assert all(b <= 4 * a for a, b in zip(sizes, sizes[1:])), sizes
+        assert all(size <= 4 * max(sizes[:i]) for i, size in enumerate(sizes) if i), str(sizes)
     assert len(shards) >= 4
     # No RAPL here: the model estimate's idle draw is 0 by construction, so its energy above idle is its total.
     assert all(s["marginal_j"] == pytest.approx(s["energy_j"]) for s in shards)

@@ -54,6 +54,8 @@ def test_defaults() -> None:
         ("name: [unclosed\n", "not valid YAML (line"),
         ("- a\n- b\n", "expected a mapping of fields, got list"),
         ("", "expected a mapping of fields, got NoneType"),
+        # A mapping whose key holds line breaks, as YAML shows it, is one line too (the fuzz test found it).
+        ("name: {\"\\n\": null}\nmodel: m:b\ndataset: d.npy\n", "field 'name': expected text, got {"),
     ],
 )
 def test_bad_specs_give_one_line_naming_the_problem(text: str, message: str) -> None:
