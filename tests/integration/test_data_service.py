@@ -428,3 +428,23 @@ def test_a_call_ended_early_leaves_no_file_of_the_dataset_open_in_the_head(head:
     while open_in_folder() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert open_in_folder() == []
+
+
+def test_a_reader_that_stops_cancels_the_call_it_was_reading_too(head: Head, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the calls ahead were cancelled; the one being read was left to garbage collection, and the head went on
+    sending its files (holding them open) for as long as anything still held the call."""
+    import farm.data.locations.head as head_location
+
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    for i in range(64):  # more than HTTP/2's flow control lets the head send before the reader takes it
+        (folder / f"{i:05d}.png").write_bytes(b"x" * 200_000)
+    access, plan = add_job(head, "j-1", DatasetSpec(location=str(folder), format="images"))
+    read: list[grpc.Call] = []  # held here: garbage collection cannot cancel them
+    gathered = head_location._gathered
+    monkeypatch.setattr(head_location, "_gathered", lambda paths, call: read.append(call) or gathered(paths, call))
+    files = HeadFileSystem(access).iter_files([f.path for f in plan.files])
+    next(files)
+    files.close()
+    assert read and all(not call.is_active() for call in read)

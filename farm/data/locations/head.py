@@ -320,6 +320,7 @@ class HeadFileSystem(AbstractFileSystem):
 
         groups = iter([list(paths[i:i + FILES_PER_CALL]) for i in range(0, len(paths), FILES_PER_CALL)])
         calls: deque[tuple[list[str], Any]] = deque()
+        call = None  # the one being read
         try:
             while True:
                 while len(calls) < CALLS_AHEAD and (group := next(groups, None)) is not None:
@@ -332,9 +333,10 @@ class HeadFileSystem(AbstractFileSystem):
                     yield from _gathered(group, call)
                 except grpc.RpcError as exc:
                     raise _error(group[0], exc) from None
-        finally:  # a reader that stops early: the calls ahead are cancelled
-            for _, call in calls:
-                call.cancel()
+        finally:  # a reader that stops early: the call it was reading and those ahead are cancelled, not left to GC
+            for ended in [call, *(ahead for _, ahead in calls)]:
+                if ended is not None:
+                    ended.cancel()
 
     def cat(self, path: str | list[str], recursive: bool = False, on_error: str = "raise", **kwargs: Any
             ) -> bytes | dict[str, bytes | OSError]:
