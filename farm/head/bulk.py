@@ -19,9 +19,9 @@ closed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import contextlib
 import socket
 import ssl
 import threading

@@ -24,8 +24,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from farm.core.errors import FarmError
 from farm.core.tasks import ResultRoute, ShardFigures
