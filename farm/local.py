@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -122,17 +122,19 @@ def recorded_alive(record: Mapping[str, Any] | None) -> TypeGuard[Mapping[str, A
 PICKED_PORTS = range(20000, 32768)
 
 
-def free_port() -> int:
-    """A port nothing listens on now, on any interface."""
-    return free_ports(1)[0]
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A port nothing listens on now, on any interface, and not in `avoid` (ports to be bound later)."""
+    return free_ports(1, avoid)[0]
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct ports nothing listens on now, on any interface (each is held until all are found: picks one
-    by one can name the same port twice)."""
+def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
+    """`count` distinct ports nothing listens on now, on any interface, none in `avoid` (each is held until all are
+    found: picks one by one can name the same port twice)."""
     held: list[socket.socket] = []
     try:
-        for port in random.sample(PICKED_PORTS, min(len(PICKED_PORTS), 200 + count)):
+        for port in random.sample(PICKED_PORTS, min(len(PICKED_PORTS), 200 + count + len(avoid))):
+            if port in avoid:
+                continue
             sock = socket.socket()
             try:
                 sock.bind(("0.0.0.0", port))

@@ -105,8 +105,7 @@ def start(
         _adopt_secrets(secrets_dir, settings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The head's process serves the dashboard too, composed here: the head never imports it.
-    own_ports = {settings.ray_port, settings.mtls_listen_port, settings.data_listen_port, settings.bulk_listen_port}
-    dashboard = Dashboard(host, reserve_port(host, dashboard_port, default=port + 2, avoid=own_ports),
+    dashboard = Dashboard(host, reserve_port(host, dashboard_port, default=port + 2, avoid=settings.own_ports),
                           settings.advertise, plain_http=dashboard_http)
     # The join line holds a join token: on a terminal only, never into a log (a detached head's output is its log).
     serve(settings, on_ready=lambda join: console.print(

@@ -308,7 +308,11 @@ class Dispatcher:
         if self.attempts.running.get(key) is not running:  # taken back while it arrived: a rerun owns the shard now
             arrival.discard()
             raise Void("the attempt was taken back while its result arrived")
+        if arrival.failure is None and (measured := sharded(self.handler(job)).measured(arrival)) is not None:
+            # Counted for sizing from the moment its device is free, not once its output is checked.
+            self.writing[key] = self._with_marginal(running, measured).sample(running.node_id, running.device)
         self.attempts.release(key)  # claimed before any await: losing the node now must not hand the shard to another
+        self.wake.set()  # its device is free: its next shard, sized by this one, is cut while the output is written
         settling = asyncio.create_task(self._settle(key, running, arrival))
         self.tasks.add(settling)
         settling.add_done_callback(self.tasks.discard)
@@ -340,14 +344,8 @@ class Dispatcher:
             joblog.record_output(self.store, job_id, index, arrival.figures)
             handler, spec = sharded(self.handler(job)), self.spec(job)
             await asyncio.to_thread(handler.check_result, job, spec, job.shards[index], arrival)
-            measured = handler.measured(arrival)
-            if measured is not None:  # its device takes its next shard, sized by this one, while the output is written
-                self.writing[key] = self._with_marginal(running, measured).sample(running.node_id, running.device)
-                self.wake.set()
-            try:
-                record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], arrival)
-            finally:
-                self.writing.pop(key, None)
+            record = await asyncio.to_thread(handler.record, job, spec, job.shards[index], arrival)
+            self.writing.pop(key, None)  # in the store from here on
             self.outcomes.succeeded(job_id, index, self._with_marginal(running, record))
             self.outcomes.finish_if_done(job_id, handler, spec)
         except Exception as exc:
@@ -356,6 +354,7 @@ class Dispatcher:
                 log.exception("shard %s/%d", job_id, index)
             self._failed(key, running, sort_failure(exc))
         finally:
+            self.writing.pop(key, None)
             self.notify(job_id)
             self.wake.set()
 

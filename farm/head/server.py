@@ -105,7 +105,7 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
     ray_head = RayProcess(
         [
             "--head", "--port", str(settings.ray_port), "--node-ip-address", settings.advertise, "--num-cpus", "0",
-            "--num-gpus", "0", "--include-dashboard=false", "--ray-client-server-port", str(free_port()),
+            "--num-gpus", "0", "--include-dashboard=false", "--ray-client-server-port", str(ray_client_port(settings)),
             "--object-store-memory", str(settings.object_store_mb * 1024 * 1024), *ray_port_args(settings),
         ],
         settings.ray_token_path, settings.state_dir / "ray-head.log", record=settings.ray_record_path, user=user,
@@ -129,6 +129,12 @@ def serve(settings: HeadSettings, on_ready: Callable[[str], None] = lambda join:
             ray.shutdown()
         ray_head.stop()
         settings.info_path.unlink(missing_ok=True)
+
+
+def ray_client_port(settings: HeadSettings) -> int:
+    """A free port for Ray's client server, never one of the head's own: those it binds after Ray starts, and a pick
+    of one of them would fail the head's start ("Failed to bind to address")."""
+    return free_port(avoid=settings.own_ports)
 
 
 def check_store(path: Path) -> None:

@@ -87,6 +87,12 @@ class HeadSettings(BaseModel):
         return self.bulk_port or self.port + 5
 
     @property
+    def own_ports(self) -> frozenset[int]:
+        """The ports the head binds itself, some only after Ray starts: a port picked for anything else avoids them."""
+        return frozenset({self.port, self.ray_port, self.mtls_listen_port, self.data_listen_port,
+                          self.bulk_listen_port})
+
+    @property
     def bulk_address(self) -> str:
         """Where nodes read ranges of large files ("" without data lanes: through the DataService)."""
         return f"{self.advertise}:{self.bulk_listen_port}" if self.data_lanes else ""

@@ -374,3 +374,33 @@ def test_the_last_round_s_reasons_outlive_the_rounds_with_nothing_left_to_cut(
     assert "box/cpu" in said and sum(s.size for s in store.job("j-1").shards) == 24  # all cut
     farm_.schedule()  # a round with nothing left to cut
     assert store.job("j-1").explanation == said
+
+
+def test_a_result_counts_for_sizing_from_the_moment_its_device_is_free(store: Store, tmp_path: Path) -> None:
+    """The device was freed when its result was claimed, its figures counted only once its output had been checked
+    (in a thread): a round in between, which the launches' wake-ups made frequent, cut the device's next shard
+    from older figures (CI: three shards of 1,024 rows "growing 4x from 256", the third after a 1,024 had ended)."""
+    import asyncio
+
+    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
+    store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [])
+    farm_ = dispatcher(store, tmp_path)
+    job, spec = store.job("j-1"), farm_.spec(store.job("j-1"))
+    farm_.round = Round({n.id: n for n in store.nodes()})
+    (cut,) = autoshard.size(job, spec, (BackendName.CPU,), list(farm_.round.nodes.values()), farm_.round.busy, {},
+                            store, None).cuts
+    index = autoshard.apply(store, job, cut)
+    store.shard_started("j-1", index, store.nodes()[0], "cpu", "cpu")
+    rows = pa.table({"row_id": pa.array(range(8), pa.int64()), "output": output_column(np.zeros((8, 2), np.float32))})
+
+    async def claimed() -> list[tuple[int, int]]:
+        farm_.attempts.start(("j-1", index), Running("n-1", "cpu", "ticket-1"))
+        await farm_.receive("ticket-1", stream(parts([rows], ShardFigures(items=8, seconds=0.01))))
+        # No await since: the settling task has not run, as a round the event loop ran first would find it.
+        assert ("j-1", index) not in farm_.attempts.running  # the device is free
+        grown = autoshard.size(store.job("j-1"), spec, (BackendName.CPU,), list(farm_.round.nodes.values()),
+                               Counter(), {}, store, None, writing=farm_._writing(store.job("j-1"))).cuts
+        await asyncio.gather(*farm_.tasks)
+        return [(c.start, c.stop) for c in grown]
+
+    assert asyncio.run(claimed()) == [(8, 40)]  # grown 4x from the claimed shard, not a first shard's 4 batches
