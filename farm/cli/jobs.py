@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from farm.cli.options import Ca, Head, Json, Token, TokenFile, connect, duration, reattach_prefix
 from farm.cli.render import (
     console, count, errors, figure, items_done, job_header, job_json, jobs_table, log_line_json, print_json,
-    print_log_line, print_whole, read_routes, shards_table, show, sizes_by_device, summary_table,
+    print_log_line, print_whole, read_routes, shards_table, show, sizes_by_device, summary_table, time_by_device,
 )
 from farm.client import Client
 from farm.client.api import through_restarts
@@ -274,6 +274,12 @@ def job(
             console.print("[bold]data[/] (how the dataset was planned, where its preprocess runs, and per node which "
                           "way its data came)")
             for line in data:
+                console.print(f"  {line}", highlight=False)
+        spent = time_by_device(record)
+        if spent:
+            console.print("[bold]time in shards[/] (per device: the parts of their measured windows, the rest the "
+                          "model's, and what came before them on the node)")
+            for line in spent:
                 console.print(f"  {line}", highlight=False)
         tuned = [line.message.removeprefix("tuning: ") for line in lines if line.message.startswith("tuning: ")]
         if tuned:

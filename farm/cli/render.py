@@ -13,6 +13,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 
 from farm.core.models import cpu_split
+from farm.core.phases import ShardPhases, before_text, bound_by, summed, window_text
 from farm.proto import convert
 from farm.proto.v1 import fleet_pb2, job_pb2
 
@@ -278,4 +279,22 @@ def sizes_by_device(job: job_pb2.Job) -> list[str]:
             else:
                 runs.append([size, 1])
         lines.append(f"{device}: " + ", ".join(f"{size:,}" + (f" x{n}" if n > 1 else "") for size, n in runs))
+    return lines
+
+
+def time_by_device(job: job_pb2.Job) -> list[str]:
+    """Per device, where its shards' time went on their node (farm.core.phases): their measured windows' parts, which
+    of them bound it, and what came before the windows."""
+    by_device: dict[str, list[tuple[ShardPhases, float]]] = defaultdict(list)
+    for s in job.shards:
+        if s.node_name and s.HasField("time"):
+            seconds = {f.name: value for f, value in s.time.ListFields()}
+            phases = ShardPhases.of_seconds(seconds, s.seconds) or ShardPhases()
+            by_device[f"{s.node_name}/{s.device or s.backend}"].append((phases, s.seconds))
+    lines = []
+    for device, shards in sorted(by_device.items()):
+        phases, window = summed(shards)
+        lines.append(f"{device}: {count(len(shards))} shard{'s' if len(shards) != 1 else ''}, {window:.3f} s "
+                     f"measured: {window_text(phases, window)} (bound by {bound_by(phases, window)}); before them "
+                     f"{phases.before:.2f} s: {before_text(phases)}")
     return lines

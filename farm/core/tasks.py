@@ -10,6 +10,7 @@ from pydantic import ConfigDict
 
 from farm.core.dataset import DatasetPlan, DatasetSpec, ReadRoute
 from farm.core.energy import Energy
+from farm.core.phases import ShardPhases
 from farm.core.tuning import Objective, SharedWinner, TuningOutcome
 
 # The attributes of an exception raised by a shard's code that carry what the shard printed and its formatted
@@ -122,6 +123,7 @@ class ShardResult:
     energy_later: Callable[[], Energy | None] | None = None
     read_route: ReadRoute | None = None  # how the node read a located dataset (None: the data came with the code)
     tuning: TuningOutcome | None = None  # the forward it ran and the tuning it paid for (the cuda backend's)
+    phases: ShardPhases | None = None  # where its time went on the node (farm.core.phases)
 
 
 @dataclass(frozen=True)

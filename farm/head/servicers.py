@@ -16,6 +16,7 @@ from farm.core.energy import DevicePower
 from farm.core.errors import AuthError, FarmError
 from farm.core.ids import new_id
 from farm.core.models import GpuMemory, NodeState
+from farm.core.phases import ShardPhases
 from farm.head import joblog, node_input, uploads
 from farm.head.auth import Tokens, new_node_token
 from farm.head.errors import request_error, status_of, streaming, unary
@@ -40,7 +41,9 @@ def job_to_pb(job: Job) -> job_pb2.Job:
         created_at=job.created_at, started_at=job.started_at, finished_at=job.finished_at, items=job.items,
         metrics=job.metrics, explanation=job.explanation, spec_yaml=job.spec_yaml,
         shards=[job_pb2.Shard(**s.model_dump(mode="json", exclude_none=True, exclude=SHARD_LOCAL),
-                              read_route=route.name.lower() if (route := ReadRoute.of(s.metrics)) is not None else "")
+                              read_route=route.name.lower() if (route := ReadRoute.of(s.metrics)) is not None else "",
+                              time=job_pb2.ShardTime(**phases.seconds())
+                              if (phases := ShardPhases.of(s.metrics, s.seconds)) is not None else None)
                 for s in job.shards],
         energy_j=job.energy_j, energy_sources=job.energy_sources, marginal_j=job.marginal_j, run=job.run,
     )

@@ -5,6 +5,7 @@ fetched by `farm results`; an image that does not decode fails its own shard, an
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
     assert "preprocess examples.datasets.prep:pixels runs on the nodes inside the energy window" in explained.stdout
     for node, count in Counter(s["node_name"] for s in job["shards"]).items():  # a head path, not declared shared
         assert f"{node}: {count} shard{'s' if count > 1 else ''} read through the head" in explained.stdout
+        # where its shards' time went, as each node measured it and the head bounded it
+        assert re.search(rf"{node}/cpu: {count} shards?, [\d.]+ s measured: the model \d+ %, waiting for input \d+ %",
+                         explained.stdout), explained.stdout
 
     # From another state folder, as on another machine: the head's address, its API token and its CA.
     head = cluster.head

@@ -5,6 +5,7 @@ outputs; a malformed input fails the shard naming its file and row; the old call
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,44 @@ def test_the_first_batch_is_read_while_the_model_loads(tmp_path: Path) -> None:
     result, table = run_here(shard)
     assert result.items == 20 == table.num_rows  # type: ignore[attr-defined]
     assert READ_WHILE_THE_MODEL_LOADED == [True]
+
+
+def slow_reading(batch: dict[str, np.ndarray]) -> np.ndarray:  # the preprocess: the reader's side of a batch
+    time.sleep(0.03)
+    return batch["x"].astype(np.float32)
+
+
+def slow_linear():  # type: ignore[no-untyped-def]
+    import torch
+
+    class Slow(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.03)
+            return super().forward(x)
+
+    time.sleep(0.2)  # its loading
+    return Slow(2, 1)
+
+
+@pytest.mark.parametrize("slow", ["reading", "model"])
+def test_a_shard_says_where_its_time_went(tmp_path: Path, slow: str) -> None:
+    """Ten batches, 30 ms each on the slow side: a shard whose reading is slow waits for its input most of its
+    window; one whose model is slow hardly waits, and its loading and warm-up are counted before the window."""
+    from farm.core.phases import bound_by
+
+    (tmp_path / "d.jsonl").write_text('{"x": [1.0, 2.0]}\n' * 40)
+    spec = DatasetSpec(location=str(tmp_path / "d.jsonl"), inputs=["x"],
+                       preprocess="tests.unit.test_stream_runner:slow_reading" if slow == "reading" else None)
+    shard = task(spec, 0, 10_000, batch_size=4)
+    model = "tests.unit.test_stream_runner:" + ("linear" if slow == "reading" else "slow_linear")
+    result, _ = run_here(ShardTask(**{**shard.__dict__, "model": model, "weights": None}))
+    phases, window = result.phases, result.seconds  # type: ignore[attr-defined]
+    assert phases is not None and phases.input_wait + phases.output <= window
+    if slow == "reading":
+        assert phases.input_wait > window / 2 and bound_by(phases, window).startswith("its input")
+    else:
+        assert phases.input_wait < window / 2 and bound_by(phases, window) == "the model"
+        assert phases.load >= 0.2 and phases.warm_up >= 0.03
 
 
 def test_a_callable_dataset_still_works() -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from farm.core.errors import SpecError
 from farm.core.models import Shard, ShardState
 from farm.core.spec import InferenceSpec, JobKind, ModelJobSpec, shard_ranges
+from farm.core.phases import ShardPhases
 from farm.core.dataset import READ_ROUTE, ROW_ID, ReadRoute, Unit
 from farm.core.tasks import DataTask, ShardTask, Tuning
 from farm.core.tuning import objective_for
@@ -109,6 +110,9 @@ class Inference(ShardedKind[InferenceSpec]):
         found = figures(result)
         route = ReadRoute.of(found.metrics)  # for `farm job --explain`: which way the node's data came
         metrics = {READ_ROUTE: float(route)} if route is not None else {}
+        phases = ShardPhases.of(found.metrics, found.seconds)  # where its time went: bounded, it is a node's
+        if phases is not None:
+            metrics.update(phases.metrics())
         if found.tuning is not None:  # what its node spent tuning before it (the A/B's break-even counts it)
             metrics[tuning.TUNING_S] = found.tuning.tuning_s
             if found.tuning.tuning_j is not None:

@@ -14,6 +14,7 @@ from farm.core.errors import ConflictError, NotFoundError
 from farm.core.redact import redact
 from farm.core.frozen import Frozen
 from farm.core.models import JobState, Node, Shard, ShardState
+from farm.core.phases import ShardPhases, before_text, window_text
 from farm.core.spec import JobKind
 from farm.head.store.db import Database
 
@@ -258,6 +259,8 @@ class JobRecords(Database):
             spent = f", {joules:.3f} J ({source}, {scope})" if energy else ""
             if energy and marginal_j is not None:
                 spent += f", {marginal_j:.3f} J above idle"
+            if (phases := ShardPhases.of(metrics or {}, seconds)) is not None:
+                spent += f"; before: {before_text(phases)}; in it: {window_text(phases, seconds)}"
             self._log(db, job_id, "info", f"shard {index} done: {items} items in {seconds:.3f} s{spent}", index)
 
     def shard_requeued(self, job_id: str, index: int, error: str) -> None:

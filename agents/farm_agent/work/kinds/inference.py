@@ -21,6 +21,7 @@ import pyarrow as pa
 from farm.core.dataset import READ_ROUTE, ROW_ID, DataFormat, Unit
 from farm.core.energy import Energy
 from farm.core.errors import FarmError
+from farm.core.phases import ShardPhases
 from farm.core.tasks import SHARD_ROWS_ATTR, ResultRoute, ShardFigures, ShardResult, ShardTask, Tuning
 from farm.data import Reach, reach, read
 from farm.data.batches import column_to_numpy, model_inputs, numpy_batches, output_column, rebatch
@@ -67,42 +68,56 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     # the model loads.
     stream = ahead if ahead is not None else Prefetch(model_batches(task, root, way))
     with closing(stream):  # closing: the reader stops if the model fails
+        began = time.perf_counter()
         module = load_model(task.model, task.weights, root)
-        result = _run(task, module, backends.load(task.backend), stream, out, later)
+        result = _run(task, module, backends.load(task.backend), stream, out, later,
+                      loaded=time.perf_counter() - began)
     return replace(result, read_route=way.route if way is not None else None)
 
 
 def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch],
-         out: Callable[[pa.Table], None], later: bool = False) -> ShardResult:
+         out: Callable[[pa.Table], None], later: bool = False, loaded: float = 0.0) -> ShardResult:
+    """`loaded`: the seconds its model took to load (ShardPhases.load)."""
+    asked = time.perf_counter()
     first = next(stream, None)
+    came = time.perf_counter()
     if first is None:  # a byte range holding no line start: nothing to run
         return _result(task, 0, 0.0, None, None)
     with _at_rows(task, first):
         _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
                  or task.data.plan.unit is Unit.ROWS else None)
+    warmed = time.perf_counter() - came
     _reset_peak_memory(task.device)
-    rows, correct = 0, None
+    rows, correct, waited, sent = 0, None, 0.0, 0.0
     meter = _meter(task.device)
     if hasattr(meter, "defer"):
         meter.defer = later
     with meter.window() as window:
-        began = time.perf_counter()
+        began = ready = time.perf_counter()  # ready: when the model could take the next batch
         for batch in itertools.chain([first], stream):
+            waited += time.perf_counter() - ready
             with _at_rows(task, batch):
                 outputs = backend.run(module, batch.inputs, task.batch_size, task.device, task.threads, task.tuning)
             if len(outputs) != batch.table.num_rows:
                 raise FarmError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
+            clock = time.perf_counter()
             out(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
+            ready = time.perf_counter()
+            sent += ready - clock
             rows += len(outputs)
             if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
                 correct = (correct or 0) + int((np.argmax(outputs, axis=1) == batch.labels).sum())
-        seconds = time.perf_counter() - began
-    # The forward the shard's full batches ran and what its tuning cost (a backend with a tuner says: cuda's).
-    outcome = None if task.tuning.eager else getattr(backend, "take_outcome", lambda m, d: None)(module, task.device)
-    if later:
-        return replace(_result(task, rows, seconds, correct, None), energy_later=lambda: window.energy,
-                       tuning=outcome)
-    return replace(_result(task, rows, seconds, correct, window.energy), tuning=outcome)
+        ended = time.perf_counter()
+        waited += ended - ready  # the reader's end, after the last batch
+        seconds = ended - began
+    phases = ShardPhases(load=loaded, first_batch=came - asked, warm_up=warmed, input_wait=waited, output=sent)
+    # The forward the shard's full batches ran and what its tuning cost (a backend with a tuner says: cuda's), taken
+    # even by the A/B's eager side, whose shard ran none: the next shard reports only its own.
+    outcome = getattr(backend, "take_outcome", lambda m, d: None)(module, task.device)
+    outcome = None if task.tuning.eager else outcome
+    result = replace(_result(task, rows, seconds, correct, None if later else window.energy), tuning=outcome,
+                     phases=phases)
+    return replace(result, energy_later=lambda: window.energy) if later else result
 
 
 @contextmanager
@@ -226,7 +241,8 @@ def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | Finishing | N
         result = run_shard(task, upload.write, later=True, ahead=ahead)
         energy = result.energy_later or (lambda: result.energy)
         route = {READ_ROUTE: float(result.read_route)} if result.read_route is not None else {}
-        return lambda: figures(replace(result, energy=energy(), energy_later=None), **route)
+        phases = result.phases.metrics() if result.phases is not None else {}
+        return lambda: figures(replace(result, energy=energy(), energy_later=None), **route, **phases)
 
     try:
         return send(route, work)
