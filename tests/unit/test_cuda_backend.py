@@ -57,3 +57,23 @@ def test_importing_the_backend_does_not_import_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert done.stdout.strip() == "False"
+
+
+def test_a_shard_with_no_full_batch_reports_no_winner(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The winner runs full batches only: a shard whose batches were all short (a tail) ran eager and says so, not
+    the winner of the shard before it. The tuner stands in for a GPU's (CI has none): the forward's bookkeeping is
+    what is checked."""
+    import torch
+
+    from farm.core.tasks import Tuning
+    from farm.core.tuning import TuningOutcome
+    from farm_agent.tuner import tune
+
+    found = TuningOutcome(winner="cuda_graph", reason="cached", tuning_s=4.0)
+    monkeypatch.setattr(tune, "tuned_forward", lambda module, *args, **kwargs: (module, found))
+    module = torch.nn.Linear(2, 2)
+    cuda._tuned_forward(module, torch.ones(8, 2), Tuning(), "cuda:0")  # a shard's full batches
+    assert cuda.take_outcome(module, "cuda:0") == found
+    assert cuda.take_outcome(module, "cuda:0") is None  # the next shard: a tail of short batches only
+    cuda._tuned_forward(module, torch.ones(8, 2), Tuning(), "cuda:0")  # the one after: full batches, tuning paid
+    assert cuda.take_outcome(module, "cuda:0") == TuningOutcome(winner="cuda_graph", reason="cached", tuning_s=0.0)

@@ -31,7 +31,9 @@ GIB = 1024**3
 # Each with what it is and what its tuning cost (farm.core.tuning.TuningOutcome), reported once with a shard.
 _tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[Callable[..., Any], TuningOutcome]]] = \
     weakref.WeakKeyDictionary()
-_last: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()  # per device
+# The forward that the shard running on a device ran its full batches through, until take_outcome reads it: a shard
+# with no full batch ran eager alone, and must not report the shard before it's winner.
+_last: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
@@ -74,8 +76,8 @@ def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tunin
 
 def take_outcome(module: torch.nn.Module, device: str) -> TuningOutcome | None:
     """What the shard's full batches ran on `device` and the tuning it paid for, once: the next shard on the same
-    forward reports no tuning cost."""
-    key = _last.get(module, {}).get(device)
+    forward reports no tuning cost, and one with no full batch reports none (None: the untuned model)."""
+    key = _last.get(module, {}).pop(device, None)
     built = _tuned.get(module, {})
     if key is None or key not in built:
         return None
