@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -132,22 +132,35 @@ def free_ports(count: int, avoid: Collection[int] = ()) -> list[int]:
     found: picks one by one can name the same port twice)."""
     held: list[socket.socket] = []
     try:
-        for port in random.sample(PICKED_PORTS, min(len(PICKED_PORTS), 200 + count + len(avoid))):
-            if port in avoid:
-                continue
-            sock = socket.socket()
-            try:
-                sock.bind(("0.0.0.0", port))
-            except OSError:
-                sock.close()
-                continue
-            held.append(sock)
+        for port in picked_ports(avoid):
+            sock = bound("0.0.0.0", port)
+            if sock is not None:
+                held.append(sock)
             if len(held) == count:
                 return [s.getsockname()[1] for s in held]
     finally:
         for sock in held:
             sock.close()
     raise OSError(f"no {count} free ports in {PICKED_PORTS.start}-{PICKED_PORTS.stop - 1}")
+
+
+def picked_ports(avoid: Collection[int] = ()) -> Iterator[int]:
+    """PICKED_PORTS in a random order, none in `avoid`: where a free port is looked for."""
+    return (port for port in random.sample(PICKED_PORTS, len(PICKED_PORTS)) if port not in avoid)
+
+
+def bound(host: str, port: int, reuse: bool = False) -> socket.socket | None:
+    """A socket bound to `port` on `host` (IPv6 where it is an IPv6 address), or None where the port is taken.
+    `reuse`: SO_REUSEADDR, as a server that keeps it binds it (aiohttp's sites do), so that a restart finds it free."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    if reuse:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        return None
+    return sock
 
 
 def primary_ip() -> str:

@@ -27,10 +27,10 @@ guesses nothing: a page opened before signing in).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
-import random
 import socket
 import ssl
 import time
@@ -50,7 +50,7 @@ from farm.dashboard.views import (LIVE_STATES, fleet_view, gpu_memory_percent, j
 from farm.head.auth import Tokens
 from farm.head.jobs import Jobs
 from farm.head.store import Job, NodeWork, Store
-from farm.local import PICKED_PORTS, on_loopback
+from farm.local import bound, on_loopback, picked_ports
 from farm.tls import HeadTLS
 
 log = logging.getLogger("farm.dashboard")
@@ -71,14 +71,13 @@ def reserve_port(host: str, requested: int | None, default: int, avoid: Collecti
     the pick and the dashboard's start the head starts Ray, which binds ports of its own, and a port taken in that
     moment failed the head's start."""
     if requested is not None and requested != 0:
-        sock = _bound(host, requested)
+        sock = bound(host, requested, reuse=True)
         if sock is None:
             raise UserError(f"cannot listen on port {requested} (--dashboard-port): it is in use")
         return sock
-    candidates = ([default] if requested is None and default not in avoid else []) + [
-        port for port in random.sample(PICKED_PORTS, len(PICKED_PORTS)) if port not in avoid]
-    for port in candidates:
-        sock = _bound(host, port)
+    first = [default] if requested is None and default not in avoid else []
+    for port in itertools.chain(first, picked_ports(avoid)):
+        sock = bound(host, port, reuse=True)
         if sock is not None:
             return sock
     raise UserError(f"no free port for the dashboard on {host}")
@@ -88,17 +87,6 @@ def check_plain_http(host: str, plain_http: bool) -> None:
     if plain_http and not on_loopback(host):
         raise UserError(f"--dashboard-http: the dashboard serves plain HTTP only on loopback (--host 127.0.0.1), not "
                         f"on {host}: signing in would send the API token in the clear")
-
-
-def _bound(host: str, port: int) -> socket.socket | None:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp's own sites: a restart finds it free
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        return None
-    return sock
 
 
 class Feed:
