@@ -287,10 +287,18 @@ def farm(shape: str, data: Path, device: str, workers: int, out: Path, shared: b
     return job.items, job.started_at, job.finished_at, ended - began, job_id
 
 
-def warm(shapes: list[str], device: str) -> None:
-    """One batch of each shape's model on the device, before any window: the first way in this process would
-    otherwise carry CUDA's context, cuBLAS's and cuDNN's set-up and their kernels' first load (seconds), which the
-    ways after it do not (Farm's worker and Ray's actor start their own, inside their windows: what a job pays)."""
+def warm(shapes: list[str], device: str, how: str = "device") -> None:
+    """This process's GPU made ready before any window, as Farm's agent makes its warm worker's (`device`, the
+    default: farm_agent.backends.cuda.warm, CUDA's context and cuBLAS's and cuDNN's handles), so that the loops and
+    Farm's job start equal: each then pays its own model's first batch (cuDNN's choice of algorithms for its shapes,
+    its kernels' first load) inside its window, as a user's loop does. `model`: one batch of each shape's model run
+    too (the figures before 2026-12-06 were measured so), which takes that first batch out of the loops' windows but
+    not out of Farm's. Ray's actor starts its own context inside its window either way."""
+    from farm_agent.backends import cuda
+
+    cuda.warm(device)
+    if how != "model":
+        return
     import torch
 
     sample = {"parquet": torch.zeros(BATCH["parquet"], WIDTH),
@@ -315,10 +323,10 @@ def idle_draw(meter: Meter) -> float | None:
     return joules / (time.time() - began) if joules is not None else None
 
 
-def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: int, idle_w: float | None = None
-        ) -> None:
+def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: int, idle_w: float | None = None,
+        warm_how: str = "device") -> None:
     """`idle_w`: the idle draw measured before anything of Farm's started (`idle`), since a Farm agent keeps a
-    warm worker's CUDA context on the GPU; else measured here first."""
+    warm worker's CUDA context on the GPU; else measured here first. `warm_how`: warm()'s."""
     meter = Meter(device)
     if idle_w is None:
         idle_w = idle_draw(meter)
@@ -331,7 +339,7 @@ def run(folder: Path, shapes: list[str], ways: list[str], device: str, workers: 
                  log_to_driver=False)
     where = paths(folder)
     if device.startswith("cuda") and {"plain", "loader"} & set(ways):  # the ways that use this process's GPU
-        warm(shapes, device)
+        warm(shapes, device, warm_how)
     try:
         for shape in shapes:
             for way in ways:
@@ -414,6 +422,9 @@ def main() -> None:
                         help="CPUs the loops lend to reading (the DataLoader's workers, Ray's CPUs): the agent's")
     parser.add_argument("--idle-w", type=float, default=None,
                         help="the GPU's idle draw as `idle` printed it (default: measured at the run's start)")
+    parser.add_argument("--warm", choices=("device", "model"), default="device",
+                        help="what the loops' process runs before their windows (warm()): the device's set-up as "
+                             "Farm's warm worker makes it, or that and each shape's model once")
     args = parser.parse_args()
     if args.what == "data":
         make_data(args.folder, args.scale, args.shapes)
@@ -424,7 +435,7 @@ def main() -> None:
         finally:
             meter.close()
     elif args.what == "run":
-        run(args.folder, args.shapes, args.ways, args.device, args.workers, args.idle_w)
+        run(args.folder, args.shapes, args.ways, args.device, args.workers, args.idle_w, args.warm)
     else:
         table(args.folder)
 
