@@ -284,17 +284,24 @@ def sizes_by_device(job: job_pb2.Job) -> list[str]:
 
 def time_by_device(job: job_pb2.Job) -> list[str]:
     """Per device, where its shards' time went on their node (farm.core.phases): their measured windows' parts, which
-    of them bound it, and what came before the windows."""
-    by_device: dict[str, list[tuple[ShardPhases, float]]] = defaultdict(list)
+    of them bound it, what came before the windows, and what of the device's span (its first placement to its last
+    result) was in neither: dispatch, the worker's turn between shards, results (where a device runs one shard at a
+    time: shards side by side on a device of several slots overlap, and leave less)."""
+    by_device: dict[str, list[job_pb2.Shard]] = defaultdict(list)
     for s in job.shards:
         if s.node_name and s.HasField("time"):
-            seconds = {f.name: value for f, value in s.time.ListFields()}
-            phases = ShardPhases.of_seconds(seconds, s.seconds) or ShardPhases()
-            by_device[f"{s.node_name}/{s.device or s.backend}"].append((phases, s.seconds))
+            by_device[f"{s.node_name}/{s.device or s.backend}"].append(s)
     lines = []
     for device, shards in sorted(by_device.items()):
-        phases, window = summed(shards)
-        lines.append(f"{device}: {count(len(shards))} shard{'s' if len(shards) != 1 else ''}, {window:.3f} s "
-                     f"measured: {window_text(phases, window)} (bound by {bound_by(phases, window)}); before them "
-                     f"{phases.before:.2f} s: {before_text(phases)}")
+        phases, window = summed((ShardPhases.of_seconds({f.name: v for f, v in s.time.ListFields()}, s.seconds)
+                                 or ShardPhases(), s.seconds) for s in shards)
+        line = (f"{device}: {count(len(shards))} shard{'s' if len(shards) != 1 else ''}, {window:.3f} s measured: "
+                f"{window_text(phases, window)} (bound by {bound_by(phases, window)}); before them "
+                f"{phases.before:.2f} s: {before_text(phases)}")
+        placed, ended = [s.placed_at for s in shards if s.placed_at], [s.finished_at for s in shards if s.finished_at]
+        if placed and ended and max(ended) > min(placed):
+            span = max(ended) - min(placed)
+            line += (f"; of its span of {span:.2f} s (first placement to last result), "
+                     f"{max(span - window - phases.before, 0.0):.2f} s in neither (dispatch, between shards, results)")
+        lines.append(line)
     return lines

@@ -146,6 +146,8 @@ class Shard(Frozen):
     peak_memory_bytes: int = 0
     metrics: dict[str, float] = {}  # the kind's own figures of the shard (an evaluate shard's loss)
     forward: str = ""  # the tuner's winner the shard ran (farm.core.tuning.TuningOutcome); "" the untuned model
+    placed_at: float = 0.0  # when its last attempt was placed on its device (0: never)
+    finished_at: float = 0.0  # when its result was recorded (0: not yet)
 
     @property
     def size(self) -> int:

@@ -75,7 +75,7 @@ CREATE INDEX IF NOT EXISTS job_logs_job ON job_logs(job_id, ts);
 # A shard's columns that are its model's fields by the same name (idx is its index; metrics is JSON).
 SHARD_FIELDS = ("start", "stop", "state", "node_id", "node_name", "backend", "device", "items", "seconds",
                 "error", "attempts", "energy_j", "energy_source", "energy_scope", "marginal_j", "peak_memory_bytes",
-                "forward")
+                "forward", "placed_at", "finished_at")
 
 
 class Job(Frozen):
@@ -130,6 +130,7 @@ class JobRecords(Database):
         self._add_column("shards", "marginal_j", "REAL")
         self._add_column("shards", "metrics", "TEXT NOT NULL DEFAULT '{}'")
         self._add_column("shards", "forward", "TEXT NOT NULL DEFAULT ''")
+        self._add_column("shards", "placed_at", "REAL NOT NULL DEFAULT 0")
         self._add_column("jobs", "run", "INTEGER NOT NULL DEFAULT 1")
 
     def add_job(
@@ -232,8 +233,8 @@ class JobRecords(Database):
         with self._tx() as db:
             db.execute(
                 """UPDATE shards SET state=?, node_id=?, node_name=?, backend=?, device=?, attempts=attempts+1,
-                   error='' WHERE job_id=? AND idx=?""",
-                (ShardState.RUNNING.value, node.id, node.name, backend, device, job_id, index),
+                   error='', placed_at=? WHERE job_id=? AND idx=?""",
+                (ShardState.RUNNING.value, node.id, node.name, backend, device, time.time(), job_id, index),
             )
             self._log(db, job_id, "info", f"shard {index} → {node.name} ({device})" + (f": {why}" if why else ""),
                       index)

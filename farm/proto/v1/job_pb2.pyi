@@ -45,7 +45,7 @@ class SubmitReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes", "marginal_j", "read_route", "forward", "time")
+    __slots__ = ("index", "state", "node_id", "node_name", "backend", "start", "stop", "items", "seconds", "error", "attempts", "energy_j", "energy_source", "energy_scope", "device", "peak_memory_bytes", "marginal_j", "read_route", "forward", "time", "placed_at", "finished_at")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,8 @@ class Shard(_message.Message):
     READ_ROUTE_FIELD_NUMBER: _ClassVar[int]
     FORWARD_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    PLACED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     index: int
     state: str
     node_id: str
@@ -86,7 +88,9 @@ class Shard(_message.Message):
     read_route: str
     forward: str
     time: ShardTime
-    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ..., read_route: _Optional[str] = ..., forward: _Optional[str] = ..., time: _Optional[_Union[ShardTime, _Mapping]] = ...) -> None: ...
+    placed_at: float
+    finished_at: float
+    def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ..., read_route: _Optional[str] = ..., forward: _Optional[str] = ..., time: _Optional[_Union[ShardTime, _Mapping]] = ..., placed_at: _Optional[float] = ..., finished_at: _Optional[float] = ...) -> None: ...
 
 class ShardTime(_message.Message):
     __slots__ = ("load_s", "first_batch_s", "warm_up_s", "input_wait_s", "output_s")
