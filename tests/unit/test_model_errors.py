@@ -64,7 +64,7 @@ def failure(start: int, stop: int) -> tuple[str, str, str]:
 def test_a_model_exception_names_the_shards_rows_and_the_batchs_first_row(job_folder: Path) -> None:
     message, _, _ = failure(8, 32)
     assert message == "rows 8-31, the batch from row 20: ValueError: a value of 46.0 is too large"
-    message, _, _ = failure(20, 28)  # on its first batch, which warms the model up outside the energy window
+    message, _, _ = failure(20, 28)  # on its first batch
     assert message == "rows 20-27, the batch from row 20: ValueError: a value of 46.0 is too large"
 
 

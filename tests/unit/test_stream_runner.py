@@ -163,7 +163,37 @@ def test_a_shard_says_where_its_time_went(tmp_path: Path, slow: str) -> None:
         assert phases.input_wait > window / 2 and bound_by(phases, window).startswith("its input")
     else:
         assert phases.input_wait < window / 2 and bound_by(phases, window) == "the model"
-        assert phases.load >= 0.2 and phases.warm_up >= 0.03
+        assert phases.load >= 0.2 and phases.warm_up == 0.0  # cpu: no shape runs before the window
+
+
+FORWARDS: list[int] = []
+
+
+def counted_linear():  # type: ignore[no-untyped-def]
+    import torch
+
+    class Counted(torch.nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            FORWARDS.append(len(x))
+            return super().forward(x)
+
+    return Counted(2, 1)
+
+
+def test_a_cpu_shard_runs_each_batch_once() -> None:
+    """The CPU backend warms no batch shape up before the window (a whole batch of the model's work, again for each
+    new shape, for a fraction of a batch saved): each of the shard's batches, the short last one too, runs once."""
+    shard = ShardTask(job_id="j", index=0, start=0, stop=10, model="tests.unit.test_stream_runner:counted_linear",
+                      weights=None, dataset="tests.unit.test_stream_runner:pairs", batch_size=4, backend="cpu",
+                      device="cpu", threads=1)
+    FORWARDS.clear()
+    result, table = run_here(shard)
+    assert table.num_rows == 10 and result.phases.warm_up == 0.0  # type: ignore[attr-defined]
+    assert FORWARDS == [4, 4, 2]
+
+
+def pairs() -> np.ndarray:
+    return np.ones((10, 2), np.float32)
 
 
 def test_a_callable_dataset_still_works() -> None:

@@ -39,6 +39,9 @@ def available_on(hardware: Hardware) -> bool:
     return hardware.os == "darwin" and bool(hardware.apple_chip)
 
 
+WARM_UP_SHAPES = True  # a shard's first batch converts the model (once a node) and loads it for Core ML
+
+
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     # One slot: the Neural Engine is one device that Core ML schedules; two shards would only queue on it.
     if not available_on(hardware):

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 
 class Backend(Protocol):
+    # Whether a shard runs each batch shape new to its worker once before its measured window (CUDA's, cuDNN's and a
+    # compiler's first-call costs are seconds; a CPU's a fraction of a batch). A module without it: True.
+    WARM_UP_SHAPES: bool
+
     def offers(self, hardware: Hardware, cpus: int) -> list[BackendOffer]:
         """What this backend can run on this machine; an unavailable offer says why."""
         ...

@@ -13,6 +13,13 @@ if TYPE_CHECKING:
     import torch
 
 
+# No batch shape is run outside a shard's window first (farm_agent.work.kinds.inference._warm_up): a CPU's first
+# batch of a shape costs a fraction of a batch more (an MLP on 4,096 rows: 21 ms, then 16-17; a small CNN on 256
+# images: 27 ms, then 17-19; the 2-core dev box, 2026-12), while the warm-up ran a whole batch of the model's work
+# again for each new shape: in a ResNet-shaped job over 6,553 images, 8.7 s of its 149 s.
+WARM_UP_SHAPES = False
+
+
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     # One slot using every core the agent was given: intra-op threads beat several single-threaded shards on a
     # node whose cores share caches and memory bandwidth.

@@ -36,6 +36,9 @@ _tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[Callable[...,
 _last: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
+WARM_UP_SHAPES = True  # a shape's first batch: cuDNN's choice of algorithms, kernels' first load, a winner's build
+
+
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     # One slot per GPU: a shard owns its device, and its energy window (NVML's per-device counter) covers only it.
     # Its threads are the lent CPUs that feed it, shared among the GPUs: a shard reads and decodes its batches on

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import torch
 
 
+WARM_UP_SHAPES = True  # a shape's first batch compiles its Metal kernels
+
+
 def offers(hardware: Hardware, cpus: int) -> list[BackendOffer]:
     # Intel Macs have MPS too, on AMD GPUs, but no power meter here reads them: Apple Silicon only.
     if hardware.os != "darwin" or not hardware.apple_chip:

@@ -83,10 +83,12 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
     came = time.perf_counter()
     if first is None:  # a byte range holding no line start: nothing to run
         return _result(task, 0, 0.0, None, None)
-    with _at_rows(task, first):
-        _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
-                 or task.data.plan.unit is Unit.ROWS else None)
-    warmed = time.perf_counter() - came
+    warmed = 0.0
+    if backend.WARM_UP_SHAPES:  # a backend whose first batch of a shape costs little (cpu) says not
+        with _at_rows(task, first):
+            _warm_up(backend, module, first.inputs, task, task.stop - task.start if task.data is None
+                     or task.data.plan.unit is Unit.ROWS else None)
+        warmed = time.perf_counter() - came
     _reset_peak_memory(task.device)
     rows, correct, waited, sent = 0, None, 0.0, 0.0
     meter = _meter(task.device)
