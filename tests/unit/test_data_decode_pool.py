@@ -99,3 +99,21 @@ def test_a_batch_for_cuda_where_pinning_is_refused_goes_as_it_is(monkeypatch: py
     if not torch.cuda.is_available():
         assert staging.staged(inputs, "cuda:0") is inputs  # pinning refused: as it is
     assert staging.staged(np.array(["a"], dtype=object), "cuda:0").dtype == object
+
+
+def _imported(name: str) -> bool:  # in a decoder process, before it decodes anything
+    import sys
+
+    return name in sys.modules
+
+
+def test_a_new_decoder_process_has_pillow_and_its_plugins_already_imported() -> None:
+    """Imported once in the decoders' server, not by each new process on its first image (a job's first batch)."""
+    decoders._processes.cache_clear()  # a fresh pool: its processes forked from the server now
+    pool = decoders._processes(3)
+    try:
+        assert all(pool.submit(_imported, name).result() for name in ("PIL.Image", "PIL.PngImagePlugin",
+                                                                     "PIL.JpegImagePlugin"))
+    finally:
+        decoders._processes.cache_clear()
+        pool.shutdown()
