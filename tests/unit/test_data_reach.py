@@ -141,3 +141,29 @@ def test_explain_says_per_node_which_way_its_data_came() -> None:
     assert lines[0] == "a: 2 shards read directly"
     assert lines[1].startswith("b: 1 shard read directly, 1 shard read through the head (its shared path")
     assert len(lines) == 2
+
+
+def test_a_shard_read_ahead_reports_the_route_its_reader_took(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """A worker's next shard is read from before it starts: its rows came the way its reader reached the files then,
+    and that is the route it reports, even where the files changed before the shard itself began."""
+    from farm.core.tasks import DataTask, ShardTask
+    from farm_agent.work.kinds import inference
+    from farm_agent.work.prefetch import AHEAD
+
+    folder = parquet_folder(tmp_path / "d")
+    spec = DatasetSpec(location=str(folder), format="parquet", inputs=["x"], shared=True)
+    plan = data.plan(spec)
+    task = ShardTask(job_id="j", index=0, start=0, stop=30, model="torch.nn:Identity",
+                     weights=None, dataset="", batch_size=8, backend="cpu", device="cpu", threads=1,
+                     data=DataTask(spec=spec, plan=plan, access=ACCESS))
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # the job's code: this repository
+    inference.read_ahead(task, "t-1")
+    held = AHEAD.take("t-1")
+    assert held is not None
+    for file in folder.iterdir():  # changed after the reader began: a reach now would go through the head
+        os.utime(file, ns=(1, 1))
+    assert data.reach(plan, ACCESS).route is ReadRoute.FALLBACK
+    tables: list[pa.Table] = []
+    result = inference.run_shard(task, tables.append, ahead=held[0], way=held[1])  # type: ignore[arg-type]
+    assert result.read_route is ReadRoute.DIRECT and sum(t.num_rows for t in tables) == 30

@@ -71,14 +71,16 @@ def _source(read: list[int], closed: threading.Event, count: int = 10**9) -> Ite
 
 def test_the_next_attempts_batches_are_read_before_it_starts_and_handed_to_it_once() -> None:
     ahead, read, closed = ReadAhead(), [], threading.Event()
-    ahead.start("t-2", _source(read, closed, count=5))
+    ahead.start("t-2", _source(read, closed, count=5), found="the way its reader reached the data")
     deadline = time.monotonic() + 10
     while len(read) < AHEAD_DEPTH + 1 and time.monotonic() < deadline:  # read while the attempt before it runs
         time.sleep(0.01)
     time.sleep(0.2)
     assert read == list(range(AHEAD_DEPTH + 1))  # the queue's and the one in hand: no more before it starts
-    taken = ahead.take("t-2")
-    assert taken is not None and list(taken) == [0, 1, 2, 3, 4]
+    held = ahead.take("t-2")
+    assert held is not None and held[1] == "the way its reader reached the data"
+    taken = held[0]
+    assert list(taken) == [0, 1, 2, 3, 4]
     taken.close()
     assert ahead.take("t-2") is None and closed.is_set() and _readers() == []  # handed over once
 

@@ -81,27 +81,29 @@ AHEAD_DEPTH = 1  # the next shard's batches read before it starts: its first is 
 
 class ReadAhead:
     """One attempt's batches, read from before it starts: a worker's next shard, while the one before it runs. At
-    most one is held; a take for another attempt closes it (the held one was cancelled or reassigned)."""
+    most one is held; a take for another attempt closes it (the held one was cancelled or reassigned). Each with
+    what its reader found before it began (`found`: for a dataset, the way it reaches it), for the attempt to report."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: tuple[str, Prefetch[object]] | None = None
+        self._held: tuple[str, Prefetch[object], object] | None = None
 
-    def start(self, ticket: str, items: Iterator[object]) -> None:
+    def start(self, ticket: str, items: Iterator[object], found: object = None) -> None:
         started = Prefetch(items, AHEAD_DEPTH)
         with self._lock:
-            stale, self._held = self._held, (ticket, started)
+            stale, self._held = self._held, (ticket, started, found)
         if stale is not None:
             stale[1].close()
 
-    def take(self, ticket: str) -> Prefetch[object] | None:
-        """The batches read ahead for `ticket`'s attempt, now the caller's to close; None where there are none."""
+    def take(self, ticket: str) -> tuple[Prefetch[object], object] | None:
+        """The batches read ahead for `ticket`'s attempt, now the caller's to close, and what their reader found;
+        None where there are none."""
         with self._lock:
             held, self._held = self._held, None
         if held is None:
             return None
         if held[0] == ticket:
-            return held[1]
+            return held[1], held[2]
         held[1].close()
         return None
 

@@ -47,7 +47,7 @@ _warm: weakref.WeakKeyDictionary[torch.nn.Module, set[tuple[str, Tuning, int]]] 
 
 @job_shard
 def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = False,
-              ahead: Prefetch[ModelBatch] | None = None) -> ShardResult:
+              ahead: Prefetch[ModelBatch] | None = None, way: Reach | None = None) -> ShardResult:
     """Stream the shard's rows batch by batch through the preprocess (when the dataset has one) and the model, inside
     the device's energy window; each batch's results (row_id, passthrough columns, `output`) go to `out` as they are
     made (to the head's upload: farm_agent.work.upload), and the shard's figures are returned.
@@ -59,9 +59,11 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     reading overlaps compute (an image folder's next DECODE_AHEAD batches decoding on the pool meanwhile): the few
     batches it reads during the warm-up are read outside the window. `later`: the
     energy may be found after the shard returns (ShardResult.energy_later), so that its device starts the next one
-    meanwhile. `ahead`: its batches, read from before it started (read_ahead), the reader now this shard's."""
+    meanwhile. `ahead`: its batches, read from before it started (read_ahead), the reader now this shard's, and
+    `way` the way that reader reached the dataset (reported as the shard's route: the one its rows came by)."""
     root = Path.cwd()
-    way = reach(task.data.plan, task.data.access) if task.data is not None else None
+    if way is None and task.data is not None:
+        way = reach(task.data.plan, task.data.access)
     if way is not None and way.why:  # a shared path read through the head after all: the shard's log says why
         print(f"farm: the dataset is read {way.route.text}: {way.why}")
     # The reader starts first: its first batch (an image folder's decoder processes starting with it) is read while
@@ -230,17 +232,20 @@ def read_ahead(task: ShardTask, ticket: str) -> None:
     """Start reading `ticket`'s shard (the worker's next, sent while one runs): its first batches wait, read and
     decoded, for its attempt (prefetch.AHEAD). Only a located dataset's: a job's own dataset is its code's to load."""
     if task.data is not None:
-        AHEAD.start(ticket, model_batches(task, Path.cwd()))
+        way = reach(task.data.plan, task.data.access)
+        AHEAD.start(ticket, model_batches(task, Path.cwd(), way), way)
 
 
 def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | Finishing | None:
     """One attempt of an inference shard in its worker: its outputs to the head batch by batch, then its figures."""
     from farm_agent.work.upload import figures, send
 
-    ahead: Prefetch[ModelBatch] | None = AHEAD.take(route.ticket)  # type: ignore[assignment]
+    held = AHEAD.take(route.ticket)
+    ahead: Prefetch[ModelBatch] | None = held[0] if held else None  # type: ignore[assignment]
+    way: Reach | None = held[1] if held else None  # type: ignore[assignment]
 
     def work(upload: Upload) -> Callable[[], ShardFigures]:
-        result = run_shard(task, upload.write, later=True, ahead=ahead)
+        result = run_shard(task, upload.write, later=True, ahead=ahead, way=way)
         energy = result.energy_later or (lambda: result.energy)
         route = {READ_ROUTE: float(result.read_route)} if result.read_route is not None else {}
         phases = result.phases.metrics() if result.phases is not None else {}
