@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from farm.core.energy import EnergySource
-from farm.core.models import BackendOffer, GpuMemory, JobState, Node, NodeState, ShardState, cpu_split
+from farm.core.models import BackendOffer, GpuMemory, JobState, Node, NodeState, Shard, ShardState, cpu_split
+from farm.core.phases import ShardPhases, before_text
 from farm.head.store import Job, NodeWork
 from farm.head.store.retries import PAUSED
 
@@ -281,10 +282,18 @@ def job_view(job: Job) -> JSON:
              "seconds": s.seconds, "energy_j": s.energy_j, "energy_source": s.energy_source,
              "energy_scope": s.energy_scope, "energy_estimate": is_estimate(s.energy_source),
              "marginal_j": s.marginal_j,
-             "peak_memory_bytes": s.peak_memory_bytes, "attempts": s.attempts, "error": s.error}
+             "peak_memory_bytes": s.peak_memory_bytes, "attempts": s.attempts, "error": s.error, **_time(s)}
             for s in job.shards
         ],
     }
+
+
+def _time(shard: Shard) -> JSON:
+    """Where the shard's time went on its node (farm.core.phases), as its node reported it; None: not reported."""
+    phases = ShardPhases.of(shard.metrics, shard.seconds)
+    if phases is None:
+        return {"input_wait_s": None, "before_s": None, "before": ""}
+    return {"input_wait_s": phases.input_wait, "before_s": phases.before, "before": before_text(phases)}
 
 
 

@@ -174,6 +174,11 @@ def test_the_fleet_and_a_job_appear_and_change_live(cluster: Cluster, dashboard:
         assert cells.locator(".shard-device").inner_text() == f"{shard['device']} ({shard['backend']})"
         # An estimated energy figure says so; a counter's stands alone.
         assert (cells.locator(".shard-energy .est").count() == 1) is shard["energy_estimate"]
+        # Of its measured seconds, the share it waited for input, as its node reported it (an inference shard's)
+        waited = cells.locator(".shard-input")
+        assert shard["input_wait_s"] is not None
+        assert waited.inner_text() == f"{100 * shard['input_wait_s'] / shard['seconds']:.0f}%"
+        assert waited.get_attribute("title") == f"before its measured time: {shard['before']}"
     assert {s["node_name"] for s in job["shards_detail"]} <= {"agent-a", "agent-b"}
     assert page.locator("#explanation").inner_text().strip() == job["explanation"].strip() != ""
     assert page.locator("#cancel-job").count() == 0  # a finished job has nothing to cancel

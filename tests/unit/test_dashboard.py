@@ -24,6 +24,7 @@ import farm.dashboard
 from farm.core.energy import DevicePower, Energy, EnergyScope, EnergySource
 from farm.core.errors import UserError
 from farm.core.models import BackendName, BackendOffer, Gpu, GpuMemory, Hardware, JobState, NodeState
+from farm.core.phases import ShardPhases
 from farm.dashboard import Dashboard, reserve_port
 from farm.dashboard.history import History, Reading
 from farm.head.auth import Tokens
@@ -130,7 +131,8 @@ def a_job_half_done(store: Store) -> None:
     store.shard_started("j-1", 0, gpu, "cuda", "cuda:0")
     store.shard_started("j-1", 1, gpu, "cuda", "cuda:0")
     store.shard_succeeded("j-1", 0, 50, 0.5, None, energy(25.0, EnergySource.COUNTER, EnergyScope.DEVICE),
-                          peak_memory_bytes=3 * 2**30, marginal_j=10.0)
+                          peak_memory_bytes=3 * 2**30, marginal_j=10.0,
+                          metrics=ShardPhases(load=0.3, warm_up=1.2, input_wait=0.2).metrics())
     store.set_explanation("j-1", "round 1: efficiency; gpu-box cuda:0 2.0 items/J (counter)")
 
 
@@ -183,7 +185,11 @@ def test_the_jobs_api_gives_progress_and_the_job_page_its_placement_energy_and_e
         assert (done["seconds"], done["energy_j"], done["energy_source"], done["energy_estimate"]) == (
             0.5, 25.0, "counter", False)
         assert done["peak_memory_bytes"] == 3 * 2**30
+        # where its time went on its node: 0.2 s of its 0.5 waiting for input, and 1.5 s before them
+        assert (done["input_wait_s"], done["before_s"], done["before"]) == (
+            0.2, 1.5, "loading the model 0.30 s, warm-up 1.20 s")
         assert running["state"] == "running" and running["node_name"] == "gpu-box"
+        assert (running["input_wait_s"], running["before"]) == (None, "")
         assert "gpu-box cuda:0" in job["explanation"] and job["cancellable"] is True
         assert await served.get("api/jobs/j-nope") == (404, {"error": "no job 'j-nope'"})
         assert (await served.get("api/jobs?limit=x"))[0] == 400

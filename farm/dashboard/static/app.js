@@ -596,8 +596,9 @@ function renderJob() {
     ["Results", h("span", {id: "job-results"}, job.output, h("div", {class: "dim"},
       `from anywhere: farm results ${job.id} --out DIR`))],
   ].filter(([, value]) => value !== null);
-  const head = h("tr", {}, ["#", "State", "Node", "Device", "Items", "Seconds", "Energy", "Above idle", "Items/J",
-    "Peak memory", "Tries", "Error"].map((c, i) => h("th", {class: i >= 4 && i < 11 ? "num" : null}, c)));
+  const head = h("tr", {}, ["#", "State", "Node", "Device", "Items", "Seconds", "Waiting for input", "Energy",
+    "Above idle", "Items/J", "Peak memory", "Tries", "Error"].map((c, i) => h("th", {class: i >= 4 && i < 12 ? "num"
+    : null}, c)));
   const rows = job.shards_detail.map(s => h("tr", {"data-shard": s.index, "data-node": s.node_name},
     h("td", {}, s.index),
     h("td", {}, stateCell(s.state)),
@@ -605,6 +606,10 @@ function renderJob() {
     h("td", {class: "shard-device"}, s.device || s.backend ? `${s.device || "-"} (${s.backend || "-"})` : "-"),
     h("td", {class: "num"}, num(s.items)),
     h("td", {class: "num"}, s.seconds ? num(s.seconds, 3) : "-"),
+    // Of its measured seconds, the share it waited for its next batch (reading, decoding); the title says what
+    // came before them on its node (farm/core/phases.py)
+    h("td", {class: "num shard-input", title: s.before_s != null ? `before its measured time: ${s.before}` : null},
+      s.input_wait_s != null && s.seconds ? `${num(100 * s.input_wait_s / s.seconds)}%` : "-"),
     h("td", {class: "num shard-energy"}, s.energy_source ? figure(joules(s.energy_j), s.energy_estimate,
       s.energy_source, s.energy_scope) : "-"),
     h("td", {class: "num shard-marginal"}, s.energy_source && s.marginal_j != null ? figure(joules(s.marginal_j),
