@@ -296,7 +296,6 @@ def _time(shard: Shard) -> JSON:
     return {"input_wait_s": phases.input_wait, "before_s": phases.before, "before": before_text(phases)}
 
 
-
 def _marginal(work: list[NodeWork]) -> float | None:
     """The energy above idle of measured work; None unless all of it has that figure."""
     if not work or any(w.marginal_j is None for w in work):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 class Backend(Protocol):
     # Whether a shard runs each batch shape new to its worker once before its measured window (CUDA's, cuDNN's and a
-    # compiler's first-call costs are seconds; a CPU's a fraction of a batch). A module without it: True.
+    # compiler's first-call costs are seconds; a CPU's a fraction of a batch).
     WARM_UP_SHAPES: bool
 
     def offers(self, hardware: Hardware, cpus: int) -> list[BackendOffer]:

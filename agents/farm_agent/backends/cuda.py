@@ -32,7 +32,7 @@ GIB = 1024**3
 _tuned: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[Callable[..., Any], TuningOutcome]]] = \
     weakref.WeakKeyDictionary()
 # The forward that the shard running on a device ran its full batches through, until take_outcome reads it: a shard
-# with no full batch ran eager alone, and must not report the shard before it's winner.
+# with no full batch ran eager alone, and must not report the winner of the shard before it.
 _last: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
