@@ -8,6 +8,7 @@ import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.core.tasks import Tuning
+from farm_agent.backends.base import placed
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +36,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
     import torch
 
     torch.set_num_threads(max(threads, 1))
-    module.eval()
+    placed(module, "cpu")
     outputs = []
     with torch.inference_mode():
         for start in range(0, len(inputs), batch_size):

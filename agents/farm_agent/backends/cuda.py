@@ -21,6 +21,7 @@ import numpy as np
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.core.tasks import Tuning
 from farm.core.tuning import TuningOutcome
+from farm_agent.backends.base import placed
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +61,8 @@ def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tunin
     """The tuner's winner for this GPU, model, batch shape, tolerance and objective: this node's cached one, one the
     farm shares (tuning.shared), or one found by a tuning run now when the job gives a budget and it can pay for
     itself over the job's rows left; else the module as an untuned job runs it. What it is and what its tuning cost
-    wait for the shard's figures (take_outcome)."""
+    wait for the shard's figures (take_outcome). `example`: a full batch, on the host (copied to `device` only to
+    build a forward, the first time its key comes)."""
     from farm_agent.tuner.tune import tuned_forward
 
     built = _tuned.setdefault(module, {})
@@ -70,9 +72,9 @@ def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tunin
     key = (device, tuple(example.shape), example.dtype, tolerance, tuning.objective, tuning.budget_s is not None,
            tuning.shared)
     if key not in built:
-        built[key] = tuned_forward(module, example, tolerance, device, tune_first=tuning.budget_s is not None,
-                                   budget_s=tuning.budget_s or 0.0, objective=tuning.objective,
-                                   rows_left=tuning.rows_left, shared=tuning.shared)
+        built[key] = tuned_forward(module, example.to(device), tolerance, device,
+                                   tune_first=tuning.budget_s is not None, budget_s=tuning.budget_s or 0.0,
+                                   objective=tuning.objective, rows_left=tuning.rows_left, shared=tuning.shared)
     _last.setdefault(module, {})[device] = key
     return built[key][0]
 
@@ -112,7 +114,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
 
     torch.set_num_threads(max(threads, 1))
     target = torch.device(device)
-    module = module.to(target).eval()
+    placed(module, device)
     host = torch.from_numpy(np.ascontiguousarray(inputs))
     try:  # page-locked once for the shard, so each batch's copy is a real asynchronous DMA
         host = host.pin_memory()
@@ -126,7 +128,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
         # Only full batches run the winner, so only they are tuned for (a short last batch alone runs eager); the
         # A/B's eager side (tuning.eager) tunes nothing.
         full = len(host) >= batch_size and not tuning.eager
-        forward = _tuned_forward(module, host[:batch_size].to(target), tuning, device) if full else eager
+        forward = _tuned_forward(module, host[:batch_size], tuning, device) if full else eager
         for start in range(0, len(host), batch_size):
             batch = host[start : start + batch_size].to(target, non_blocking=True)
             # The winner was chosen (and a compiled one specialised) for full batches; a short last one runs eager.

@@ -12,6 +12,7 @@ import numpy as np
 
 from farm.core.models import BackendName, BackendOffer, Hardware
 from farm.core.tasks import Tuning
+from farm_agent.backends.base import placed
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +38,7 @@ def run(module: torch.nn.Module, inputs: np.ndarray, batch_size: int, device: st
         raise RuntimeError("PyTorch's MPS backend is not available here (it needs macOS 12.3+ on Apple Silicon)")
     torch.set_num_threads(max(threads, 1))
     target = torch.device("mps")
-    module = module.to(target).eval()
+    placed(module, "mps")
     # Metal has no float64: float inputs run as float32, as they do on the CPU backend.
     host = inputs.astype(np.float32, copy=False) if inputs.dtype == np.float64 else inputs
     outputs = []
