@@ -1,6 +1,7 @@
 """The CUDA backend's offers on recorded nodes, and the daemon-side lightness of the module.
 
-`run` needs an NVIDIA GPU and is not exercised here (CI has none): it ran on the lent H200 (docs/h200-run.md).
+`run` needs an NVIDIA GPU (CI has none): it ran on the lent H200 (docs/h200-run.md). Here its own code runs with the
+CPU standing in for the device (CUDA's synchronize made a no-op), which is the test double at this machine's edge.
 """
 
 from __future__ import annotations
@@ -98,3 +99,27 @@ def test_a_model_is_moved_to_its_device_once_not_each_batch() -> None:
     for _ in range(3):  # three batches
         placed(module, "cpu")
     assert moves == ["cpu"] and not module.training
+
+
+def test_run_with_the_cpu_standing_in_for_the_gpu(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """cuda.run's own code: the model placed once over a shard's batches, the tuned forward looked up for full
+    batches and eager for the short last one, the outputs in row order."""
+    import numpy as np
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    moves: list[str] = []
+
+    class Counted(torch.nn.Linear):
+        def to(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            moves.append(str(args[0]))
+            return super().to(*args, **kwargs)
+
+    module = Counted(4, 2)
+    rows = np.arange(40, dtype=np.float32).reshape(10, 4)
+    outputs = [cuda.run(module, rows, 4, "cpu", 1) for _ in range(3)]  # three batches of a shard, as its runner calls
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(rows)).numpy()
+    assert all(np.allclose(found, expected, rtol=1e-6) for found in outputs)
+    assert moves == ["cpu"]
+    assert cuda.take_outcome(module, "cpu") is not None  # its full batches went through the tuner's lookup
