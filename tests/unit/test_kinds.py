@@ -274,6 +274,20 @@ def test_a_shards_energy_above_idle_comes_from_its_devices_idle_draw_on_the_same
     assert farm_._with_marginal(Running("n-1", "cpu"), record).marginal_j is None  # no idle draw on that device
 
 
+def first_cut_started(store: Store, tmp_path: Path) -> tuple[Dispatcher, int]:
+    """An auto-sized toy job j-1 whose first cut runs on the first node's cpu: the dispatcher and the shard's index."""
+    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
+    store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [])
+    farm_ = dispatcher(store, tmp_path)
+    job, spec = store.job("j-1"), farm_.spec(store.job("j-1"))
+    farm_.round = Round({n.id: n for n in store.nodes()})
+    (cut,) = autoshard.size(job, spec, (BackendName.CPU,), list(farm_.round.nodes.values()), farm_.round.busy, {},
+                            store, None).cuts
+    index = autoshard.apply(store, job, cut)
+    store.shard_started("j-1", index, store.nodes()[0], "cpu", "cpu")
+    return farm_, index
+
+
 def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_is_written(
         store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the H200 a 4 s shard's 180 MB output took ~2 s to write while its GPU idled: the device is free, and its
@@ -284,15 +298,8 @@ def test_a_device_takes_its_next_shard_sized_by_the_last_while_that_ones_output_
 
     from farm.data.results import Results
 
-    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
-    store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [])
-    farm_ = dispatcher(store, tmp_path)
-    job, spec = store.job("j-1"), farm_.spec(store.job("j-1"))
-    farm_.round = Round({n.id: n for n in store.nodes()})
-    (cut,) = autoshard.size(job, spec, (BackendName.CPU,), list(farm_.round.nodes.values()), farm_.round.busy, {},
-                            store, None).cuts
-    index = autoshard.apply(store, job, cut)
-    store.shard_started("j-1", index, store.nodes()[0], "cpu", "cpu")
+    farm_, index = first_cut_started(store, tmp_path)
+    spec = farm_.spec(store.job("j-1"))
     release, writing = threading.Event(), threading.Event()
     commit_shard = Results.commit_shard
 
@@ -382,15 +389,8 @@ def test_a_result_counts_for_sizing_from_the_moment_its_device_is_free(store: St
     from older figures (CI: three shards of 1,024 rows "growing 4x from 256", the third after a 1,024 had ended)."""
     import asyncio
 
-    text = INFER.replace("shards: 3", "shards: auto\nbatch_size: 2")
-    store.add_job("j-1", "toy", "inference", text, "/nowhere.zip", str(tmp_path / "out"), 100, [])
-    farm_ = dispatcher(store, tmp_path)
-    job, spec = store.job("j-1"), farm_.spec(store.job("j-1"))
-    farm_.round = Round({n.id: n for n in store.nodes()})
-    (cut,) = autoshard.size(job, spec, (BackendName.CPU,), list(farm_.round.nodes.values()), farm_.round.busy, {},
-                            store, None).cuts
-    index = autoshard.apply(store, job, cut)
-    store.shard_started("j-1", index, store.nodes()[0], "cpu", "cpu")
+    farm_, index = first_cut_started(store, tmp_path)
+    spec = farm_.spec(store.job("j-1"))
     rows = pa.table({"row_id": pa.array(range(8), pa.int64()), "output": output_column(np.zeros((8, 2), np.float32))})
 
     async def claimed() -> list[tuple[int, int]]:
