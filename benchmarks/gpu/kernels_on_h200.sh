@@ -10,7 +10,9 @@
 # Writes under $OUT: h200.json (every trial, the template check), strict.txt, strict-ieee.txt, loose.txt, summary.txt,
 # run.log, device.txt. Env: LIMIT_S (start no problem after it, default 510), CHECK_S (template check, default 180),
 # WORKERS (check processes, default 12), RUNS (timed runs per candidate, default 10), FAMILIES (candidate families,
-# default tune_h200.py's), ONLY (problem names: only these, e.g. the ones a first run's time limit left out).
+# default tune_h200.py's), ONLY (problem names: only these, e.g. the ones a first run's time limit left out),
+# OBJECTIVE=energy (each candidate's joules per call read too, ~2 s more each: tables under both objectives, the
+# energy ones as strict-energy.txt and so on).
 # Run from the repository root:  bash benchmarks/gpu/kernels_on_h200.sh
 OUT=${OUT:-/tmp/kernels-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=220 PYTHONPATH=$PWD:$PWD/agents FARM_STATE_DIR=/tmp/farm-kernels-state
@@ -27,9 +29,9 @@ FAM=()
 [ -n "$ONLY" ] && FAM+=(--only $ONLY)
 timeout 570 python3 benchmarks/kernels/tune_h200.py benchmarks/kernels/problems \
   --time-limit-s "${LIMIT_S:-510}" --check-workers "${WORKERS:-12}" --check-limit-s "${CHECK_S:-180}" \
-  --runs "${RUNS:-10}" \
+  --runs "${RUNS:-10}" --objective "${OBJECTIVE:-time}" \
   --candidate-timeout-s 90 --max-autotune "${FAM[@]}" --out "$OUT/h200.json" --tables "$OUT" > "$OUT/run.log" 2>&1
 echo "== tune_h200.py rc=$? after $SECONDS s"
 grep -v "^    " "$OUT/run.log" | grep -E "^(==|check:|[a-z0-9_]+: (strict|not))" | tail -70
-for t in loose strict-ieee strict summary; do echo "== $t"; cat "$OUT/$t.txt" 2>/dev/null; done
+for t in loose strict-ieee strict loose-energy strict-ieee-energy strict-energy summary; do echo "== $t"; cat "$OUT/$t.txt" 2>/dev/null; done
 true

@@ -3,7 +3,7 @@ geometric-mean speedups over eager and torch.compile, each winner's share of the
 
     python benchmarks/kernels/tune_h200.py benchmarks/kernels/problems [--time-limit-s 520] [--check-workers 8]
         [--check-limit-s 170] [--families eager compile-default triton-templates ...] [--runs 10] [--only NAME ...]
-        [--max-autotune] [--out h200.json] [--tables DIR]
+        [--max-autotune] [--objective time|energy] [--out h200.json] [--tables DIR]
 
 1. Template check (template_check.py, parallel processes): every problem's template regions compiled (at the
    precisions of the template families asked for) and checked against eager, failures recorded (a template that does not compile is skipped, never fatal), and the Triton and
@@ -14,6 +14,10 @@ geometric-mean speedups over eager and torch.compile, each winner's share of the
    strict (1e-4, no precision lowering; split-TF32 allowed, marked with a dagger), strict-ieee (1e-4, fp32 products
    only) and loose (1e-2).
 3. If time is left: torch.compile's max-autotune as a further baseline, problem by problem (--max-autotune).
+
+With `--objective energy` each candidate's joules per call above idle are read too (NVML's counter over its own
+run of >= 20 of the counter's steps: ~2 s more a candidate), and every table comes twice: ranked and compared by
+time (strict.txt, ...) and by joules per call (strict-energy.txt, ...), both from the same trials.
 
 Results are written after every problem, so a run cut short keeps what it measured: JSON to --out, and the tables
 (strict.txt, strict-ieee.txt, loose.txt, summary.txt) to --tables.
@@ -36,6 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents"), str(ROOT / "benchmarks" / "kernels")]
 
+from farm.core.tuning import Objective  # noqa: E402
 from farm_agent.tuner.candidates import candidate  # noqa: E402
 from farm_agent.tuner.evaluator import evaluate  # noqa: E402
 from farm_agent.tuner.policy import Policy  # noqa: E402
@@ -96,6 +101,8 @@ def main() -> None:
     parser.add_argument("--max-autotune", action="store_true", help="compile max-autotune where time is left")
     parser.add_argument("--policy", type=Path, default=None, help="policy state to start from and update")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--objective", choices=[o.value for o in Objective], default=Objective.TIME.value,
+                        help="energy: each candidate's joules per call read too, and tables under both objectives")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tables", type=Path, default=None, help="folder for the text tables")
     args = parser.parse_args()
@@ -133,7 +140,7 @@ def main() -> None:
         try:
             report = tune(path, budget_s=1e9, atol=LOOSE[0], rtol=LOOSE[1], device=args.device, policy=policy,
                           runs=args.runs, exhaustive=True, candidates=families,
-                          candidate_timeout_s=args.candidate_timeout_s)
+                          candidate_timeout_s=args.candidate_timeout_s, objective=Objective(args.objective))
         except Exception as exc:  # noqa: BLE001 - one broken problem must not cost the rest of the run
             failures[path.stem] = f"{type(exc).__name__}: {exc}"
             print(f"{path.stem}: {failures[path.stem]}", flush=True)
@@ -153,10 +160,16 @@ def main() -> None:
     if args.max_autotune:
         max_autotune(reports, args, started, lambda: write(state, reports, failures))
     write(state, reports, failures)
-    for scoring in SCORINGS:
-        print(f"\n== {scoring} ==")
-        print(format_table(reports, scoring))
-    print("\n" + summary_text(reports, failures, check, time.perf_counter() - started))
+    for objective in objectives(args):
+        for scoring in SCORINGS:
+            print(f"\n== {scoring} ({objective.value}) ==")
+            print(format_table(reports, scoring, objective=objective))
+    print("\n" + summary_text(reports, failures, check, time.perf_counter() - started, objectives(args)))
+
+
+def objectives(args: argparse.Namespace) -> tuple[Objective, ...]:
+    """The objectives the run's trials can be judged on: time always; energy where their joules were read."""
+    return (Objective.TIME, Objective.ENERGY) if args.objective == Objective.ENERGY.value else (Objective.TIME,)
 
 
 def max_autotune(reports: list[TuneReport], args: argparse.Namespace, started: float,
@@ -181,9 +194,10 @@ def max_autotune(reports: list[TuneReport], args: argparse.Namespace, started: f
         written()
 
 
-def summary_text(reports: list[TuneReport], failures: dict[str, str], check: dict[str, Any], wall_s: float) -> str:
-    """fast_1.05 and the geometric means under each scoring, over all problems and over those with template
-    regions; the search time; template compile failures."""
+def summary_text(reports: list[TuneReport], failures: dict[str, str], check: dict[str, Any], wall_s: float,
+                 judged: tuple[Objective, ...] = (Objective.TIME,)) -> str:
+    """fast_1.05 and the geometric means under each scoring and objective, over all problems and over those with
+    template regions; the search time; template compile failures."""
     lines = []
     templated = {name for name, e in check.get("problems", {}).items()
                  if any(p.get("regions") or p.get("error") for p in e.get("precisions", {}).values())}
@@ -193,10 +207,11 @@ def summary_text(reports: list[TuneReport], failures: dict[str, str], check: dic
         if not group:
             continue
         lines.append(f"{label} ({len(group)}):")
-        for scoring in SCORINGS:
-            s = summarize(group, scoring, 0.05)
+        for objective, scoring in ((o, scoring) for o in judged for scoring in SCORINGS):
+            s = summarize(group, scoring, 0.05, objective)
             num = (lambda v, f: format(v, f) if v is not None else "-")  # noqa: E731
-            lines.append(f"  {scoring:<12} fast_1.05 {s.fast_p:6.1%}  geomean {num(s.geomean_vs_eager, '.2f')}x vs "
+            lines.append(f"  {scoring:<12} {objective.value:<7} fast_1.05 {s.fast_p:6.1%}  geomean "
+                         f"{num(s.geomean_vs_eager, '.2f')}x vs "
                          f"eager, {num(s.geomean_vs_compile, '.2f')}x vs compile, "
                          f"{num(s.geomean_sol_share, '.1%')} of the speed of light (geomean), correct {s.correct}")
     search = sum(r.seconds for r in reports)
@@ -241,6 +256,8 @@ def write(state: dict[str, Any], reports: list[TuneReport], failures: dict[str, 
             "wall_s": wall,
             "families": args.families,
             "summary": {s: asdict(summarize(reports, s)) for s in SCORINGS},
+            "summary_by_objective": {o.value: {s: asdict(summarize(reports, s, objective=o)) for s in SCORINGS}
+                                     for o in objectives(args)},
             "reports": [r.to_json() for r in reports],
             "failures": failures,
             "template_check": state["check"],
@@ -249,9 +266,11 @@ def write(state: dict[str, Any], reports: list[TuneReport], failures: dict[str, 
         args.out.write_text(json.dumps(data, indent=1, default=str))
     if args.tables:
         args.tables.mkdir(parents=True, exist_ok=True)
-        for scoring in SCORINGS:
-            (args.tables / f"{scoring}.txt").write_text(format_table(reports, scoring) + "\n")
-        (args.tables / "summary.txt").write_text(summary_text(reports, failures, state["check"], wall) + "\n")
+        for objective, scoring in ((o, s) for o in objectives(args) for s in SCORINGS):
+            name = scoring if objective is Objective.TIME else f"{scoring}-{objective.value}"
+            (args.tables / f"{name}.txt").write_text(format_table(reports, scoring, objective=objective) + "\n")
+        (args.tables / "summary.txt").write_text(summary_text(reports, failures, state["check"], wall,
+                                                               objectives(args)) + "\n")
 
 
 def _triton_version() -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from farm.cli.kernels import kernel_results_table, results_table, row
 from farm.core.kernels import KernelResult, RewardMode
+from farm.core.tuning import Objective
 from farm.core.speed_of_light import device_peaks, speed_of_light
 from farm_agent.work.kinds.kernel_eval import row as kernel_row
 from farm_agent.tuner.flops import flop_counter
@@ -84,6 +86,27 @@ def test_the_tune_table_has_the_share_the_bound_and_the_peaks() -> None:
     assert "triton-templates-3xtf32 \u2020" in line and "40.0%" in line and "compute" in line
     assert "geomean share of the speed of light 40.0%" in text
     assert text.splitlines()[-1].endswith("H200: 67 TFLOP/s fp32, 4.8 TB/s")
+
+
+def test_one_energy_run_gives_both_objectives_tables_and_never_divides_joules_by_milliseconds() -> None:
+    # A run under energy holds each trial's time and joules: the 3xtf32 templates are fastest, the plain ones use
+    # the fewest joules (time and energy disagree); compile-default has no joules (its energy run failed).
+    joules = {"eager": 0.8, "triton-templates": 0.3, "triton-templates-3xtf32": 0.5}
+    trials = [replace(t, joules_per_call=joules.get(t.candidate)) for t in _report().trials]
+    report = replace(_report(), trials=trials, objective=Objective.ENERGY)
+    assert report.pick("strict", Objective.TIME).candidate == "triton-templates-3xtf32"  # type: ignore[union-attr]
+    assert report.pick("strict").candidate == "triton-templates"  # type: ignore[union-attr]  # the report's own
+    assert math.isclose(report.speedup("eager", "strict", Objective.ENERGY) or 0, 0.8 / 0.3)
+    assert math.isclose(report.speedup("eager", "strict", Objective.TIME) or 0, 4.0)
+    assert report.speedup("compile-default", "strict", Objective.ENERGY) is None  # not 3.0 ms / 0.3 J
+    by_energy = summarize([report], "strict", objective=Objective.ENERGY)
+    assert by_energy.fast_p == 0.0 and by_energy.geomean_vs_compile is None and by_energy.objective is Objective.ENERGY
+    assert math.isclose(summarize([report], "strict").fast_p, 1.0)  # 3.0 ms against 1.0 ms
+    text = format_table([report], "strict", objective=Objective.ENERGY)
+    header, line = text.splitlines()[:2]
+    assert "eager J" in header and "compile J" in header and header.rstrip().endswith("ms")
+    assert line.split()[:3] == ["convT", "triton-templates", "0.3000"] and "2.67x" in line
+    assert "strict (energy): fast_0.05 0.0% of 1 (correct and >5% fewer joules a call" in text
 
 
 def _result(name: str, ms: float, correct: bool = True) -> Result:

@@ -104,22 +104,23 @@ class TuneReport:
             return None
         return speed_of_light(self.flops, self.nbytes, self.device_name)
 
-    def sol_share(self, scoring: str = "run") -> float | None:
-        """The share of the speed of light that the pick under `scoring` reaches."""
-        best, sol = self.pick(scoring), self.speed_of_light()
+    def sol_share(self, scoring: str = "run", objective: Objective | None = None) -> float | None:
+        """The share of the speed of light (a time) that the pick under `scoring` and `objective` reaches."""
+        best, sol = self.pick(scoring, objective), self.speed_of_light()
         return sol.share(best.median_ms) if best is not None and sol is not None else None
 
     def trial(self, name: str) -> Trial | None:
         return next((t for t in self.trials if t.candidate == name), None)
 
-    def pick(self, scoring: str = "run") -> Trial | None:
-        """The cheapest trial on the report's objective correct under `scoring` ("run", "strict", "strict-ieee" or
-        "loose"); under strict, only candidates that keep fp32 arithmetic qualify; under strict-ieee, only those
-        whose products are fp32 too (no split-TF32)."""
+    def pick(self, scoring: str = "run", objective: Objective | None = None) -> Trial | None:
+        """The cheapest trial on `objective` (None: the report's) correct under `scoring` ("run", "strict",
+        "strict-ieee" or "loose"); under strict, only candidates that keep fp32 arithmetic qualify; under
+        strict-ieee, only those whose products are fp32 too (no split-TF32). A run measured under energy holds
+        each trial's time too, so both objectives' picks come from one run."""
         ok = [t for t in self.trials if t.correct_by(scoring) and t.median_ms is not None
               and not (scoring.startswith("strict") and t.lowers_precision)
               and not (scoring == "strict-ieee" and t.candidate in EMULATED_FP32)]
-        return min(ok, key=lambda t: t.on(self.objective) or math.inf, default=None)
+        return min(ok, key=lambda t: t.on(objective or self.objective) or math.inf, default=None)
 
     def baseline_ms(self, name: str) -> float | None:
         """A baseline's time as PyTorch runs it by default (cuDNN's TF32 convolutions included, which can miss
@@ -127,11 +128,18 @@ class TuneReport:
         t = self.trial(name)
         return t.median_ms if t is not None else None
 
-    def speedup(self, baseline: str, scoring: str = "run") -> float | None:
-        best, base = self.pick(scoring), self.baseline_ms(baseline)
-        if best is None or best.median_ms is None or base is None:
+    def speedup(self, baseline: str, scoring: str = "run", objective: Objective | None = None) -> float | None:
+        """The pick's gain over `baseline` on `objective` (None: the report's): time over time, or joules per call
+        over joules per call (None where either lacks its joules: never joules over milliseconds)."""
+        objective = objective or self.objective
+        best, base = self.pick(scoring, objective), self.trial(baseline)
+        if best is None or base is None:
             return None
-        return base / best.median_ms
+        if objective is Objective.ENERGY:
+            mine, theirs = best.joules_per_call, base.joules_per_call
+        else:
+            mine, theirs = best.median_ms, base.median_ms
+        return theirs / mine if mine and theirs is not None else None
 
     @property
     def trials_to_winner(self) -> int | None:
@@ -509,38 +517,49 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
 
 @dataclass(frozen=True)
 class Summary:
-    """A folder's figures under one scoring ("run", "strict" or "loose")."""
+    """A folder's figures under one scoring ("run", "strict" or "loose") and one objective (the gains: in time, or
+    in joules per call above idle)."""
 
     scoring: str
     problems: int
     correct: int  # problems with a correct pick
-    fast_p: float  # share of problems whose pick is correct and faster than compile-default by more than p
+    fast_p: float  # share of problems whose pick is correct and cheaper than compile-default by more than p
     p: float
     geomean_vs_eager: float | None
     geomean_vs_compile: float | None
     geomean_sol_share: float | None = None  # over the problems whose device has recorded peaks
+    objective: Objective = Objective.TIME
 
 
 def _geomean(values: Sequence[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def summarize(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.05) -> Summary:
-    """fast_p counts a problem when its pick is correct under the scoring and compile-default was measured; the
-    geometric means run over the problems where both sides were measured."""
-    vs_eager = [s for r in reports if (s := r.speedup("eager", scoring)) is not None]
-    vs_compile = [s for r in reports if (s := r.speedup("compile-default", scoring)) is not None]
+def summarize(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.05,
+              objective: Objective = Objective.TIME) -> Summary:
+    """fast_p counts a problem when its pick is correct under the scoring and compile-default was measured (under
+    energy: with its joules); the geometric means run over the problems where both sides were measured."""
+    vs_eager = [s for r in reports if (s := r.speedup("eager", scoring, objective)) is not None]
+    vs_compile = [s for r in reports if (s := r.speedup("compile-default", scoring, objective)) is not None]
     fast = sum(1 for s in vs_compile if s > 1.0 + p)
-    shares = [s for r in reports if (s := r.sol_share(scoring)) is not None]
-    return Summary(scoring=scoring, problems=len(reports), correct=sum(1 for r in reports if r.pick(scoring)),
+    shares = [s for r in reports if (s := r.sol_share(scoring, objective)) is not None]
+    return Summary(scoring=scoring, problems=len(reports),
+                   correct=sum(1 for r in reports if r.pick(scoring, objective)),
                    fast_p=fast / len(reports) if reports else 0.0, p=p, geomean_vs_eager=_geomean(vs_eager),
-                   geomean_vs_compile=_geomean(vs_compile), geomean_sol_share=_geomean(shares))
+                   geomean_vs_compile=_geomean(vs_compile), geomean_sol_share=_geomean(shares), objective=objective)
 
 
-def table_row(report: TuneReport, scoring: str = "run") -> dict[str, Any]:
-    """One problem's line of the tune table under a scoring."""
-    best = report.pick(scoring)
+def table_row(report: TuneReport, scoring: str = "run", objective: Objective = Objective.TIME) -> dict[str, Any]:
+    """One problem's line of the tune table under a scoring and an objective (`cost`: the pick's and the baselines'
+    ms under time, J per call under energy)."""
+    best = report.pick(scoring, objective)
     sol = report.speed_of_light()
+
+    def cost(trial: Trial | None) -> float | None:
+        if trial is None:
+            return None
+        return trial.joules_per_call if objective is Objective.ENERGY else trial.median_ms
+
     return {
         "problem": report.problem,
         "winner": best.candidate if best else None,
@@ -549,38 +568,48 @@ def table_row(report: TuneReport, scoring: str = "run") -> dict[str, Any]:
         "winner_ms": best.median_ms if best else None,
         "eager_ms": report.baseline_ms("eager"),
         "compile_ms": report.baseline_ms("compile-default"),
-        "vs_eager": report.speedup("eager", scoring),
-        "vs_compile": report.speedup("compile-default", scoring),
+        "winner_cost": cost(best),
+        "eager_cost": cost(report.trial("eager")),
+        "compile_cost": cost(report.trial("compile-default")),
+        "vs_eager": report.speedup("eager", scoring, objective),
+        "vs_compile": report.speedup("compile-default", scoring, objective),
         "trials": sum(1 for t in report.trials if t.searched),
         "seconds": report.seconds,
         "sol_ms": sol.ms if sol is not None else None,
-        "sol_share": report.sol_share(scoring),
+        "sol_share": report.sol_share(scoring, objective),
         "sol_bound": sol.bound if sol is not None else None,
     }
 
 
-def format_table(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.05) -> str:
-    """The tune table as plain text, with fast_p and the geometric means last."""
+def format_table(reports: Sequence[TuneReport], scoring: str = "run", p: float = 0.05,
+                 objective: Objective = Objective.TIME) -> str:
+    """The tune table as plain text, with fast_p and the geometric means last; under energy its costs and gains
+    are joules per call above idle (the pick's time beside them, and its share of the speed of light)."""
     def num(value: float | None, fmt: str) -> str:
         return format(value, fmt) if value is not None else "-"
 
-    header = (f"{'problem':<28} {'winner':<26} {'ms':>9} {'eager ms':>9} {'compile ms':>10} {'vs eager':>8} "
-              f"{'vs compile':>10} {'SoL ms':>8} {'of SoL':>7} {'bound':<7} {'trials':>6} {'search s':>8}")
+    energy = objective is Objective.ENERGY
+    unit = "J" if energy else "ms"
+    header = (f"{'problem':<28} {'winner':<26} {unit:>9} {'eager ' + unit:>9} {'compile ' + unit:>10} "
+              f"{'vs eager':>8} {'vs compile':>10} {'SoL ms':>8} {'of SoL':>7} {'bound':<7} {'trials':>6} "
+              f"{'search s':>8}" + (f" {'ms':>9}" if energy else ""))
     lines = [header]
+    fmt = "9.4f" if energy else "9.3f"
     for report in reports:
-        row = table_row(report, scoring)
+        row = table_row(report, scoring, objective)
         mark = " *" if row["lowers_precision"] else " †" if row["emulated_fp32"] else ""
         winner = (row["winner"] or "none correct") + mark
         share = f"{row['sol_share']:.1%}" if row["sol_share"] is not None else "-"
-        lines.append(f"{row['problem'][:28]:<28} {winner[:26]:<26} {num(row['winner_ms'], '9.3f')} "
-                     f"{num(row['eager_ms'], '9.3f')} {num(row['compile_ms'], '10.3f')} "
+        lines.append(f"{row['problem'][:28]:<28} {winner[:26]:<26} {num(row['winner_cost'], fmt)} "
+                     f"{num(row['eager_cost'], fmt)} {num(row['compile_cost'], fmt.replace('9', '10'))} "
                      f"{num(row['vs_eager'], '7.2f')}x {num(row['vs_compile'], '9.2f')}x "
                      f"{num(row['sol_ms'], '8.3f')} {share:>7} {row['sol_bound'] or '-':<7} {row['trials']:>6} "
-                     f"{row['seconds']:8.1f}")
-    s = summarize(reports, scoring, p)
+                     f"{row['seconds']:8.1f}" + (f" {num(row['winner_ms'], '9.3f')}" if energy else ""))
+    s = summarize(reports, scoring, p, objective)
     share = f"{s.geomean_sol_share:.1%}" if s.geomean_sol_share is not None else "-"
-    lines.append(f"{scoring}: fast_{s.p:g} {s.fast_p:.1%} of {s.problems} (correct and >{s.p:.0%} faster than "
-                 f"compile-default); geomean {num(s.geomean_vs_eager, '.2f')}x vs eager, "
+    cheaper = "fewer joules a call" if energy else "faster"
+    lines.append(f"{scoring} ({objective.value}): fast_{s.p:g} {s.fast_p:.1%} of {s.problems} (correct and "
+                 f">{s.p:.0%} {cheaper} than compile-default); geomean {num(s.geomean_vs_eager, '.2f')}x vs eager, "
                  f"{num(s.geomean_vs_compile, '.2f')}x vs compile; geomean share of the speed of light {share}   "
                  "(* lowers precision; † split-TF32 products, fp32-level error)")
     peaks = {sol.peaks.describe() for r in reports if (sol := r.speed_of_light()) is not None}
