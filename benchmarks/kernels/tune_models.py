@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 from farm.core.tuning import Objective  # noqa: E402
 from farm_agent.tuner.policy import Policy  # noqa: E402
 from farm_agent.tuner.problem import problem_paths  # noqa: E402
-from farm_agent.tuner.tune import TuneReport, choose, tune  # noqa: E402
+from farm_agent.tuner.tune import TuneReport, choose, summarize, tune  # noqa: E402
 
 FAMILIES = ("compile-default", "cuda-graph", "compile-reduce-overhead", "channels-last", "compile-max-autotune",
             "triton-fused", "tf32", "compile-tf32", "autocast-bf16", "autocast-fp16")
@@ -40,8 +40,11 @@ def rows(report: TuneReport) -> list[dict[str, object]]:
             a = ref.on(objective) if ref is not None else None  # type: ignore[attr-defined]
             b = won.on(objective) if won is not None else None
             return a / b if a and b else None
+        sol = report.speed_of_light()
         out.append({"model": report.problem, "objective": objective.value, "baseline": report.baseline,
                     "winner": won.candidate if won else None, "ms": won.median_ms if won else None,
+                    "sol_share": sol.share(won.median_ms) if sol is not None and won is not None else None,
+                    "sol_bound": sol.bound if sol is not None else None,
                     "j": won.joules_per_call if won else None, "base_ms": base.median_ms if base else None,
                     "base_j": base.joules_per_call if base else None, "vs_base": ratio(base),
                     "vs_compile": ratio(compiled)})
@@ -52,11 +55,27 @@ def table(lines: list[dict[str, object]]) -> str:
     def f(v: object, fmt: str) -> str:
         return format(v, fmt) if isinstance(v, float) else "-"
     head = (f"{'model':<22} {'objective':<9} {'winner':<24} {'ms/call':>8} {'J/call':>8} {'baseline':<17} "
-            f"{'base ms':>8} {'base J':>8} {'vs base':>8} {'vs compile':>10}")
+            f"{'base ms':>8} {'base J':>8} {'vs base':>8} {'vs compile':>10} {'of SoL':>7} {'bound':<7}")
     body = [f"{r['model']:<22} {r['objective']:<9} {str(r['winner'])[:24]:<24} {f(r['ms'], '8.3f')} "
             f"{f(r['j'], '8.3f')} {r['baseline']:<17} {f(r['base_ms'], '8.3f')} {f(r['base_j'], '8.3f')} "
-            f"{f(r['vs_base'], '7.2f')}x {f(r['vs_compile'], '9.2f')}x" for r in lines]
+            f"{f(r['vs_base'], '7.2f')}x {f(r['vs_compile'], '9.2f')}x "
+            f"{format(r['sol_share'], '7.1%') if isinstance(r['sol_share'], float) else '      -'} "
+            f"{r['sol_bound'] or '-':<7}" for r in lines]
     return "\n".join([head, *body])
+
+
+def goals(reports: list[TuneReport]) -> str:
+    """Issue 29's figures for the suite, per objective: fast_1.05 against compile-default and the geometric mean of
+    the winners' gains over it (time, or joules per call), and each winner under 5 % of the speed of light."""
+    out = []
+    for objective in (Objective.ENERGY, Objective.TIME):
+        s = summarize(reports, "run", 0.05, objective)
+        low = [f"{r.problem} ({share:.1%})" for r in reports
+               if (share := r.sol_share("run", objective)) is not None and share < 0.05]
+        out.append(f"{objective.value}: fast_1.05 vs compile {s.fast_p:.1%} of {s.problems}; geomean "
+                   f"{s.geomean_vs_compile or 0:.2f}x vs compile, {s.geomean_vs_eager or 0:.2f}x vs eager; "
+                   f"under 5 % of the speed of light: {', '.join(low) or 'none'}")
+    return "\n".join(out)
 
 
 def main() -> None:
@@ -69,16 +88,18 @@ def main() -> None:
     args = parser.parse_args()
     policy = Policy()
     lines: list[dict[str, object]] = []
+    reports: list[TuneReport] = []
     for path in problem_paths(MODELS):
         if args.only and path.stem not in args.only:
             continue
         report = tune(path, budget_s=args.budget_s, atol=args.rtol, rtol=args.rtol, policy=policy,
                       candidates=args.families, objective=Objective.ENERGY, runs=10, candidate_timeout_s=120.0)
         lines += rows(report)
+        reports.append(report)
         print(table(lines[-2:]).split("\n", 1)[1], flush=True)
         if args.out:
             args.out.write_text(json.dumps(lines, indent=1))
-    print("\n" + table(lines))
+    print("\n" + table(lines) + "\n\n" + goals(reports))
 
 
 if __name__ == "__main__":
