@@ -73,6 +73,41 @@ def test_the_next_job_without_variables_takes_the_warm_worker_with_its_code(tmp_
     assert [(s.job_id, s.warm) for s in started] == [("j-with-env", False), ("j-plain", True)]
 
 
+def test_the_next_warm_worker_starts_once_the_jobs_worker_ends_never_beside_it(tmp_path: Path) -> None:
+    # A warm worker started beside a running job took its CPUs (torch's import) and its GPU (a second context): the
+    # device's next one starts when the job's worker ends; a node that drains starts none.
+    reports: list[agent_pb2.WorkReport] = []
+
+    async def ended(ticket: str) -> None:
+        for _ in range(600):
+            if any(r.HasField("ended") and r.ended.ticket == ticket for r in reports):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{ticket} never ended")
+
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=60)
+        try:
+            await workers.assign(order("j-1", "t-1"))  # no warm worker yet: the job starts its own
+            job = workers.workers[("j-1", "cpu")]
+            await ended("t-1")  # its shard ended (its task does not decode): the device ran a shard
+            await asyncio.sleep(0.5)
+            assert "cpu" not in workers.warm and not workers.warming and job.proc.returncode is None
+            await workers.cancel("j-1", run=1)  # the job's end
+            warm = await warm_one(workers)
+            assert warm is not job and warm.job_id == ""
+
+            await workers.assign(order("j-2", "t-2"))  # takes it; its shard ends, then the node drains
+            await ended("t-2")
+            await workers.stop_all("its node drained")
+            await asyncio.sleep(0.5)
+            assert not workers.warm and not workers.warming
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_warm_worker_unused_for_keep_warm_s_ends_and_close_ends_the_next(tmp_path: Path) -> None:
     async def scenario() -> None:
         workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=1.5)

@@ -13,11 +13,12 @@ A worker that dies takes its queued shards with it: each is reported ended with 
 again (its retry path); the job's next shard on that device starts a new worker.
 
 A device that ran a shard in the last `keep_warm_s` (and a GPU from the agent's start) keeps one warm worker: started
-before any job needs it, torch imported and the device ready (farm_agent.work.host's warm mode), it becomes the
-worker of the next job on that device that has no `env:` of its own (whose variables must be there from a process's
-start), with that job's code unpacked into its empty folder first. So a job's first shard does not wait seconds for
-torch and a CUDA context (an H200: 4.4 s for torch's first import, 1.1 s for the context, cuBLAS and cuDNN). A warm
-worker serves one job, as any worker; unused for `keep_warm_s`, it ends."""
+before any job needs it, once no job's worker runs on the device (never beside a running job), torch imported and the
+device ready (farm_agent.work.host's warm mode), it becomes the worker of the next job on that device that has no
+`env:` of its own (whose variables must be there from a process's start), with that job's code unpacked into its empty
+folder first. So a job's first shard does not wait seconds for torch and a CUDA context (an H200: 4.4 s for torch's
+first import, 1.1 s for the context, cuBLAS and cuDNN). A warm worker serves one job, as any worker; unused for
+`keep_warm_s`, it ends."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 import zipfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -90,6 +92,7 @@ class Workers:
         self.keep_warm_s = keep_warm_s
         self.warm: dict[str, Worker] = {}  # per device: its warm worker, for the next job there
         self.warming: set[asyncio.Task[None]] = set()  # warm workers being started
+        self.used: dict[str, float] = {}  # per device: when it last ended a shard (time.monotonic())
         self.closed = False
         self.state_dir = state_dir
         self.account = account
@@ -154,6 +157,7 @@ class Workers:
     async def stop_all(self, reason: str) -> None:
         """Every worker stopped (the node drains, or its work stream closed): their attempts reported ended. Warm
         workers too: the owner taking the machine back gets their memory back."""
+        self.used.clear()  # none started as they end
         for worker in [*self.workers.values(), *self.warm.values()]:
             await self._stop(worker, reason)
 
@@ -166,16 +170,21 @@ class Workers:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def keep_warm(self, device: str) -> None:
-        """`device` keeps a warm worker for its next job for keep_warm_s from now: the one it has, or one started."""
+        """`device` keeps a warm worker for its next job for keep_warm_s from now: the one it has, or one started
+        once no job's worker runs there (_stop starts it when the last one ends). Started beside a running job, its
+        torch import (seconds of a core) and its device set-up took them from the job: on the 2-core dev box a
+        Parquet job's second shard waited 1.21 s for its first batch, its rows already decoded."""
         if self.keep_warm_s <= 0 or self.closed:
             return
+        self.used[device] = time.monotonic()
         warm = self.warm.get(device)
         if warm is not None:
             if warm.expiry is not None:
                 warm.expiry.cancel()
             warm.expiry = asyncio.get_running_loop().call_later(self.keep_warm_s, self._expire, warm)
             return
-        if any(task.get_name() == device for task in self.warming):
+        if any(task.get_name() == device for task in self.warming) or any(
+                w.device == device and not w.stopping for w in self.workers.values()):
             return
         task = asyncio.create_task(self._start_warm(device), name=device)
         self.warming.add(task)
@@ -315,6 +324,8 @@ class Workers:
         worker.stopping = True
         if self.workers.get((worker.job_id, worker.device)) is worker:
             del self.workers[(worker.job_id, worker.device)]
+            if time.monotonic() - self.used.get(worker.device, -self.keep_warm_s) < self.keep_warm_s:
+                self.keep_warm(worker.device)  # its job is over there: the next one's worker, warm
         if self.warm.get(worker.device) is worker:
             del self.warm[worker.device]
             if worker.expiry is not None:
