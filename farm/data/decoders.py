@@ -7,9 +7,10 @@ On a 64x64 PNG (12 KiB) opening alone is ~20 us of ~60 us (and its load loop is 
 little; on a 256x256 one (190 KiB) the codec's load is ~820 us of ~910 us and threads scale with the cores (one
 core of the 2-core dev box, 2026-12).
 
-A process pool's items go out as bytes and come back as arrays (pickled both ways): its processes run this module's
-code, started by this worker, as the job's user, on the job's own data, so nothing crosses a trust boundary that the
-worker itself does not already hold (the head never unpickles anything a node made: this stays inside the worker).
+A process pool's items go out as bytes, or as the paths of local files it reads itself, and come back as arrays
+(pickled both ways): its processes run this module's code, started by this worker, as the job's user, on the job's
+own data, so nothing crosses a trust boundary that the worker itself does not already hold (the head never
+unpickles anything a node made: this stays inside the worker).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import io
 import multiprocessing
 import multiprocessing.forkserver
+import os
 import sys
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
@@ -39,6 +41,8 @@ T = TypeVar("T")
 Decoded: TypeAlias = "np.ndarray | list[np.ndarray | str]"
 
 AHEAD = 3  # batches a shard's reader keeps decoding at once (decode_ahead): see benchmarks/image_job.py
+UNREADABLE = "does not read: "  # how an item given as a local path that could not be read is reported
+Item: TypeAlias = "bytes | str"  # an item's encoded bytes, or the path of a local file that holds them
 
 
 class PoolKind(StrEnum):
@@ -80,11 +84,12 @@ PILLOW = Decoder("pillow", pillow, pillow_pool)
 DECODERS: dict[DataFormat, Decoder] = {DataFormat.IMAGES: PILLOW}
 
 
-def decode_all(decoder: Decoder, items: Sequence[bytes], workers: int, pool: PoolKind | None = None
-               ) -> Decoded:
-    """Each item decoded, in order, or why it did not decode (one line): Decoded. On `workers` of the pool that suits
-    the batch (`pool`: that one instead). A decoder process that dies (a file that crashes the codec) fails the
-    batch with DataError; the next batch gets a fresh pool."""
+def decode_all(decoder: Decoder, items: Sequence[Item], workers: int,
+               pool: PoolKind | None = None) -> Decoded:
+    """Each item decoded, in order, or why it did not decode (one line; UNREADABLE first where it did not read):
+    Decoded. An item is its encoded bytes, or the path of a local file the pool reads itself. On `workers` of the
+    pool that suits the batch (`pool`: that one instead). A decoder process that dies (a file that crashes the
+    codec) fails the batch with DataError; the next batch gets a fresh pool."""
     return submit(decoder, items, workers, pool).result()
 
 
@@ -113,13 +118,14 @@ class Decoding:
             part.cancel()
 
 
-def submit(decoder: Decoder, items: Sequence[bytes], workers: int, pool: PoolKind | None = None) -> Decoding:
+def submit(decoder: Decoder, items: Sequence[Item], workers: int, pool: PoolKind | None = None
+           ) -> Decoding:
     """decode_all's work handed to the pool now, to be waited for later (Decoding.result)."""
     if workers <= 1 or len(items) <= 1:
         done: Future[Decoded] = Future()
         done.set_result(_decode_chunk(decoder.name, list(items)))
         return Decoding(decoder, len(items), [done])
-    kind = pool or decoder.pool(sum(map(len, items)) / len(items))
+    kind = pool or decoder.pool(_mean_bytes(items))
     if kind is PoolKind.THREADS:
         return Decoding(decoder, len(items), [_threads(workers).submit(_decode_chunk, decoder.name, [item])
                                              for item in items])
@@ -138,8 +144,18 @@ def _died(decoder: Decoder, items: int) -> DataError:
                      "the decoder)")
 
 
-def decode_ahead(decoder: Decoder, batches: Iterable[T], items: Callable[[T], Sequence[bytes]], workers: int,
-                 ahead: int) -> Generator[tuple[T, Decoded]]:
+def _mean_bytes(items: Sequence[Item]) -> float:
+    """The items' mean encoded size; for local paths, the first file's (a stat, not one a file)."""
+    if isinstance(items[0], str):
+        try:
+            return float(os.path.getsize(items[0]))
+        except OSError:
+            return 0.0
+    return sum(map(len, items)) / len(items)
+
+
+def decode_ahead(decoder: Decoder, batches: Iterable[T], items: Callable[[T], Sequence[Item]],
+                 workers: int, ahead: int) -> Generator[tuple[T, Decoded]]:
     """Each batch with its items decoded (decode_all's Decoded), in order, while the batches after it are read and
     decode on the pool, `ahead` batches in flight in all (the memory it holds). One batch at a time, the pool idles
     while a batch's last items finish, while it is stacked and while the next one is read (a head's files, in the
@@ -170,14 +186,20 @@ def decode_ahead(decoder: Decoder, batches: Iterable[T], items: Callable[[T], Se
             decoding.cancel()
 
 
-def _decode_one(name: str, data: bytes) -> np.ndarray | str:
+def _decode_one(name: str, item: bytes | str) -> np.ndarray | str:
+    if isinstance(item, str):  # a local file's path: read here, in the pool, not by the batch's reader
+        try:
+            with open(item, "rb") as handle:
+                item = handle.read()
+        except OSError as exc:
+            return UNREADABLE + (exc.strerror or type(exc).__name__)
     try:
-        return _by_name(name).decode(data)
+        return _by_name(name).decode(item)
     except Undecodable as exc:
         return (str(exc).strip().splitlines() or ["it does not decode"])[0]
 
 
-def _decode_chunk(name: str, items: list[bytes]) -> Decoded:
+def _decode_chunk(name: str, items: list[Item]) -> Decoded:
     """In a decoder process: Decoded."""
     found = [_decode_one(name, item) for item in items]
     shapes = {(a.shape, a.dtype) if isinstance(a, np.ndarray) else None for a in found}

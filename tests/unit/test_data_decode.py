@@ -162,3 +162,71 @@ def test_with_batches_decoding_ahead_a_bad_file_fails_its_batch_after_the_ones_b
     with pytest.raises(DataError, match=r"003\.png \(row 3\): does not read") as caught:
         next(stream)
     assert caught.value.rows == (3, 4)
+
+
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_local_folder_is_read_by_its_decoders_not_by_the_shards_reader(tmp_path, pool: str,  # type: ignore[no-untyped-def]
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the node sees the folder itself, a shard's reader hands its decoders the files' paths and opens none (a
+    DataLoader's workers read their own files too); the decoders read them, in order, and name one that does not
+    read or decode with its row. Passed through, `image` is read as bytes as before."""
+    from pathlib import Path
+
+    from farm import data
+    from farm.core.tasks import DataTask, ShardTask
+    from farm.data import decoders
+    from farm.data.formats import images
+    from farm_agent.work.kinds.inference import model_batches
+
+    monkeypatch.setattr(decoders, "SMALL_IMAGE", 0 if pool == "threads" else 1 << 30)
+    reads: list[int] = []
+    contents = images._contents
+
+    def counted(fs, paths):  # type: ignore[no-untyped-def]
+        reads.append(len(paths))
+        return contents(fs, paths)
+
+    monkeypatch.setattr(images, "_contents", counted)
+    folder, spec, plan = _folder(tmp_path, 8)
+
+    def task(passthrough: tuple[str, ...] = ()) -> ShardTask:
+        located = spec.model_copy(update={"passthrough": passthrough})
+        return ShardTask(job_id="j", index=0, start=0, stop=8, model="m:f", weights=None, dataset="", batch_size=3,
+                         backend="cpu", device="cpu", threads=2, data=DataTask(spec=located, plan=plan))
+
+    batches = list(model_batches(task(), Path.cwd()))
+    assert reads == []  # the reader opened no file
+    assert [b.inputs[:, 0, 0, 0].tolist() for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [b.table.column_names for b in batches] == [[ROW_ID]] * 3  # the paths never reach the results
+
+    kept = list(model_batches(task(("image",)), Path.cwd()))
+    assert reads == [8] and kept[0].table.column("image")[0].as_py() == _png(0)  # passed through: read as bytes
+    assert [b.inputs[:, 0, 0, 0].tolist() for b in kept] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+
+    (folder / "004.png").write_bytes(b"not a png")
+    (folder / "007.png").unlink()
+    stream = model_batches(task(), Path.cwd())
+    assert next(stream).table.column(ROW_ID).to_pylist() == [0, 1, 2]
+    with pytest.raises(DataError, match=r"004\.png \(row 4\): the image does not decode") as caught:
+        next(stream)
+    assert caught.value.rows == (4, 5)
+    stream = data.read(plan, 6, 8, [images.FILE, "path"], 2)
+    from farm.data.batches import numpy_batches
+
+    with pytest.raises(DataError, match=r"007\.png \(row 7\): does not read: No such file") as caught:
+        list(numpy_batches(stream, ["image"], plan.format, plan.location, workers=2))
+    assert caught.value.rows == (7, 8)
+
+
+def test_a_folder_this_machine_does_not_hold_comes_as_bytes_whatever_the_reader_asks() -> None:
+    import fsspec
+
+    from farm.core.dataset import DataFile
+    from farm.data.formats import images
+
+    fs = fsspec.filesystem("memory")
+    for i in range(3):
+        fs.pipe(f"/bucket/imgs/{i}.png", _png(i))
+    pieces = [(DataFile(path=f"{i}.png", offset=i, units=1), 0, 1) for i in range(3)]
+    (batch,) = images.read(fs, "/bucket/imgs", "memory://bucket/imgs", pieces, [images.FILE, "path"], 8)
+    assert images.FILE not in batch.schema.names and batch.column("image")[2].as_py() == _png(2)

@@ -26,6 +26,7 @@ from farm.core.tasks import SHARD_ROWS_ATTR, ResultRoute, ShardFigures, ShardRes
 from farm.data import Reach, reach, read
 from farm.data.batches import column_to_numpy, model_inputs, numpy_batches, output_column, rebatch
 from farm.data.decoders import AHEAD as DECODE_AHEAD
+from farm.data.formats.images import FILE
 from farm.data.results import OUTPUT
 from farm_agent import backends
 from farm_agent.backends.base import Backend
@@ -167,7 +168,9 @@ def model_batches(task: ShardTask, root: Path, way: Reach | None = None) -> Iter
     spec, plan = task.data.spec, task.data.plan
     columns = plan.model_inputs(spec)
     wanted = list(dict.fromkeys([*columns, *spec.passthrough, *spec.label_columns]))
-    needed = ["image", "path"] if plan.format is DataFormat.IMAGES else wanted
+    needed = wanted
+    if plan.format is DataFormat.IMAGES:  # a local folder's files read by its decoders, unless passed through
+        needed = ["image" if "image" in spec.passthrough else FILE, "path"]
     preprocess = resolve(spec.preprocess, root, "preprocess") if spec.preprocess else None
     way = way or reach(plan, task.data.access)
     stream = read(plan, task.start, task.stop, needed, task.batch_size, fs=way.fs, root=way.root,
