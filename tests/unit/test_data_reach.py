@@ -149,7 +149,7 @@ def test_a_shard_read_ahead_reports_the_route_its_reader_took(tmp_path: Path, mo
     and that is the route it reports, even where the files changed before the shard itself began."""
     from farm.core.tasks import DataTask, ShardTask
     from farm_agent.work.kinds import inference
-    from farm_agent.work.prefetch import AHEAD
+    from farm_agent.work.kinds.inference import AHEAD
 
     folder = parquet_folder(tmp_path / "d")
     spec = DatasetSpec(location=str(folder), format="parquet", inputs=["x"], shared=True)
@@ -165,5 +165,5 @@ def test_a_shard_read_ahead_reports_the_route_its_reader_took(tmp_path: Path, mo
         os.utime(file, ns=(1, 1))
     assert data.reach(plan, ACCESS).route is ReadRoute.FALLBACK
     tables: list[pa.Table] = []
-    result = inference.run_shard(task, tables.append, ahead=held[0], way=held[1])  # type: ignore[arg-type]
+    result = inference.run_shard(task, tables.append, ahead=held[0], way=held[1])
     assert result.read_route is ReadRoute.DIRECT and sum(t.num_rows for t in tables) == 30

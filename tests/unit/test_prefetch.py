@@ -89,8 +89,8 @@ def test_batches_read_for_another_attempt_are_closed_not_handed_over() -> None:
     ahead = ReadAhead()
     read_1, closed_1 = [], threading.Event()
     read_2, closed_2 = [], threading.Event()
-    ahead.start("t-1", _source(read_1, closed_1))
-    ahead.start("t-2", _source(read_2, closed_2))  # t-1 was never run (cancelled): its reader stops
+    ahead.start("t-1", _source(read_1, closed_1), None)
+    ahead.start("t-2", _source(read_2, closed_2), None)  # t-1 was never run (cancelled): its reader stops
     assert closed_1.is_set() and len(read_1) <= AHEAD_DEPTH + 2
     assert ahead.take("t-3") is None  # not the attempt read for: nothing, and t-2's reader stops
     assert closed_2.is_set() and _readers() == []

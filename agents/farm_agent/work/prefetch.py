@@ -2,8 +2,8 @@
 runs the current one: a shard then takes about max(read, compute) rather than their sum. Hand-written rather than
 torch's DataLoader, whose workers are processes that would copy each batch and re-open the job's dataset.
 
-The next shard's first batches are read ahead too (AHEAD): a worker is sent its next shard while one runs, and on the
-H100 a Parquet shard's first batch (a whole row group decoded) took longer than the shard's model."""
+The next shard's first batches are read ahead too (ReadAhead): a worker is sent its next shard while one runs, and on
+the H100 a Parquet shard's first batch (a whole row group decoded) took longer than the shard's model."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+F = TypeVar("F")
 
 DEPTH = 3  # batches read ahead: enough to ride out one slow block from the head, memory a few batches
 _DONE = object()
@@ -79,23 +80,24 @@ AHEAD_DEPTH = 1  # the next shard's batches read before it starts: its first is 
 # row group decoded whole); more would take the decoders from the shard that runs meanwhile
 
 
-class ReadAhead:
-    """One attempt's batches, read from before it starts: a worker's next shard, while the one before it runs. At
+class ReadAhead(Generic[T, F]):
+    """One attempt's items (T), read from before it starts: a worker's next shard, while the one before it runs. At
     most one is held; a take for another attempt closes it (the held one was cancelled or reassigned). Each with
-    what its reader found before it began (`found`: for a dataset, the way it reaches it), for the attempt to report."""
+    what its reader found before it began (F: for a dataset, the way it reaches it), for the attempt to report. A
+    kind that reads ahead keeps its own (the inference kind's: one shard runs at a time in a worker)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: tuple[str, Prefetch[object], object] | None = None
+        self._held: tuple[str, Prefetch[T], F] | None = None
 
-    def start(self, ticket: str, items: Iterator[object], found: object = None) -> None:
+    def start(self, ticket: str, items: Iterator[T], found: F) -> None:
         started = Prefetch(items, AHEAD_DEPTH)
         with self._lock:
             stale, self._held = self._held, (ticket, started, found)
         if stale is not None:
             stale[1].close()
 
-    def take(self, ticket: str) -> tuple[Prefetch[object], object] | None:
+    def take(self, ticket: str) -> tuple[Prefetch[T], F] | None:
         """The batches read ahead for `ticket`'s attempt, now the caller's to close, and what their reader found;
         None where there are none."""
         with self._lock:
@@ -106,6 +108,3 @@ class ReadAhead:
             return held[1], held[2]
         held[1].close()
         return None
-
-
-AHEAD = ReadAhead()  # this worker's: one shard runs at a time in it

@@ -1,7 +1,7 @@
 """What runs a job's shards on a node, one module per job kind, mirroring farm/head/kinds/. Each sharded kind's
 module has `attempt(task, route)`: one attempt in its worker, its result sent to the head by the route's ticket; it
 returns the attempt's figures (None: it failed). A kind that reads a dataset may have `read_ahead(task, ticket)`: its
-next attempt's first batches read while the one before it runs (farm_agent.work.prefetch.AHEAD).
+next attempt's first batches read while the one before it runs (farm_agent.work.prefetch.ReadAhead).
 Adding a kind: its module here, and a line in ATTEMPTS (farm.core.wire.ENTRY_TASKS names the task's type)."""
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from farm_agent.backends.base import Backend
 from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
-from farm_agent.work.prefetch import AHEAD, Prefetch
+from farm_agent.work.prefetch import Prefetch, ReadAhead
 from farm_agent.work.staging import staged
 
 if TYPE_CHECKING:
@@ -155,6 +155,9 @@ class ModelBatch:
     labels: np.ndarray | None
 
 
+AHEAD: ReadAhead[ModelBatch, Reach] = ReadAhead()  # this worker's next shard, read while one runs
+
+
 def model_batches(task: ShardTask, root: Path, way: Reach | None = None) -> Iterator[ModelBatch]:
     """The shard's rows, `batch_size` at a time, as the model reads them; `way`: how this node reaches a located
     dataset (farm.data.reach, found once a shard)."""
@@ -233,7 +236,7 @@ def _meter(device: str) -> PowerMeter:
 
 def read_ahead(task: ShardTask, ticket: str) -> None:
     """Start reading `ticket`'s shard (the worker's next, sent while one runs): its first batches wait, read and
-    decoded, for its attempt (prefetch.AHEAD). Only a located dataset's: a job's own dataset is its code's to load."""
+    decoded, for its attempt (AHEAD). Only a located dataset's: a job's own dataset is its code's to load."""
     if task.data is not None:
         way = reach(task.data.plan, task.data.access)
         AHEAD.start(ticket, model_batches(task, Path.cwd(), way), way)
@@ -243,9 +246,7 @@ def attempt(task: ShardTask, route: ResultRoute) -> ShardFigures | Finishing | N
     """One attempt of an inference shard in its worker: its outputs to the head batch by batch, then its figures."""
     from farm_agent.work.upload import figures, send
 
-    held = AHEAD.take(route.ticket)
-    ahead: Prefetch[ModelBatch] | None = held[0] if held else None  # type: ignore[assignment]
-    way: Reach | None = held[1] if held else None  # type: ignore[assignment]
+    ahead, way = AHEAD.take(route.ticket) or (None, None)
 
     def work(upload: Upload) -> Callable[[], ShardFigures]:
         result = run_shard(task, upload.write, later=True, ahead=ahead, way=way)
