@@ -110,8 +110,8 @@ def decode_images(location: str, batches: Iterable[pa.RecordBatch], workers: int
         failed = next((i for i, a in enumerate(arrays) if isinstance(a, str)), None)
         if failed is not None:
             path, row = batch.column("path")[failed].as_py(), batch.column(ROW_ID)[failed].as_py()
-            why = arrays[failed]
-            why = why if why.startswith(UNREADABLE) else f"the image does not decode: {why}"  # type: ignore[union-attr]
+            why = str(arrays[failed])
+            why = why if why.startswith(UNREADABLE) else f"the image does not decode: {why}"
             raise DataError(f"{where(location, path)} (row {row}): {why}", rows=(row, row + 1))
         if arrays and all(a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays):  # type: ignore[union-attr]
             yield batch, np.stack(arrays)
