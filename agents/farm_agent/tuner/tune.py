@@ -70,6 +70,11 @@ class Trial:
         value = self.joules_per_call if objective is Objective.ENERGY else None
         return value if value is not None else self.median_ms
 
+    def measured_on(self, objective: Objective) -> float | None:
+        """Its cost on the objective as measured: joules per call under energy (None without a counter), never its
+        time in their place (gains are never joules over milliseconds)."""
+        return self.joules_per_call if objective is Objective.ENERGY else self.median_ms
+
     def correct_by(self, scoring: str) -> bool:
         return {"run": self.correct, "strict": self.correct_strict, "strict-ieee": self.correct_strict,
                 "loose": self.correct_loose}[scoring]
@@ -135,10 +140,7 @@ class TuneReport:
         best, base = self.pick(scoring, objective), self.trial(baseline)
         if best is None or base is None:
             return None
-        if objective is Objective.ENERGY:
-            mine, theirs = best.joules_per_call, base.joules_per_call
-        else:
-            mine, theirs = best.median_ms, base.median_ms
+        mine, theirs = best.measured_on(objective), base.measured_on(objective)
         return theirs / mine if mine and theirs is not None else None
 
     @property
@@ -556,9 +558,7 @@ def table_row(report: TuneReport, scoring: str = "run", objective: Objective = O
     sol = report.speed_of_light()
 
     def cost(trial: Trial | None) -> float | None:
-        if trial is None:
-            return None
-        return trial.joules_per_call if objective is Objective.ENERGY else trial.median_ms
+        return trial.measured_on(objective) if trial is not None else None
 
     return {
         "problem": report.problem,
