@@ -62,3 +62,29 @@ def test_a_shared_winner_that_answers_wrongly_here_is_not_run(tmp_path: Path, mo
     _, outcome = tune.tuned_forward(model, batch, (1e-4, 1e-4), "cpu", WinnerCache(tmp_path / "node"),
                                     shared=[winner])
     assert outcome.winner == "compile-default"
+
+
+def test_a_shared_winner_that_fails_on_this_nodes_batch_is_not_run_and_the_reason_says_how(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A winner that builds but raises on the node's batch (a compiler failing here, as Inductor did once a test
+    left its config broken) is not run, and the reason names the error rather than calling it a wrong answer."""
+    import farm_agent.tuner.tune as tune
+    from farm_agent.tuner.cache import WinnerCache
+
+    model, batch = nn.Linear(8, 4).eval(), torch.rand(16, 8)
+    _, winner = _shared(model, batch, 1e-4, "compile-default")
+
+    def breaks_here(candidate, module, inputs, params):  # type: ignore[no-untyped-def]
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("no C++ compiler on this node\nmore detail")
+        return forward
+
+    monkeypatch.setattr(tune, "build", breaks_here)
+    forward, outcome = tune.tuned_forward(model, batch, (1e-4, 1e-4), "cpu", WinnerCache(tmp_path / "node"),
+                                          shared=[winner])
+    assert outcome.winner == ""
+    assert "fails on this node's batch (RuntimeError: no C++ compiler on this node)" in outcome.reason
+    assert "outside the job's tolerance" not in outcome.reason
+    assert "fails on this node's batch" in capsys.readouterr().err
+    with torch.no_grad():
+        torch.testing.assert_close(forward(batch), model(batch))

@@ -249,7 +249,7 @@ def test_a_hanging_candidate_dies_with_an_evaluator_that_was_killed(tmp_path: Pa
     assert wait_for(lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE, 30, 0.5)
 
 
-def test_inductor_compile_thread_pool_workers_are_allowed_only_while_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inductor_compile_thread_pool_workers_are_allowed_only_while_idle() -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -258,30 +258,33 @@ def test_inductor_compile_thread_pool_workers_are_allowed_only_while_idle(monkey
 
     from farm_agent.tuner.worker import is_inductor_thread
 
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 2)
-    release, started = threading.Event(), threading.Event()
-    running: list[threading.Thread] = []
+    # config.patch, not monkeypatch.setattr: the latter's undo left the option missing for every later
+    # torch.compile in the process ("torch._inductor.config.compile_threads does not exist", torch 2.13).
+    with torch._inductor.config.patch(compile_threads=2):
+        release, started = threading.Event(), threading.Event()
+        running: list[threading.Thread] = []
 
-    def held() -> None:  # someone's work on Inductor's own pool, on whichever of its threads takes it
-        running.append(threading.current_thread())
-        started.set()
-        release.wait(60)
+        def held() -> None:  # someone's work on Inductor's own pool, on whichever of its threads takes it
+            running.append(threading.current_thread())
+            started.set()
+            release.wait(60)
 
-    # The pool may be an earlier test's, its threads already started: the one to watch is the one running the work.
-    busy = AsyncCompile.pool().submit(held)
-    mine = ThreadPoolExecutor(1)
-    mine.submit(lambda: None).result()
-    try:
-        assert started.wait(10)
-        worker = running[0]
-        assert worker.name.startswith("ThreadPoolExecutor") and worker not in mine._threads
-        assert not is_inductor_thread(worker)  # busy: work left running
-        release.set()
-        busy.result(10)
-        from farm.local import wait_for
+        # The pool may be an earlier test's, its threads already started: the one to watch is the one running the
+        # work.
+        busy = AsyncCompile.pool().submit(held)
+        mine = ThreadPoolExecutor(1)
+        mine.submit(lambda: None).result()
+        try:
+            assert started.wait(10)
+            worker = running[0]
+            assert worker.name.startswith("ThreadPoolExecutor") and worker not in mine._threads
+            assert not is_inductor_thread(worker)  # busy: work left running
+            release.set()
+            busy.result(10)
+            from farm.local import wait_for
 
-        assert wait_for(lambda: is_inductor_thread(worker), 10, 0.05)  # idle: allowed
-        assert not any(is_inductor_thread(t) for t in mine._threads)  # an idle worker of another pool
-    finally:
-        release.set()
-        mine.shutdown()
+            assert wait_for(lambda: is_inductor_thread(worker), 10, 0.05)  # idle: allowed
+            assert not any(is_inductor_thread(t) for t in mine._threads)  # an idle worker of another pool
+        finally:
+            release.set()
+            mine.shutdown()

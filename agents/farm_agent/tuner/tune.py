@@ -426,12 +426,12 @@ def shared_winner(key: CacheKey, shared: Sequence[SharedWinner]) -> Winner | Non
     return None
 
 
-def agrees(forward: Callable[..., Any], module: torch.nn.Module, batch: torch.Tensor, atol: float, rtol: float
-           ) -> bool:
-    """Whether `forward` answers `batch` as the model does in full fp32, by the evaluator's measure of a tolerance.
-    A winner the farm shares is checked so on this node's own batch before it runs a row: the node that reported it
-    chose which known transform the farm runs (a hostile one would choose a wrong one), and a transform right for
-    the batch it was measured on may not be for this one."""
+def disagreement(forward: Callable[..., Any], module: torch.nn.Module, batch: torch.Tensor, atol: float,
+                 rtol: float) -> str | None:
+    """Why `forward` does not answer `batch` as the model does in full fp32, by the evaluator's measure of a
+    tolerance (None: it does). A winner the farm shares is checked so on this node's own batch before it runs a row:
+    the node that reported it chose which known transform the farm runs (a hostile one would choose a wrong one),
+    and a transform right for the batch it was measured on may not be for this one, or may not run here at all."""
     from farm_agent.tuner.worker import Errors, Rejected, strict_precision, tensors_of
 
     errors = Errors(atol, rtol)
@@ -441,9 +441,12 @@ def agrees(forward: Callable[..., Any], module: torch.nn.Module, batch: torch.Te
             with strict_precision():
                 expected = tensors_of(module(batch), "Model")
             errors.add(answers, expected)
-    except (Rejected, RuntimeError, ValueError, TypeError):  # other outputs than tensors, their number or shapes
-        return False
-    return errors.rel_norm <= max(atol, rtol) and errors.excess[rtol] <= atol
+    except (Rejected, RuntimeError, ValueError, TypeError, AttributeError) as exc:  # a compiler's, or the outputs'
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"fails on this node's batch ({type(exc).__name__}: {first})"
+    if errors.rel_norm <= max(atol, rtol) and errors.excess[rtol] <= atol:
+        return None
+    return "answers this node's batch outside the job's tolerance"
 
 
 def _tuning_run(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float], device: str,
@@ -508,11 +511,11 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
         print(f"farm tuner: cached winner {winner.candidate} does not build here ({type(exc).__name__}: {exc}); "
               "running the model untuned", file=sys.stderr)
         return Untuned(module), replace(said, reason=f"the winner {winner.candidate} does not build here"[:MAX_TEXT])
-    if from_farm and not agrees(forward, module, example_batch, atol, rtol):
-        print(f"farm tuner: the farm's winner {winner.candidate} answers this batch outside the job's tolerance; "
-              "running the model untuned", file=sys.stderr)
-        return Untuned(module), replace(said, reason=(f"the farm's winner {winner.candidate} answers this node's "
-                                                      "batch outside the job's tolerance: not run")[:MAX_TEXT])
+    if from_farm and (why_not := disagreement(forward, module, example_batch, atol, rtol)) is not None:
+        print(f"farm tuner: the farm's winner {winner.candidate} {why_not}; running the model untuned",
+              file=sys.stderr)
+        return Untuned(module), replace(said, reason=f"the farm's winner {winner.candidate} {why_not}: not run"
+                                        [:MAX_TEXT])
     params = tuple(sorted((k, v) for k, v in winner.params.items() if isinstance(v, (str, int, float, bool))))
     return forward, replace(said, winner=winner.candidate, params=params)
 
