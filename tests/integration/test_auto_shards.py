@@ -43,14 +43,20 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
     assert int(shards[-1]["stop"]) == ROWS and all(s["state"] == "succeeded" for s in shards)
     np.testing.assert_array_equal(read_predictions(Path(job["output"])),
                                   np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2) * 2)
-    # Each device's first shard measures it (4 batches); then none is more than 4x the largest it ran before (a
-    # tail's share, cut into a queue slot while the shard before it ran, may be smaller than the one after it).
+    # Each device's first shard measures it (4 batches); then none is more than 4x the largest it ran before, or a
+    # 4th of its floor at its measured speed where that is more (a toy model's shards of 64 rows last a millisecond:
+    # its placement says so), and a tail's share, cut into a queue slot while the shard before it ran, may be
+    # smaller than the one after it.
+    placed = {line["message"].split(" → ")[0].split()[-1]: line["message"] for line in
+              json.loads(cluster.farm("logs", job["id"], "--json").stdout) if " → " in line["message"]}
     for node in {s["node_name"] for s in shards}:
-        sizes = [int(s["stop"]) - int(s["start"]) for s in sorted(job["shards"], key=lambda s: s["index"])
-                 if s["node_name"] == node]
+        mine = [s for s in sorted(job["shards"], key=lambda s: s["index"]) if s["node_name"] == node]
+        sizes = [int(s["stop"]) - int(s["start"]) for s in mine]
         assert sizes[0] == 4 * BATCH, sizes
-        assert all(size <= 4 * max(sizes[:i]) for i, size in enumerate(sizes) if i), str(sizes)
-    assert len(shards) >= 4
+        for i, shard in enumerate(mine[1:], 1):
+            why = placed[str(shard["index"])]
+            assert sizes[i] <= 4 * max(sizes[:i]) or "s at its speed (a 4th of its floor" in why, (sizes, why)
+    assert len(shards) >= 3
     # No RAPL here: the model estimate's idle draw is 0 by construction, so its energy above idle is its total.
     assert all(s["marginal_j"] == pytest.approx(s["energy_j"]) for s in shards)
     assert job["marginal_j"] == pytest.approx(job["energy_j"])
@@ -58,11 +64,9 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
     assert explained.returncode == 0, explained.stderr
     words = " ".join(explained.stdout.split())  # as printed, wrapped to the terminal's width
     assert "shard sizes per device" in words
-    # Both agents measured from the start; their shards grew 4x at a time. A device's worker holds its next shard
-    # while one runs (queue depth 1), cut from what its last finished shard measured: a size may come twice ("256
-    # x2"). (A job this small is less than a second of work: at the tail one may sit out, its share too short.)
+    # Both agents measured from the start (a job this small is less than a second of work: at the tail one may sit
+    # out, its share too short).
     assert all(f"agent-{x}/cpu: {4 * BATCH}" in words for x in "ab"), words
-    assert f"cpu: {4 * BATCH}, {16 * BATCH}" in words and f"{64 * BATCH:,} x2" in words, words
     assert f": {4 * BATCH} rows (4 batches): its first shard of this model measures it" in words
     nodes = json.loads(cluster.farm("nodes", "--json").stdout)
     assert all((b["idle_w"], b["idle_source"], b["meter_step_s"]) == (0.0, "model-estimate", 0.0)
