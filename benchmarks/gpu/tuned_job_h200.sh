@@ -9,6 +9,6 @@ cat /tmp/bench-tuned/images.npy > /dev/null  # in the page cache: the jobs are b
 farm_up
 timeout ${JOB_TIMEOUT_S:-500} python3 $B jobs /tmp/bench-tuned --batch-size ${BATCH:-512} --shards ${SHARDS:-16} \
   --budget ${BUDGET:-120} 2>&1 | tee $OUT/tuned_job.md
-JOB=$(grep -o "tuned job j-[0-9a-f]*" $OUT/tuned_job.md | cut -d' ' -f3)
+JOB=$(grep -o ", tuned job j-[0-9a-f]*" $OUT/tuned_job.md | cut -d' ' -f4)  # not the "untuned job" before it
 [ -n "$JOB" ] && $F job $JOB --explain > $OUT/explain.txt 2>&1 && grep -A12 "^tuning" $OUT/explain.txt
 farm_down
