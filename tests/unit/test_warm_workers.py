@@ -108,6 +108,30 @@ def test_the_next_warm_worker_starts_once_the_jobs_worker_ends_never_beside_it(t
     asyncio.run(scenario())
 
 
+def test_where_the_machine_has_cores_the_node_does_not_lend_the_next_warm_worker_starts_beside_the_job(
+        tmp_path: Path) -> None:
+    # After its job, a warm worker took ~1.5 s to start: a job submitted right after the last one waited for it (an
+    # H100 host lending 8 of its 16 cores). With spare cores its torch import runs beside the job, after a shard.
+    reports: list[agent_pb2.WorkReport] = []
+
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=60, warm_beside_jobs=True)
+        try:
+            await workers.assign(order("j-1", "t-1"))
+            job = workers.workers[("j-1", "cpu")]
+            assert not workers.warming and "cpu" not in workers.warm  # not at its start: never racing its imports
+            for _ in range(600):  # its shard ends (its task does not decode): the device ran a shard
+                if "cpu" in workers.warm:
+                    break
+                await asyncio.sleep(0.05)
+            warm = workers.warm["cpu"]  # started then, while the job's worker runs
+            assert warm is not job and warm.job_id == "" and job.proc.returncode is None and not job.stopping
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_warm_worker_unused_for_keep_warm_s_ends_and_close_ends_the_next(tmp_path: Path) -> None:
     async def scenario() -> None:
         workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=1.5)

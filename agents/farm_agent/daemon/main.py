@@ -110,7 +110,8 @@ class Agent:
                 log.info("%s idle: %.1f W (%s)", offer.device, offer.idle_w, offer.idle_source)
         self.ray = self._new_ray() if self.ray_args else None  # a trusted node's only
         self.workers = Workers(self.node_id, settings.state_dir, self.ray_account, self.reports.put_nowait,
-                               self._fetch_code, settings.keep_warm_s)
+                               self._fetch_code, settings.keep_warm_s,
+                               warm_beside_jobs=(os.cpu_count() or 1) > settings.cpus)
         for offer in self.offers:  # a GPU's first job would wait seconds for torch and its context
             if offer.available and offer.name in (BackendName.CUDA, BackendName.MPS):
                 self.workers.keep_warm(offer.device)
