@@ -36,6 +36,10 @@ MAX_IPC_MESSAGE = 256 * 1024 * 1024
 # What a shard's table may take per row of its range, on average, and over that: its upload is refused once past
 # range x this (a node once sent 8 billion rows for a range of thousands, each written before any check).
 MAX_ROW_BYTES = 4 * 1024 * 1024
+# A shard's table is written in row groups of about this many bytes, not one a node's batch: a million rows of 16
+# floats came in 252 batches of 4,096, and stage() took 0.95-1.11 s writing a row group each, 0.34-0.61 s writing 3
+# (the 2-core dev box, two runs each). Held in memory while it fills, once per upload.
+ROW_GROUP_BYTES = 32 * 1024 * 1024
 SLACK_BYTES = 64 * 1024 * 1024  # schemas, stream headers, Arrow's padding
 
 
@@ -293,6 +297,16 @@ def stage(pipe: Pipe, path: Path, max_rows: int | None = None) -> tuple[Path, in
     writer: pq.ParquetWriter | None = None
     schema = pa.schema([])
     rows = 0
+    held: list[pa.Table] = []  # batches not written yet, conformed to the writer's schema: one row group to be
+    held_bytes = 0
+
+    def write_held() -> None:
+        nonlocal held_bytes
+        if writer is not None and held:
+            writer.write_table(pa.concat_tables(held))
+            held.clear()
+            held_bytes = 0
+
     try:
         while not pipe.at_end():
             with pa.ipc.open_stream(pipe) as reader:
@@ -303,10 +317,15 @@ def stage(pipe: Pipe, path: Path, max_rows: int | None = None) -> tuple[Path, in
                     if writer is None:
                         writer = pq.ParquetWriter(path, batch.schema)
                     elif batch.schema != writer.schema:
+                        write_held()  # in the file before it is read back to be widened
                         writer, path = _widen(writer, path, batch.schema)
                     table = pa.Table.from_batches([batch])
-                    writer.write_table(_conform(table, writer.schema) if table.schema != writer.schema else table)
+                    held.append(_conform(table, writer.schema) if table.schema != writer.schema else table)
+                    held_bytes += batch.nbytes
                     rows += batch.num_rows
+                    if held_bytes >= ROW_GROUP_BYTES:
+                        write_held()
+        write_held()
     except BaseException:
         pipe.abort()
         raise

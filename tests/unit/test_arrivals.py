@@ -34,6 +34,29 @@ def test_a_table_whose_types_widen_batch_by_batch_is_one_parquet_file(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == [arrived.table.path.name]
 
 
+def test_a_shards_small_batches_go_in_full_parts_and_land_in_few_row_groups(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small model's outputs come in many batches of a few hundred kilobytes: one part and one Parquet row group
+    each made the head's writing the shard's bottleneck (252 row groups for a million rows of 16 floats)."""
+    import numpy as np
+
+    from farm.data.batches import output_column
+    from farm_agent.work import upload
+
+    monkeypatch.setattr(upload, "CHUNK", 64 * 1024)
+    monkeypatch.setattr(arrivals, "ROW_GROUP_BYTES", 1024 * 1024)
+    batches = [pa.table({"row_id": pa.array(np.arange(i * 200, (i + 1) * 200), pa.int64()),
+                         "output": output_column(np.full((200, 16), i, np.float32))}) for i in range(200)]
+    sent = parts(batches, ShardFigures(items=40_000, seconds=0.1))
+    tables = [p.table for p in sent if p.WhichOneof("part") == "table"]
+    assert all(len(t) == 64 * 1024 for t in tables[:-1]) and len(tables) < len(batches)  # ~2.9 MB in 64 KiB parts
+    arrived = receive(sent, tmp_path / ".shard-00000.parquet.x")
+    assert arrived.table is not None and arrived.table.rows == 40_000
+    written = pq.ParquetFile(arrived.table.path)
+    assert written.metadata.num_row_groups == 3  # 1 MiB each (~14,600 rows of 72 bytes), not 200
+    assert written.read().column("row_id").to_pylist() == list(range(40_000))
+
+
 @pytest.mark.parametrize("upload, why", [
     ([result_pb2.UploadPart(table=b"not arrow at all, not at all"),
       result_pb2.UploadPart(figures=result_pb2.ShardFigures(items=1))], "not an Arrow IPC stream"),

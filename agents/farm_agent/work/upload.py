@@ -90,9 +90,10 @@ class Upload:
 
 
 class TableParts:
-    """A table's rows as upload parts: an Arrow IPC stream, cut into parts of at most CHUNK bytes, each batch's sent
-    as it is written. A batch whose schema differs from the last one's (JSON's inferred types) starts a new IPC
-    stream; the head widens its file to both."""
+    """A table's rows as upload parts: an Arrow IPC stream, cut into parts of CHUNK bytes as its batches are written
+    (the last one shorter, at close): one part a batch made the head take a part, a thread's turn, for every few
+    hundred kilobytes of a small model's outputs. A batch whose schema differs from the last one's (JSON's inferred
+    types) starts a new IPC stream; the head widens its file to both."""
 
     closed = False  # as a file, the IPC writer's sink
 
@@ -109,7 +110,6 @@ class TableParts:
         if self.writer is None:
             self.writer, self.schema = pa.ipc.new_stream(self, table.schema), table.schema
         self.writer.write(table)
-        self.flush()
 
     def close(self) -> None:
         if self.writer is not None:
