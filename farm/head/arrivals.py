@@ -37,9 +37,10 @@ MAX_IPC_MESSAGE = 256 * 1024 * 1024
 # range x this (a node once sent 8 billion rows for a range of thousands, each written before any check).
 MAX_ROW_BYTES = 4 * 1024 * 1024
 # A shard's table is written in row groups of about this many bytes, not one a node's batch: a million rows of 16
-# floats came in 252 batches of 4,096, and stage() took 0.95-1.11 s writing a row group each, 0.34-0.61 s writing 3
-# (the 2-core dev box, two runs each). Held in memory while it fills, once per upload.
-ROW_GROUP_BYTES = 32 * 1024 * 1024
+# floats came in 252 batches of 4,096, and stage() took 0.95-1.11 s writing a row group each, 0.47-0.53 s writing 9
+# (the 2-core dev box, two runs each). Held in memory while it fills, once per upload; no larger, because what is
+# held when the last part comes is written before the head counts the node's device free.
+ROW_GROUP_BYTES = 8 * 1024 * 1024
 SLACK_BYTES = 64 * 1024 * 1024  # schemas, stream headers, Arrow's padding
 
 
