@@ -43,8 +43,8 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
     assert int(shards[-1]["stop"]) == ROWS and all(s["state"] == "succeeded" for s in shards)
     np.testing.assert_array_equal(read_predictions(Path(job["output"])),
                                   np.arange(ROWS * 2, dtype=np.float32).reshape(ROWS, 2) * 2)
-    # Each device's first shard measures it (4 batches); then none is more than 4x the largest it ran before, or a
-    # 4th of its floor at its measured speed where that is more (a toy model's shards of 64 rows last a millisecond:
+    # Each device's first shard measures it (4 batches); then none is more than 4x the largest it ran before, or
+    # 1/4 of its floor at its measured speed where that is more (a toy model's shards of 64 rows last a millisecond:
     # its placement says so), and a tail's share, cut into a queue slot while the shard before it ran, may be
     # smaller than the one after it.
     placed = {line["message"].split(" → ")[0].split()[-1]: line["message"] for line in
@@ -55,7 +55,7 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
         assert sizes[0] == 4 * BATCH, sizes
         for i, shard in enumerate(mine[1:], 1):
             why = placed[str(shard["index"])]
-            assert sizes[i] <= 4 * max(sizes[:i]) or "s at its speed (a 4th of its floor" in why, (sizes, why)
+            assert sizes[i] <= 4 * max(sizes[:i]) or "s at its speed (1/4 of its floor" in why, (sizes, why)
     assert len(shards) >= 3
     # No RAPL here: the model estimate's idle draw is 0 by construction, so its energy above idle is its total.
     assert all(s["marginal_j"] == pytest.approx(s["energy_j"]) for s in shards)

@@ -61,19 +61,19 @@ def test_a_device_starts_small_and_grows_toward_its_target() -> None:
     for _ in range(6):
         size, why = size_for(rate(18_000, max_items=sizes[-1]), NVML_STEP_S, 64, RULES)
         sizes.append(size)
-    # A 4th of its floor (2 s: 20 NVML steps) at 18,000 rows/s where 4x is less, then 4x, then 18,000 rows/s x 3 s,
+    # 1/4 of its floor (2 s: 20 NVML steps) at 18,000 rows/s where 4x is less, then 4x, then 18,000 rows/s x 3 s,
     # in whole batches.
     assert sizes[:4] == [256, 9024, 36096, 54016]
     assert sizes[-1] == 54016 and "3 s at 18,000 rows/s" in why
     quick = size_for(rate(18_000, max_items=256), NVML_STEP_S, 64, RULES)[1]
-    assert quick.startswith("9,024 rows: 0.5 s at its speed (a 4th of its floor; 4x from 256 is less)")
+    assert quick.startswith("9,024 rows: 0.5 s at its speed (1/4 of its floor; 4x from 256 is less)")
     slow = size_for(rate(1_000, max_items=256), NVML_STEP_S, 64, RULES)  # 0.5 s is 500 rows: 4x decides
     assert slow[0] == 1024 and slow[1].startswith("1,024 rows: growing 4x from 256")
 
 
 def test_a_fast_device_does_not_crawl_up_from_its_first_shard_4x_at_a_time() -> None:
     """On an H100 a job's 1,048,576 Parquet rows went in six shards (16,384, 65,536 x2, 262,144 x2, the tail), a
-    first shard of 7 ms growing 4x at a time, each shard with its overhead: its second shard now lasts a 4th of the
+    first shard of 7 ms growing 4x at a time, each shard with its overhead: its second shard now lasts 1/4 of the
     device's floor at its measured speed."""
     sizes = [size_for(None, NVML_STEP_S, 4096, RULES)[0]]
     while sum(sizes) < 1_048_576:
