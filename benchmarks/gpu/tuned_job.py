@@ -4,10 +4,13 @@ items per joule above idle, the tuning's seconds and joules and the in-job A/B's
 benchmarks/gpu/tuned_job_h200.sh (a head and a cuda agent up, FARM_STATE_DIR set).
 
     python benchmarks/gpu/tuned_job.py data DIR [--rows 262144]
-    python benchmarks/gpu/tuned_job.py jobs DIR [--batch-size 512] [--budget 120] [--shards 16]
+    python benchmarks/gpu/tuned_job.py jobs DIR [--batch-size 512] [--budget 120] [--shards 16] [--model resnet18]
 
-The model and data: benchmarks/gpu/auto_shards.py's ResNet-18-shaped CNN on 3x64x64 uint8 images in one .npy on the
-node's disk (read through the page cache after the first job: compute-bound, not read-bound). The job's shards are
+The data: 3x64x64 uint8 images in one .npy on the node's disk (read through the page cache after the first job:
+compute-bound, not read-bound). The model (--model): `resnet18`, benchmarks/gpu/auto_shards.py's ResNet-18-shaped CNN,
+on which no candidate beat PyTorch's defaults in the whole-model suite (docs/h100-2026-12-06.md); or `convnext`,
+ConvNeXt-style blocks (convnext() below), whose like in that suite compile-default ran 1.38-1.40x faster and cheaper
+than the defaults: a model the tuner can win on. The job's shards are
 fixed (--shards), so that the A/B has shards on both sides: the first ones run eager, the next ones the winner.
 Goals (issue 29): in-shard rows/s >= 1.2x and items/J above idle >= 1.15x, tuned against untuned; where no candidate
 wins, the tuned job is no worse in items/J than the tuning's own cost, which the job's tuning lines state.
@@ -28,15 +31,52 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.gpu.auto_shards import make_data  # noqa: E402
 
 
-def run(folder: Path, batch_size: int, shards: int, budget: float | None) -> tuple[Any, list[str]]:
+MODELS = {"resnet18": "benchmarks.gpu.auto_shards:build", "convnext": "benchmarks.gpu.tuned_job:convnext"}
+
+
+def convnext():  # noqa: ANN201  (torch is imported inside: the `data` step needs numpy only)
+    """ConvNeXt-style blocks (7x7 depthwise, LayerNorm over channels, inverted MLP: the whole-model suite's
+    convnext_blocks) after a 2x2 stem, 96 channels at 32x32, on the job's uint8 images scaled on the device."""
+    import torch
+    from torch import nn
+
+    from benchmarks.gpu.auto_shards import SHAPE
+
+    class Block(nn.Module):
+        def __init__(self, dim: int) -> None:
+            super().__init__()
+            self.depthwise = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+            self.norm = nn.LayerNorm(dim)
+            self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.mlp(self.norm(self.depthwise(x).permute(0, 2, 3, 1))).permute(0, 3, 1, 2)
+
+    class ConvNeXt(nn.Module):
+        def __init__(self, dim: int = 96, depth: int = 4) -> None:
+            super().__init__()
+            self.stem = nn.Conv2d(SHAPE[0], dim, 2, stride=2)
+            self.blocks = nn.Sequential(*(Block(dim) for _ in range(depth)))
+            self.head = nn.Linear(dim, 1000)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            x = self.blocks(self.stem(images.reshape(-1, *SHAPE).float() / 255.0))
+            return self.head(x.mean(dim=(2, 3)))
+
+    torch.manual_seed(0)
+    return ConvNeXt().eval()
+
+
+def run(folder: Path, batch_size: int, shards: int, budget: float | None, model: str = "resnet18"
+        ) -> tuple[Any, list[str]]:
     import yaml
 
     from farm.client import Client, find_head
     from farm.client.preflight import prepare
 
-    name = "resnet18-tuned" if budget else "resnet18-untuned"
+    name = f"{model}-tuned" if budget else f"{model}-untuned"
     spec: dict[str, Any] = {
-        "name": name, "kind": "inference", "model": "benchmarks.gpu.auto_shards:build",
+        "name": name, "kind": "inference", "model": MODELS[model],
         "dataset": {"location": str(folder / "images.npy"), "format": "npy"}, "shards": shards,
         "batch_size": batch_size, "backends": ["cuda"], "policy": "efficiency",
         "output": f"/tmp/out/{name}-{int(time.time())}"}
@@ -64,16 +104,17 @@ def rates(items: int, seconds: float, joules: float) -> str:
     return f"{items / seconds if seconds else 0:,.0f} | {items / joules if joules else 0:,.2f}"
 
 
-def jobs(folder: Path, batch_size: int, shards: int, budget: float) -> None:
-    untuned, _ = run(folder, batch_size, shards, None)
-    tuned, lines = run(folder, batch_size, shards, budget)
+def jobs(folder: Path, batch_size: int, shards: int, budget: float, model: str = "resnet18") -> None:
+    untuned, _ = run(folder, batch_size, shards, None, model)
+    tuned, lines = run(folder, batch_size, shards, budget, model)
     spent = [re.search(r"the tuning took ([\d.]+) s(?: and ([\d,]+) J)?", line) for line in lines]
     tuning_s = sum(float(m.group(1)) for m in spent if m)
     tuning_j = sum(float(m.group(2).replace(",", "")) for m in spent if m and m.group(2))
     verdict = next((line.split(": ", 2)[-1] for line in lines if " kept: " in line or " reverted: " in line),
                    "no verdict (too few items on a side, or no winner)")
     base = side(list(untuned.shards))
-    print(f"untuned job {untuned.id}, tuned job {tuned.id}: {tuned.items:,} rows, {shards} shards, batch {batch_size}")
+    print(f"untuned job {untuned.id}, tuned job {tuned.id}: {model}, {tuned.items:,} rows, {shards} shards, "
+          f"batch {batch_size}")
     print()
     print("| job | in-shard rows/s | items/J above idle | job wall s | tuning s | tuning J |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -105,11 +146,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=512)
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--budget", type=float, default=120.0)
+    parser.add_argument("--model", choices=sorted(MODELS), default="resnet18")
     args = parser.parse_args()
     if args.what == "data":
         print(make_data(args.folder, args.rows))
     else:
-        jobs(args.folder, args.batch_size, args.shards, args.budget)
+        jobs(args.folder, args.batch_size, args.shards, args.budget, args.model)
 
 
 if __name__ == "__main__":
