@@ -41,6 +41,7 @@ MAX_ROW_BYTES = 4 * 1024 * 1024
 # (the 2-core dev box, two runs each). Held in memory while it fills, once per upload; no larger, because what is
 # held when the last part comes is written before the head counts the node's device free.
 ROW_GROUP_BYTES = 8 * 1024 * 1024
+HELD_BATCHES = 1024  # and at most this many batches: a node's one-row batches would hold a million tables
 SLACK_BYTES = 64 * 1024 * 1024  # schemas, stream headers, Arrow's padding
 
 
@@ -324,7 +325,7 @@ def stage(pipe: Pipe, path: Path, max_rows: int | None = None) -> tuple[Path, in
                     held.append(_conform(table, writer.schema) if table.schema != writer.schema else table)
                     held_bytes += batch.nbytes
                     rows += batch.num_rows
-                    if held_bytes >= ROW_GROUP_BYTES:
+                    if held_bytes >= ROW_GROUP_BYTES or len(held) >= HELD_BATCHES:
                         write_held()
         write_held()
     except BaseException:

@@ -12,9 +12,10 @@ range of rows, sized so that the shard lasts `target_s` on that device:
 - starting small while a device is being measured (FIRST_BATCHES batches: its first shard on a model is its
   calibration) and growing at most GROWTH-fold over the largest shard it has finished, so that one optimistic first
   measurement cannot hand a device a shard it takes minutes over; or, where GROWTH-fold is less, to 1/GROWTH of its
-  floor at its measured speed (0.5 s where NVML steps every 100 ms): a shard measured GROWTH-fold too fast then lasts
-  its floor, and a fast device is not held to shards of milliseconds, each with its overhead, while it grows (on an
-  H100 a job's 1,048,576 Parquet rows went in six shards, the first three of 16,384 and 65,536 rows lasting 7-158 ms);
+  floor at its measured speed (0.5 s where NVML steps every 100 ms), at most GROWTH x GROWTH-fold (the speed is the
+  node's word): a shard measured GROWTH-fold too fast then lasts its floor, and a fast device is not held to shards
+  of milliseconds, each with its overhead, while it grows (on an H100 a job's 1,048,576 Parquet rows went in six
+  shards, the first three of 16,384 and 65,536 rows lasting 7-158 ms);
 - on a figure this job has not confirmed (a prior: other jobs' shards of the same model key on that device), one
   shard of FIRST_BATCHES batches at most, and at most the device's floor at the prior's speed (its meter's steps,
   or ten overheads: 2 s on the H200, 0.4 s on a CPU with the assumed overhead), one at a time, and never part of the
@@ -161,12 +162,17 @@ def size_for(
                         f"shard confirms it before {ideal:,} rows ({target_s:g} s; target: {why}) are planned on it")
     fold = max(rate.max_items, first) * rules.growth
     quick_s = rules.floor_s(meter_step_s) / rules.growth
-    by_time = rate.items_per_s * quick_s > fold
-    grown = _whole_batches(max(fold, rate.items_per_s * quick_s), batch_size)
+    # By time, but never past GROWTH-fold of GROWTH-fold: the speed is the node's word (its shards' seconds), and a
+    # node that says its shard took no time must not be handed the job's rows at once.
+    quick = min(rate.items_per_s * quick_s, fold * rules.growth)
+    grown = _whole_batches(max(fold, quick), batch_size)
     if grown < ideal:
-        how = (f"growing {rules.growth:g}x from {max(rate.max_items, first):,}" if not by_time else
-               f"{quick_s:.2g} s at its speed (1/{rules.growth:g} of its floor; {rules.growth:g}x from "
-               f"{max(rate.max_items, first):,} is less)")
+        base, g = max(rate.max_items, first), rules.growth
+        how = (f"growing {g:g}x from {base:,}" if quick <= fold else
+               f"{quick_s:.2g} s at its speed (1/{g:g} of its floor; {g:g}x from {base:,} is less)"
+               if quick < fold * g else
+               f"growing {g * g:g}x from {base:,} (1/{g:g} of its floor at its speed is more: its speed is its "
+               "node's word)")
         return grown, (f"{grown:,} rows: {how} toward {ideal:,} ({target_s:g} s at {rate.items_per_s:,.0f} rows/s; "
                        f"target: {why})")
     return ideal, f"{ideal:,} rows = {target_s:g} s at {rate.items_per_s:,.0f} rows/s (target: {why})"

@@ -55,7 +55,7 @@ def test_an_auto_sized_job_starts_small_grows_and_covers_every_row_once(cluster:
         assert sizes[0] == 4 * BATCH, sizes
         for i, shard in enumerate(mine[1:], 1):
             why = placed[str(shard["index"])]
-            assert sizes[i] <= 4 * max(sizes[:i]) or "s at its speed (1/4 of its floor" in why, (sizes, why)
+            assert sizes[i] <= 4 * max(sizes[:i]) or "1/4 of its floor" in why, (sizes, why)
     assert len(shards) >= 3
     # No RAPL here: the model estimate's idle draw is 0 by construction, so its energy above idle is its total.
     assert all(s["marginal_j"] == pytest.approx(s["energy_j"]) for s in shards)

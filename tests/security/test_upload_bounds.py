@@ -82,3 +82,34 @@ def test_a_table_within_its_range_arrives(tmp_path: Path) -> None:
     staging = staging_for(tmp_path, rows=20)
     arrived = asyncio.run(arrivals.receive(Counted(endless_rows(batches=2, rows=10)), staging, lambda: True))
     assert arrived.table is not None and arrived.table.rows == 20
+
+
+def test_a_lenders_one_row_batches_are_held_a_bounded_number_at_a_time(tmp_path: Path) -> None:
+    """The head holds a shard's batches until they fill a row group (arrivals.ROW_GROUP_BYTES): bounded in bytes
+    alone, a lender's one-row batches would have it hold a million tables. At most HELD_BATCHES are held."""
+    import pyarrow.parquet as pq
+
+    from farm.core.dataset import ROW_ID
+
+    rows = 3 * arrivals.HELD_BATCHES + 5
+    batches = [pa.table({ROW_ID: pa.array([i], pa.int64()), "output": [float(i)]}) for i in range(rows)]
+    arrived = asyncio.run(arrivals.receive(_stream(parts(batches, ShardFigures(items=rows, seconds=0.1))),
+                                           staging_for(tmp_path, rows), lambda: True))
+    assert arrived.table is not None and arrived.table.rows == rows
+    assert pq.ParquetFile(arrived.table.path).metadata.num_row_groups == 4  # written every HELD_BATCHES
+
+
+async def _stream(sent: list[result_pb2.UploadPart]) -> AsyncIterator[result_pb2.UploadPart]:
+    for part in sent:
+        yield part
+
+
+def test_a_node_that_says_its_shard_took_no_time_grows_at_most_16x() -> None:
+    """A device's shard grows to 1/4 of its floor at its speed, and its speed is its node's word (the shards'
+    seconds): a node saying its first shard took a microsecond would be handed the job's rows in its second."""
+    from farm.scheduler.sizing import size_for
+    from farm.scheduler.types import Rate
+
+    liar = Rate(items_per_s=256 / 1e-6, max_items=256, samples=1)
+    rows, why = size_for(liar, 0.1, 64)  # NVML's 100 ms steps: a floor of 2 s
+    assert rows == 16 * 256 and "growing 16x from 256" in why

@@ -61,12 +61,12 @@ def test_a_device_starts_small_and_grows_toward_its_target() -> None:
     for _ in range(6):
         size, why = size_for(rate(18_000, max_items=sizes[-1]), NVML_STEP_S, 64, RULES)
         sizes.append(size)
-    # 1/4 of its floor (2 s: 20 NVML steps) at 18,000 rows/s where 4x is less, then 4x, then 18,000 rows/s x 3 s,
-    # in whole batches.
-    assert sizes[:4] == [256, 9024, 36096, 54016]
+    # 1/4 of its floor (2 s: 20 NVML steps) at 18,000 rows/s where 4x is less, at most 16x, then 4x, then 18,000
+    # rows/s x 3 s, in whole batches.
+    assert sizes[:4] == [256, 4096, 16384, 54016]
     assert sizes[-1] == 54016 and "3 s at 18,000 rows/s" in why
-    quick = size_for(rate(18_000, max_items=256), NVML_STEP_S, 64, RULES)[1]
-    assert quick.startswith("9,024 rows: 0.5 s at its speed (1/4 of its floor; 4x from 256 is less)")
+    quick = size_for(rate(18_000, max_items=1024), NVML_STEP_S, 64, RULES)[1]
+    assert quick.startswith("9,024 rows: 0.5 s at its speed (1/4 of its floor; 4x from 1,024 is less)")
     slow = size_for(rate(1_000, max_items=256), NVML_STEP_S, 64, RULES)  # 0.5 s is 500 rows: 4x decides
     assert slow[0] == 1024 and slow[1].startswith("1,024 rows: growing 4x from 256")
 
@@ -74,12 +74,12 @@ def test_a_device_starts_small_and_grows_toward_its_target() -> None:
 def test_a_fast_device_does_not_crawl_up_from_its_first_shard_4x_at_a_time() -> None:
     """On an H100 a job's 1,048,576 Parquet rows went in six shards (16,384, 65,536 x2, 262,144 x2, the tail), a
     first shard of 7 ms growing 4x at a time, each shard with its overhead: its second shard now lasts 1/4 of the
-    device's floor at its measured speed."""
+    device's floor at its measured speed, at most 16x its first."""
     sizes = [size_for(None, NVML_STEP_S, 4096, RULES)[0]]
     while sum(sizes) < 1_048_576:
         sizes.append(min(size_for(rate(2_500_000, max_items=max(sizes)), NVML_STEP_S, 4096, RULES)[0],
                          1_048_576 - sum(sizes)))
-    assert sizes == [16_384, 1_032_192]
+    assert sizes == [16_384, 262_144, 770_048]  # 1/4 of its floor is 1.25 M rows: 16x decides
 
 
 def test_each_device_gets_its_own_size_from_the_front_of_the_rows() -> None:
@@ -224,7 +224,7 @@ def test_a_simulated_job_ends_near_the_ideal_with_every_device_finishing_togethe
     assert makespan <= ideal * 1.03  # the calibration shards and the tail cost under 3 %
     assert max(ends.values()) - min(ends.values()) < 2.0  # nobody holds up the tail by more than a short shard
     gpu = [size for key, size in cuts if key == ("h200", "cuda:0")]
-    assert gpu[:4] == [256, 9024, 36096, 54016] and max(gpu) == 54016  # small first, then its 3 s target
+    assert gpu[:4] == [256, 4096, 16384, 54016] and max(gpu) == 54016  # small first, then its 3 s target
     # Shards of about 3 s each (3 devices over ~106 s), the first few and the tail's smaller: not thousands.
     assert len(cuts) <= 3 * ideal / 3.0 + 15
 
