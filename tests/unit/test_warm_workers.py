@@ -16,6 +16,7 @@ import psutil
 
 from farm.proto.v1 import agent_pb2
 from farm_agent.daemon.workers import Worker, Workers
+from farm_agent.work.host import DEVICE_WARMED
 
 
 def code_zip() -> bytes:
@@ -35,6 +36,11 @@ async def fetch(job_id: str) -> bytes:
 def order(job_id: str, ticket: str, env: dict[str, str] | None = None) -> agent_pb2.Assignment:
     return agent_pb2.Assignment(ticket=ticket, job_id=job_id, shard=0, entry="run_shard", device="cpu",
                                 task_json=b"{}", code_sha256=hashlib.sha256(CODE).hexdigest(), run=1, env=env or {})
+
+
+def warmed(worker: Worker) -> bool:
+    """Whether the warm worker readied its device (its log says so)."""
+    return worker.log_path.exists() and DEVICE_WARMED in worker.log_path.read_text()
 
 
 async def warm_one(workers: Workers) -> Worker:
@@ -126,10 +132,53 @@ def test_where_the_machine_has_cores_the_node_does_not_lend_the_next_warm_worker
                 await asyncio.sleep(0.05)
             warm = workers.warm["cpu"]  # started then, while the job's worker runs
             assert warm is not job and warm.job_id == "" and job.proc.returncode is None and not job.stopping
+            # Its imports run beside the job; its device waits for the job's end (a second CUDA context and cuDNN's
+            # warm-up beside an image job on an H100 slowed a shard 2.3x).
+            await asyncio.sleep(3.0)  # time enough to warm the device, had it been told to
+            assert not warmed(warm) and not warm.told_free
+            await workers.cancel("j-1", run=1)
+            for _ in range(600):
+                if warmed(warm):
+                    break
+                await asyncio.sleep(0.05)
+            assert warmed(warm) and warm.told_free and warm.proc.returncode is None
         finally:
             await workers.close()
 
     asyncio.run(scenario())
+
+
+def test_a_warm_worker_started_on_a_free_device_warms_it_at_once(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=60)
+        try:
+            warm = await warm_one(workers)
+            for _ in range(600):
+                if warmed(warm):
+                    break
+                await asyncio.sleep(0.05)
+            assert warmed(warm)
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_order_with_no_ticket_starts_nothing(tmp_path: Path) -> None:
+    """A worker reads an Assignment with no ticket as the agent's word that its device is free: from the head, such an
+    order is no attempt."""
+    reports: list[agent_pb2.WorkReport] = []
+
+    async def scenario() -> None:
+        workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=0)
+        try:
+            await workers.assign(order("j-1", ""))
+            assert not workers.workers
+        finally:
+            await workers.close()
+
+    asyncio.run(scenario())
+    assert reports == []
 
 
 def test_a_warm_worker_unused_for_keep_warm_s_ends_and_close_ends_the_next(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ again (its retry path); the job's next shard on that device starts a new worker.
 
 A device that ran a shard in the last `keep_warm_s` (and a GPU from the agent's start) keeps one warm worker: started
 before any job needs it (beside a running job only where the machine has cores the node does not lend, else once no
-job's worker runs on the device), torch imported and the device ready (farm_agent.work.host's warm mode), it becomes
-the worker of the next job on that device that has no `env:` of its own (whose variables must be there from a
-process's start), with that job's code unpacked into its empty folder first. So a job's first shard does not wait
-seconds for torch and a CUDA context (an H200: 4.4 s for torch's first import, 1.1 s for the context, cuBLAS and
-cuDNN). A warm worker serves one job, as any worker; unused for
+job's worker runs on the device), torch imported, and the device readied once no job's worker runs there
+(farm_agent.work.host's warm mode). It becomes the worker of the next job on that device that has no `env:` of its
+own (whose variables must be there from a process's start), with that job's code unpacked into its empty folder
+first. So a job's first shard does not wait seconds for torch and a CUDA context (an H200: 4.4 s for torch's first
+import, 1.1 s for the context, cuBLAS and cuDNN). A warm worker serves one job, as any worker; unused for
 `keep_warm_s`, it ends."""
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class Worker:
     stopping: bool = False
     ending: asyncio.Task[None] | None = None  # its stop under way: run to its end even if who asked is cancelled
     expiry: asyncio.TimerHandle | None = None  # a warm worker's end, unless a job takes it first
+    told_free: bool = False  # a warm worker told its device is free (no job's worker there): it warmed the device
 
 
 class Workers:
@@ -121,6 +122,9 @@ class Workers:
 
     async def assign(self, assignment: agent_pb2.Assignment) -> None:
         """Queue an attempt on its (job, device) worker, starting one if there is none."""
+        if not assignment.ticket:  # to a worker, the agent's own word that its device is free: no attempt
+            log.warning("an order with no ticket, for job %s: ignored", assignment.job_id[:40])
+            return
         key = (assignment.job_id, assignment.device)
         async with self.starting.setdefault(key, asyncio.Lock()):
             if assignment.run <= self.cancelled.get(assignment.job_id, -1):
@@ -205,8 +209,22 @@ class Workers:
             return
         self.warm[device] = warm
         warm.expiry = asyncio.get_running_loop().call_later(self.keep_warm_s, self._expire, warm)
-        log.info("a warm worker for %s started (pid %d): torch and the device ready for the next job",
+        log.info("a warm worker for %s started (pid %d): torch imported, the device readied once no job runs there",
                  device, warm.proc.pid)
+        self._device_free(device)
+
+    def _device_free(self, device: str) -> None:
+        """Tell the device's warm worker, if no job's worker runs there, that it may warm the device (an Assignment
+        with no ticket): a second CUDA context and cuDNN's warm-up beside a job slow that job's shards."""
+        warm = self.warm.get(device)
+        if warm is None or warm.told_free or any(w.device == device and not w.stopping
+                                                 for w in self.workers.values()):
+            return
+        warm.told_free = True
+        try:
+            warm.writer.write(frames.pack(agent_pb2.Assignment(device=device)))
+        except (ConnectionError, OSError):
+            pass  # it died: its reader says so, and the next job starts its own
 
     def _expire(self, warm: Worker) -> None:
         if self.warm.get(warm.device) is warm:
@@ -330,6 +348,7 @@ class Workers:
             del self.workers[(worker.job_id, worker.device)]
             if time.monotonic() - self.used.get(worker.device, -self.keep_warm_s) < self.keep_warm_s:
                 self.keep_warm(worker.device)  # its job is over there: the next one's worker, warm
+            self._device_free(worker.device)
         if self.warm.get(worker.device) is worker:
             del self.warm[worker.device]
             if worker.expiry is not None:
