@@ -57,6 +57,24 @@ def test_a_shards_small_batches_go_in_full_parts_and_land_in_few_row_groups(tmp_
     assert written.read().column("row_id").to_pylist() == list(range(40_000))
 
 
+def test_only_text_columns_are_dictionary_encoded(tmp_path: Path) -> None:
+    """A model's float outputs and the row ids rarely repeat: trying their dictionaries first took 40 % of the time a
+    million rows of 16 floats took to stage."""
+    import numpy as np
+
+    from farm.data.batches import output_column
+
+    rows = 5_000
+    batch = pa.table({"row_id": pa.array(np.arange(rows), pa.int64()), "label": ["cat", "dog"] * (rows // 2),
+                      "output": output_column(np.random.default_rng(0).standard_normal((rows, 4), np.float32))})
+    arrived = receive(parts([batch], ShardFigures(items=rows, seconds=0.1)), tmp_path / ".shard-00000.parquet.x")
+    assert arrived.table is not None
+    group = pq.ParquetFile(arrived.table.path).metadata.row_group(0)
+    encoded = {group.column(i).path_in_schema: group.column(i).has_dictionary_page for i in range(group.num_columns)}
+    assert encoded == {"row_id": False, "label": True, "output.list.element": False}
+    assert pq.read_table(arrived.table.path).equals(batch)
+
+
 @pytest.mark.parametrize("upload, why", [
     ([result_pb2.UploadPart(table=b"not arrow at all, not at all"),
       result_pb2.UploadPart(figures=result_pb2.ShardFigures(items=1))], "not an Arrow IPC stream"),
