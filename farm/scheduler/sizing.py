@@ -10,12 +10,13 @@ range of rows, sized so that the shard lasts `target_s` on that device:
   record) to vanish: the overhead each device shows, measured by the head on its warm worker's shards (before any,
   SHARD_OVERHEAD_S), is at most OVERHEAD_SHARE of a shard;
 - starting small while a device is being measured (FIRST_BATCHES batches: its first shard on a model is its
-  calibration) and growing at most GROWTH-fold over the largest shard it has finished, so that one optimistic first
-  measurement cannot hand a device a shard it takes minutes over; or, where GROWTH-fold is less, to 1/GROWTH of its
-  floor at its measured speed (0.5 s where NVML steps every 100 ms), at most GROWTH x GROWTH-fold (the speed is the
-  node's word): a shard measured GROWTH-fold too fast then lasts its floor, and a fast device is not held to shards
-  of milliseconds, each with its overhead, while it grows (on an H100 a job's 1,048,576 Parquet rows went in six
-  shards, the first three of 16,384 and 65,536 rows lasting 7-158 ms);
+  calibration, with a second of GROWTH-fold that size queued behind it, so the device is not idle while its first
+  figures come back) and growing at most GROWTH-fold over the largest shard it has finished, so that one optimistic
+  first measurement cannot hand a device a shard it takes minutes over; or, where GROWTH-fold is less, to 1/GROWTH
+  of its floor at its measured speed (0.5 s where NVML steps every 100 ms), at most GROWTH x GROWTH-fold (the speed
+  is the node's word): a shard measured GROWTH-fold too fast then lasts its floor, and a fast device is not held to
+  shards of milliseconds, each with its overhead, while it grows (on an H100 a job's 1,048,576 Parquet rows went in
+  six shards, the first three of 16,384 and 65,536 rows lasting 7-158 ms);
 - on a figure this job has not confirmed (a prior: other jobs' shards of the same model key on that device), one
   shard of FIRST_BATCHES batches at most, and at most the device's floor at the prior's speed (its meter's steps,
   or ten overheads: 2 s on the H200, 0.4 s on a CPU with the assumed overhead), one at a time, and never part of the
@@ -178,6 +179,15 @@ def size_for(
     return ideal, f"{ideal:,} rows = {target_s:g} s at {rate.items_per_s:,.0f} rows/s (target: {why})"
 
 
+def size_behind_first(batch_size: int, rules: SizingRules = SizingRules()) -> tuple[int, str]:
+    """A device's second shard, queued while its first one measures it: GROWTH-fold the first, as large as its first
+    measurement could make it at the least, so that the device runs it while that measurement comes back (on an H100
+    an image job's first shard of 1,024 rows took 0.05 s and its figures reached the head 0.24 s later)."""
+    rows = rules.first_batches * batch_size * round(rules.growth)
+    return rows, (f"{rows:,} rows ({rules.first_batches * round(rules.growth)} batches): queued behind its first "
+                  f"shard, which measures it ({rules.growth:g}x that one)")
+
+
 def tail_share(rates: Mapping[tuple[str, str], float], busy_s: Mapping[tuple[str, str], float],
                floors: Mapping[tuple[str, str], float], left: float) -> tuple[float, dict[tuple[str, str], float]]:
     """Split `left` rows so that every device finishes at one moment T: device d gets rate_d x (T - busy_d).
@@ -295,14 +305,17 @@ def size_round(
         if rate is not None and rate.items_per_s > 0 and key not in wanted:
             lines.append(f"{label}: not in the plan ({_figures(rate)})")
             continue
-        if rate is None and running.get(key):
-            lines.append(f"{label}: its first shard is measuring it")
+        if rate is None and len(running.get(key, ())) > 1:
+            lines.append(f"{label}: its first shard is measuring it (its next one is queued)")
             continue
         if rate is not None and rate.prior and running.get(key):
             lines.append(f"{label}: its first shard of this job is confirming other jobs' figure")
             continue
         rows: float  # a tail's share may be a fraction
-        rows, why = size_for(rate, offer.meter_step_s, batch_size, rules.for_device(overheads.get(key)))
+        if rate is None and running.get(key):
+            rows, why = size_behind_first(batch_size, rules)
+        else:
+            rows, why = size_for(rate, offer.meter_step_s, batch_size, rules.for_device(overheads.get(key)))
         tail = ""  # the tail's reason; its count is the size as cut, known once cut
         if rate is not None and rate.items_per_s > 0 and not rate.prior:  # a prior's shard is short already
             finish, shares = tail_share({k: speeds[k] for k in wanted if not rates[k].prior}, busy_s, floors,

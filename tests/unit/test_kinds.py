@@ -353,7 +353,8 @@ def test_a_device_s_queue_slot_is_filled_in_the_round_after_a_launch_not_a_tick_
     monkeypatch.setattr(farm_.links, "send", lambda node_id, order: True)  # the node's end of its work stream
     farm_.wake.set()
     rounds_while_woken(farm_)
-    assert list(farm_.attempts.of_job("j-1")) == [0]  # the first shard measures the device, alone
+    # The first shard measures the device; one more goes behind it (sizing.size_behind_first), and no third.
+    assert list(farm_.attempts.of_job("j-1")) == ([0, 1] if shards == "auto" else [0]), store.job("j-1").explanation
     farm_.attempts.release(("j-1", 0))
     farm_.outcomes.succeeded("j-1", 0, ShardRecord(items=8, seconds=0.01))  # the device is measured
     farm_.wake.set()

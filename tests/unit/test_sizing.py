@@ -54,6 +54,26 @@ def test_the_target_is_the_longer_of_the_meters_steps_and_the_overhead_budget() 
     assert RULES.floor_s(NVML_STEP_S) == pytest.approx(2.0)
 
 
+def test_a_device_being_measured_gets_one_shard_queued_behind_its_first() -> None:
+    """On an H100 an image job's first shard of 1,024 rows took 0.05 s and its figures reached the head 0.24 s later:
+    the device sat idle meanwhile. A second shard of GROWTH-fold the first (what the first's measurement would give it
+    at the least) queues behind it; a third waits for the measurement."""
+    gpu_only = ShardRequest(job_id="j", index=0, items=0, backends=(BackendName.CUDA,))
+    first = size_round(gpu_only, FLEET, {}, {}, {}, uncut(0, 10**6), 64, rules=RULES)
+    assert [c.size for c in first.cuts] == [256]
+    behind = size_round(gpu_only, FLEET, {}, {("h200", "cuda:0"): [RunningShard(items=256)]}, {},
+                        uncut(256, 10**6), 64, rules=RULES)
+    assert [(c.start, c.size) for c in behind.cuts] == [(256, 1024)]
+    assert behind.cuts[0].why == "1,024 rows (16 batches): queued behind its first shard, which measures it (4x that one)"
+    third = size_round(gpu_only, FLEET, {}, {("h200", "cuda:0"): [RunningShard(items=256), RunningShard(items=1024)]},
+                       {}, uncut(1280, 10**6), 64, rules=RULES)
+    assert third.cuts == () and "h200/cuda:0: its first shard is measuring it (its next one is queued)" in \
+        third.explanation
+    small = size_round(gpu_only, FLEET, {}, {("h200", "cuda:0"): [RunningShard(items=256)]}, {}, uncut(256, 1000), 64,
+                       rules=RULES)
+    assert [(c.start, c.stop) for c in small.cuts] == [(256, 1000)]  # no more than is left
+
+
 def test_a_device_starts_small_and_grows_toward_its_target() -> None:
     first, why = size_for(None, NVML_STEP_S, 64, RULES)
     assert first == 4 * 64 and "measures it" in why
