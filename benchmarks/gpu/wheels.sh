@@ -14,7 +14,7 @@ python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implement
   ray==2.60.0 jsonschema referencing rpds-py jsonschema-specifications attrs msgpack filelock \
   "pyarrow>=15" "pydantic>=2.7,<3" pydantic-core typing-inspection annotated-types typing-extensions \
   "pydantic-settings>=2.6" python-dotenv tomli-w typer rich markdown-it-py mdurl pygments click shellingham \
-  prometheus-client uvloop "fsspec>=2024.2" pillow "cryptography>=42" cffi pycparser
+  prometheus-client uvloop "fsspec>=2024.2" pillow "cryptography>=42" cffi pycparser cloudpickle
 # pydantic pins its core exactly: take the core the downloaded pydantic names, not the newest
 core=$(unzip -p $W/pydantic-2*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==\([0-9.]*\).*/\1/p')
 rm -f $W/pydantic_core-*.whl

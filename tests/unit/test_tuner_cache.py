@@ -102,3 +102,43 @@ def test_a_job_with_few_rows_left_does_not_tune(tmp_path: Path, capsys) -> None:
                          budget_s=120.0, rows_left=1000)
     assert "not tuning: not worth it" in capsys.readouterr().err
     assert isinstance(tuned, Untuned) and not list(tmp_path.glob("*.json"))
+
+
+def local_model() -> nn.Module:
+    """A model whose class its builder defines inside itself, as job code often does: pickle cannot save it."""
+    class Doubled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = small_model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.inner(x) * 2
+
+    return Doubled().eval()
+
+
+def test_a_model_whose_class_is_local_to_its_builder_is_tuned(tmp_path: Path) -> None:
+    """On an H100 a tuned job's shards failed with `Can't pickle local object 'convnext.<locals>.ConvNeXt'`: the
+    tuner saved the model whole for its evaluator's process with pickle."""
+    from farm_agent.tuner.policy import Policy
+    from farm_agent.tuner.tune import tune_module
+
+    model, batch = local_model(), torch.rand(16, 8)
+    report = tune_module(model, batch, device="cpu", budget_s=0.0, cache=WinnerCache(tmp_path), policy=Policy())
+    assert report.trial("eager").correct and report.winner in {"eager", "compile-default"}
+
+
+def test_a_tuning_run_that_fails_leaves_the_model_untuned_and_says_why(tmp_path: Path, monkeypatch) -> None:
+    from farm_agent.tuner import tune
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the evaluator's process died\nits last words")
+
+    monkeypatch.setattr(tune, "tune_module", broken)
+    model, batch = small_model().eval(), torch.rand(16, 8)
+    forward, outcome = tune.tuned_forward(model, batch, (1e-4, 1e-4), "cpu", WinnerCache(tmp_path), tune_first=True,
+                                          budget_s=30.0)
+    assert isinstance(forward, Untuned) and not outcome.winner
+    assert outcome.reason.endswith("; the tuning run failed (RuntimeError: the evaluator's process died): the model "
+                                   "runs untuned")
+    assert torch.equal(forward(batch), model(batch))

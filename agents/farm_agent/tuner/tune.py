@@ -376,13 +376,26 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
         high = low + 1.0
     with tempfile.TemporaryDirectory(prefix="farm-tune-") as folder:
         model_file = Path(folder) / "model.pt"
-        torch.save(module, model_file)
+        save_whole(module, model_file)
         problem = Path(folder) / "job_model.py"
         problem.write_text(_JOB_PROBLEM.format(
             sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
             dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
         return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key,
                     policy=policy, objective=objective)
+
+
+def save_whole(module: torch.nn.Module, path: Path) -> None:
+    """The job's model saved whole, for the evaluator's process to load: the job's own code, on the job's own node,
+    as the worker's account (nothing here reaches the head). With cloudpickle where it is installed, which saves by
+    value the classes a model builder defines inside itself: pickle cannot (`Can't pickle local object`, which
+    failed a tuned job's shards on an H100)."""
+    try:
+        import cloudpickle
+    except ImportError:
+        torch.save(module, path)
+        return
+    torch.save(module, path, pickle_module=cloudpickle)
 
 
 def untuned_s_per_row(module: torch.nn.Module, example_batch: torch.Tensor, calls: int = 3) -> float:
@@ -497,10 +510,17 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
         print(f"farm tuner: {'tuning' if plan.tune else 'not tuning'}: {plan.reason}", file=sys.stderr)
         why = f"{'tuned' if plan.tune else 'not tuned'}: {plan.reason}"
         if plan.tune:
-            cost = _tuning_run(module, example_batch, tolerance, device, plan.budget_s, cache, objective)
-            winner = cache.get(key)
-            if winner is None or winner.candidate in UNTUNED:
-                why += "; no candidate beat the untuned model by the margin"
+            began = time.perf_counter()
+            try:
+                cost = _tuning_run(module, example_batch, tolerance, device, plan.budget_s, cache, objective)
+                winner = cache.get(key)
+                if winner is None or winner.candidate in UNTUNED:
+                    why += "; no candidate beat the untuned model by the margin"
+            except Exception as exc:  # noqa: BLE001 - a tuning run that fails leaves the job untuned, never failed
+                cost = (time.perf_counter() - began, None)
+                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                why += f"; the tuning run failed ({type(exc).__name__}: {first}): the model runs untuned"
+                print(f"farm tuner: the tuning run failed: {type(exc).__name__}: {first}", file=sys.stderr)
     said = replace(said, reason=why[:MAX_TEXT], tuning_s=cost[0], tuning_j=cost[1])
     if winner is None or winner.candidate in UNTUNED or winner.source is not None:  # a proposal is no transform
         return Untuned(module), said
