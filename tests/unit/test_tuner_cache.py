@@ -142,3 +142,19 @@ def test_a_tuning_run_that_fails_leaves_the_model_untuned_and_says_why(tmp_path:
     assert outcome.reason.endswith("; the tuning run failed (RuntimeError: the evaluator's process died): the model "
                                    "runs untuned")
     assert torch.equal(forward(batch), model(batch))
+
+
+def test_the_tuning_budget_holds_for_the_whole_run(tmp_path: Path) -> None:
+    """A job's 20 s budget took 73.9 s on an H100: the first round always measured the baselines, compiles and all.
+    Past its budget a run measures eager (the reference) and nothing more, and says why."""
+    from farm_agent.tuner.evaluator import OUT_OF_BUDGET
+    from farm_agent.tuner.policy import Policy
+    from farm_agent.tuner.tune import tune_module
+
+    model, batch = small_model().eval(), torch.rand(16, 8)
+    policy = Policy()
+    report = tune_module(model, batch, device="cpu", budget_s=0.0, cache=WinnerCache(tmp_path), policy=policy)
+    assert report.trial("eager").correct and report.winner == "eager"
+    compiled = report.trial("compile-default")
+    assert compiled is not None and not compiled.correct and compiled.error == OUT_OF_BUDGET
+    assert "compile-default" not in policy.arms  # not measured: the policy learns nothing of it

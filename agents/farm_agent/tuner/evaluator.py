@@ -197,6 +197,7 @@ def evaluate(
     peak_bytes_per_s: float | None = None,
     parallel: int = 1,
     energy: bool = False,
+    deadline: float | None = None,
 ) -> list[Result]:
     """Evaluate `candidates` on one problem; "eager" (the baseline) is always evaluated, first. Returns one Result
     per candidate, eager first, then in the order given.
@@ -208,6 +209,8 @@ def evaluate(
     device's peak rates in the speed-of-light bound. parallel: how many candidate files are evaluated at once, each
     in its own child; above 1 their timings disturb one another, so only for screening correctness (the tests do).
     energy: also read each candidate's energy per call on the GPU's energy counter (Result.energy_*), ~2 s each.
+    deadline: a time.monotonic() past which no candidate after eager is asked for, and one still running is stopped
+    (a tuning budget: each is reported not measured, and why).
     """
     loaded = load_problem(problem)
     for candidate in candidates:
@@ -236,7 +239,8 @@ def evaluate(
     files = [c for c in ordered if c.file is not None]
 
     raw: dict[str, dict[str, Any]] = {}
-    trusted = _run_group(loaded.name, transforms, setup, timeout_s, startup_timeout_s, memory_limit_bytes, raw)
+    trusted = _run_group(loaded.name, transforms, setup, timeout_s, startup_timeout_s, memory_limit_bytes, raw,
+                         deadline)
     if trusted is None:  # the problem itself does not run: nothing can be judged
         raise SpecError(f"problem {loaded.name}: {raw[eager.name]['error']}")
     with ThreadPoolExecutor(max_workers=max(parallel, 1)) as pool:  # threads only wait on children here
@@ -272,15 +276,22 @@ def _judge(data: dict[str, Any], candidate: Candidate, atol: float, rtol: float,
 
 
 def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], timeout_s: float,
-               startup_timeout_s: float, memory_limit_bytes: int | None, raw: dict[str, dict[str, Any]]
-               ) -> dict[str, Any] | None:
-    """Run candidates one after another in one child, starting a fresh child after any that broke it. Returns the
-    setup info of the first child that started (None if none could)."""
+               startup_timeout_s: float, memory_limit_bytes: int | None, raw: dict[str, dict[str, Any]],
+               deadline: float | None = None) -> dict[str, Any] | None:
+    """Run candidates one after another in one child, starting a fresh child after any that broke it; past
+    `deadline` (time.monotonic()), only the first (the reference) still runs. Returns the setup info of the first
+    child that started (None if none could)."""
     info: dict[str, Any] | None = None
     child: Child | None = None
     limit = memory_limit_bytes if not str(setup["device"]).startswith("cuda") else None
     try:
-        for candidate in group:
+        for index, candidate in enumerate(group):
+            wait = timeout_s
+            if deadline is not None and index > 0:
+                wait = min(timeout_s, deadline - time.monotonic())
+                if wait <= 0:
+                    raw[candidate.name] = _failure(problem, candidate, OUT_OF_BUDGET)
+                    continue
             if child is None:
                 child = Child(limit)
                 try:
@@ -297,13 +308,15 @@ def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], time
                     return info
                 info = info or answer["info"]
             try:
-                answer = child.ask({"op": "candidate", "candidate": candidate.request()}, timeout_s)
+                answer = child.ask({"op": "candidate", "candidate": candidate.request()}, wait)
                 raw[candidate.name] = answer["result"]
                 if answer.get("restart"):
                     child.close()
                     child = None
             except ChildFailed as exc:
-                raw[candidate.name] = _failure(problem, candidate, str(exc), compiled=exc.compiled)
+                cut = wait < timeout_s and str(exc).startswith("timed out")  # by the budget, not its own timeout
+                raw[candidate.name] = _failure(problem, candidate, OUT_OF_BUDGET if cut else str(exc),
+                                               compiled=exc.compiled)
                 if child is not None:
                     child.close()
                 child = None
@@ -311,6 +324,9 @@ def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], time
         if child is not None:
             child.close()
     return info
+
+
+OUT_OF_BUDGET = "not measured: the tuning budget ran out"
 
 
 def _failure(problem: str, candidate: Candidate, error: str, compiled: bool = False) -> dict[str, Any]:
