@@ -145,3 +145,16 @@ def test_the_budget_leaves_only_the_baselines() -> None:
     assert calls == [["compile-default"]] and reason == "budget"
     assert [(m.name, m.searched) for m in measured] == [("eager", True), ("compile-default", False)]
     assert set(skipped) == set(NAMES) - {"eager", "compile-default"}
+
+
+def test_the_jobs_own_baseline_is_measured_right_after_eager_and_compile_default_last() -> None:
+    """A tuning budget can stop a round part way: the job's untuned baseline goes first, or a winner found before the
+    budget ran out would have no yardstick."""
+    from farm_agent.tuner.tune import search
+
+    names = [*(n for n in NAMES if n != "compile-default"), "pytorch-defaults", "compile-default"]
+    calls: list[list[str]] = []
+    search(names, np.ones(DIM), Policy(), 600.0, measured_times({**TIMES, "pytorch-defaults": 10.0}, calls),
+           always=("pytorch-defaults", "eager", "compile-default"))
+    # An untrained policy keeps the given order: the round's three candidates between the two baselines.
+    assert calls[0] == ["pytorch-defaults", "compile-reduce-overhead", "cuda-graph", "tf32", "compile-default"]

@@ -198,8 +198,8 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
     runs out. Returns the search order, the measurements, what was skipped and why the search stopped.
 
     A round is one evaluator call: one child process and one eager reference for several candidates, since a child's
-    start costs seconds. The first round also carries the baselines (`always`: compile-default, the report's, and
-    the job's untuned one). A round's wall time
+    start costs seconds. The first round also carries the baselines (`always`: the job's untuned one first, measured
+    right after eager, then compile-default, the report's, after the round's candidates). A round's wall time
     is shared among its candidates in proportion to their predicted cost (the evaluator reports no per-candidate
     time), which is what the policy's cost regression learns from.
     """
@@ -234,7 +234,11 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
         skipped = [n for n in skipped if n not in baseline]
         if not first and not batch:
             continue
-        results, seconds = measure([candidate(n) for n in [*batch, *baseline]])
+        # The job's own baseline (always[0]) right after eager, so that a budget cut short still leaves a winner its
+        # yardstick; the other baselines after the round's candidates.
+        up_first = [n for n in always[:1] if n in batch or n in baseline]
+        ordered = [*up_first, *(n for n in [*batch, *baseline] if n not in up_first)]
+        results, seconds = measure([candidate(n) for n in ordered])
         spent += seconds
         by_name = {r.candidate: r for r in results}
         in_round = [*(["eager"] if first else []), *batch, *baseline]
@@ -302,7 +306,7 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     measure = _evaluator_round(prob.path, device, atol, rtol, runs, candidate_timeout_s, energy=energy,
                                deadline=deadline)
     order, measured, skipped, stop_reason = search(names, context, policy, budget_s, measure, exhaustive=exhaustive,
-                                                   always=tuple(dict.fromkeys([*BASELINES, baseline])))
+                                                   always=tuple(dict.fromkeys([baseline, *BASELINES])))
     trials = [_trial(m.result, candidate(m.name), m.seconds, m.searched, idle_w) for m in measured]
     eager_result = next((m.result for m in measured if m.name == "eager"), None)
 
