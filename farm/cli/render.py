@@ -251,7 +251,7 @@ def summary_table(job: job_pb2.Job) -> Table:
 
 
 READ_ROUTES = {"direct": "directly", "head": "through the head",
-               "fallback": "through the head (its shared path did not match the plan there: its log says why)"}
+               "fallback": "through the head (it does not see the path as planned: its log says why)"}
 
 
 def read_routes(job: job_pb2.Job) -> list[str]:

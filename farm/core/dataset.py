@@ -55,8 +55,8 @@ class ReadRoute(IntEnum):
     figures carry numbers only) for `farm job --explain`."""
 
     HEAD = 0  # through the head's DataService
-    DIRECT = 1  # itself: http(s), S3, or a shared path that it saw as the head planned it
-    FALLBACK = 2  # a shared path that it did not see as planned: through the head
+    DIRECT = 1  # itself: http(s), S3, or a path of the head's that it saw as the head planned it
+    FALLBACK = 2  # a path of the head's that it does not see as planned: through the head
 
     @classmethod
     def of(cls, metrics: Mapping[str, float]) -> ReadRoute | None:
@@ -67,7 +67,7 @@ class ReadRoute(IntEnum):
     @property
     def text(self) -> str:
         return {ReadRoute.HEAD: "through the head", ReadRoute.DIRECT: "directly",
-                ReadRoute.FALLBACK: "through the head (its shared path did not match the plan there)"}[self]
+                ReadRoute.FALLBACK: "through the head (it does not see the path as the head planned it)"}[self]
 
 
 READ_ROUTE = "read_route"
@@ -93,10 +93,12 @@ class DatasetSpec(Frozen):
     # module:callable(batch: dict[str, np.ndarray]) -> the model's inputs for the batch; runs on the node, streamed
     # with the model inside the shard's energy window (farm.data says why)
     preprocess: str | None = None
-    # A path the nodes see at the same place as the head (a shared filesystem: NFS, a cluster's Lustre): a node that
-    # finds the plan's files there as the head planned them (size and modification time) reads them itself, others
-    # through the head. Only what the spec declares: the head never tells a node to read one of its paths otherwise.
-    shared: bool = False
+    # Whether a node may read a path of the head's machine itself where it sees the plan's files at that path as the
+    # head planned them (size and modification time): a node on the head's own machine, or one that mounts the same
+    # filesystem (NFS, a cluster's Lustre); others read through the head. None (the default) and True: it may (True,
+    # as older specs say it); False: every node reads through the head. A node reads nothing this way that its job's
+    # code could not open itself.
+    shared: bool | None = None
 
     @field_validator("inputs", "passthrough", mode="before")
     @classmethod
@@ -135,8 +137,8 @@ class DatasetSpec(Frozen):
             raise ValueError(f"say the format of {self.location!r}: {', '.join(f.value for f in DataFormat)}")
         if self.where is Location.HTTP and self.resolved_format in (DataFormat.IMAGES, DataFormat.HF):
             raise ValueError(f"an http(s) location is one file; format '{self.resolved_format.value}' is a folder")
-        if self.shared and self.where is not Location.HEAD:
-            raise ValueError("shared: true is for a path; nodes read http(s) and s3 locations themselves already")
+        if self.shared is not None and self.where is not Location.HEAD:
+            raise ValueError("shared: is for a path; nodes read http(s) and s3 locations themselves always")
         fixed = FIXED_COLUMNS.get(self.resolved_format)
         if fixed and self.inputs and not set(self.inputs) <= set(fixed):
             raise ValueError(f"format '{self.resolved_format.value}' has the columns {', '.join(fixed)}")
@@ -193,7 +195,7 @@ class DatasetPlan(Frozen):
     files: tuple[DataFile, ...]
     rows: int | None = None  # known for row units; line files are counted only as they are read
     columns: tuple[str, ...] = ()
-    shared: bool = False  # a path on a shared filesystem: its files carry stamps (DatasetSpec.shared)
+    shared: bool = False  # its files carry stamps: a node that sees them so at their path reads them itself
 
     @property
     def size(self) -> int:

@@ -49,7 +49,7 @@ def plan(spec: DatasetSpec, fs: fsspec.AbstractFileSystem | None = None, root: s
         raise SpecError(f"dataset {spec.location!r}: not readable ({exc})") from None
     except (OSError, ArrowException) as exc:  # a file that is not of its format (pyarrow's own errors), a broken read
         raise SpecError(f"dataset {spec.location!r}: does not read as {fmt.value} ({one_line(exc)})") from None
-    stamps = shared.stamps(root, [path for path, _ in files]) if spec.shared and is_local(fs) else None
+    stamps = shared.stamps(root, [path for path, _ in files]) if spec.shared is not False and is_local(fs) else None
     placed, offset = [], 0
     for i, (path, units) in enumerate(files):
         placed.append({"path": path, "offset": offset, "units": units, "stamp": stamps[i] if stamps else None})
@@ -86,8 +86,9 @@ class Reach:
 
 def reach(plan: DatasetPlan, access: HeadAccess | None = None) -> Reach:
     """The way a node reads the plan's files: http(s) and S3 itself (with the credentials in its own environment); a
-    path on the head's machine through the head (`access`), unless the dataset is shared and this machine sees the
-    files as the head planned them; a path without `access` (on the head itself) from the local disk."""
+    path on the head's machine through the head (`access`), unless the plan is stamped and this machine sees the
+    files at that path as the head planned them (the head's own machine, a shared filesystem); a path without
+    `access` (on the head itself) from the local disk."""
     if access is None or location_kind(plan.location) is not Location.HEAD:
         return Reach(*filesystem(plan.location), ReadRoute.DIRECT)
     if plan.shared:

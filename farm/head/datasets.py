@@ -127,8 +127,9 @@ def describe(spec: DatasetSpec, plan: DatasetPlan) -> str:
     where = {Location.HEAD: "on the head's machine, served to the nodes by the head",
              Location.HTTP: "read by the nodes over http(s)", Location.S3: "read by the nodes from S3"}[spec.where]
     if plan.shared:
-        where = ("on a shared filesystem: a node that sees its files there as planned (each one's size and "
-                 "modification time) reads them itself, another through the head")
+        where = ("on the head's machine: a node that sees its files at that path as planned (each one's size and "
+                 "modification time: on the head's machine, or a shared filesystem) reads them itself, another "
+                 "through the head")
     text = f"data: {plan.format.value} at {plan.location} ({where}): {count} in {files}, planned from metadata"
     if spec.preprocess:
         text += (f"; preprocess {spec.preprocess} runs on the nodes inside the energy window, streamed with the "

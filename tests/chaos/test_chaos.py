@@ -1,6 +1,6 @@
 """Chaos: a 200-shard job over a Parquet dataset on the head's machine (its nodes read it through the head's
-DataService) runs while agents are SIGKILLed (with their Ray nodes) and restarted at random, and the head
-(with its Ray head) is SIGKILLed and restarted once from the same state folder. The job must succeed with every
+DataService: `shared: false`) runs while agents are SIGKILLed (with their Ray nodes) and restarted at random, and the
+head (with its Ray head) is SIGKILLed and restarted once from the same state folder. The job must succeed with every
 shard's output written exactly once: one complete file per shard, no temporary file left, one result per shard in the
 store, and a manifest of all 200.
 
@@ -202,7 +202,8 @@ def test_a_job_survives_agents_and_the_head_killed_at_random(seed: int, tmp_path
     spec = work / "chaos.yaml"
     spec.write_text(yaml.safe_dump({
         "name": "chaos", "model": "chaosjob:sleeper", "shards": SHARDS, "batch_size": 2, "backends": ["cpu"],
-        "dataset": {"location": str(tmp_path / "data"), "format": "parquet", "inputs": "x"}, "output": "out"}))
+        "dataset": {"location": str(tmp_path / "data"), "format": "parquet", "inputs": "x", "shared": False},
+        "output": "out"}))
     cluster = Farm(tmp_path / "state")
     events: list[str] = []
     try:

@@ -1,6 +1,7 @@
 """The data plane end to end on the shared cluster (a real head, Ray and two agents): the digits as a Parquet folder
-and as an image folder on the head's machine, read by the agents through the head's DataService, results as Parquet
-fetched by `farm results`; an image that does not decode fails its own shard, and the job's other shards finish."""
+and as an image folder on the head's machine, read by the agents through the head's DataService (`shared: false`)
+or themselves, results as Parquet fetched by `farm results`; an image that does not decode fails its own shard, and
+the job's other shards finish."""
 
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
                                                              ) -> None:
     job = submit(cluster, tmp_path, "pq", {
         "location": str(digits / "digits-parquet"), "format": "parquet", "inputs": "pixels", "passthrough": ["index"],
-        "label": "label", "preprocess": "examples.datasets.prep:pixels"})
+        "label": "label", "preprocess": "examples.datasets.prep:pixels", "shared": False})
     assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
     assert job["metrics"]["accuracy"] >= 0.9 and {s["node_name"] for s in job["shards"]} == {"agent-a", "agent-b"}
     output = Path(str(job["output"]))
@@ -73,7 +74,7 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
 
     explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
     assert "preprocess examples.datasets.prep:pixels runs on the nodes inside the energy window" in explained.stdout
-    for node, count in Counter(s["node_name"] for s in job["shards"]).items():  # a head path, not declared shared
+    for node, count in Counter(s["node_name"] for s in job["shards"]).items():  # a head path, `shared: false`
         assert f"{node}: {count} shard{'s' if count > 1 else ''} read through the head" in explained.stdout
         # where its shards' time went, as each node measured it and the head bounded it
         assert re.search(rf"{node}/cpu: {count} shards?, [\d.]+ s measured: the model \d+ %, waiting for input \d+ %",
@@ -91,18 +92,18 @@ def test_a_parquet_folder_job_and_its_results_from_elsewhere(cluster: Cluster, d
     assert [r["row_id"] for r in rows] == list(range(540)) == [r["index"] for r in rows]
 
 
-def test_a_shared_folder_is_read_by_the_nodes_themselves(cluster: Cluster, digits: Path, tmp_path: Path) -> None:
-    """A path declared shared, which the agents see at the same place (they run on the head's machine): read from
-    their own filesystem, and `farm job --explain` says so per node."""
+def test_a_folder_the_nodes_see_as_planned_is_read_by_them(cluster: Cluster, digits: Path, tmp_path: Path) -> None:
+    """A path of the head's machine, which the agents see at the same place (they run on that machine): read from
+    their own filesystem with no word in the spec, and `farm job --explain` says so per node."""
     job = submit(cluster, tmp_path, "shared", {
         "location": str(digits / "digits-parquet"), "format": "parquet", "inputs": "pixels", "passthrough": ["index"],
-        "preprocess": "examples.datasets.prep:pixels", "shared": True})
+        "preprocess": "examples.datasets.prep:pixels"})
     assert job["state"] == "succeeded" and job["items"] == 540, job.get("error")
     assert {s["read_route"] for s in job["shards"]} == {"direct"}
     np.testing.assert_allclose(read_predictions(Path(str(job["output"]))), expected_predictions(), rtol=1e-4,
                                atol=1e-4)
     explained = farm("job", str(job["id"]), "--explain", env={**cluster.env(), "COLUMNS": "400"})
-    assert "on a shared filesystem" in explained.stdout
+    assert "a node that sees its files at that path as planned" in explained.stdout
     for node, count in Counter(s["node_name"] for s in job["shards"]).items():
         assert f"{node}: {count} shard{'s' if count > 1 else ''} read directly\n" in explained.stdout
     assert "read through the head" not in explained.stdout

@@ -1,9 +1,11 @@
-"""A path on the head's machine that the nodes see at the same place (a shared filesystem), declared so by the spec
-(`shared: true`). The head stamps each file of the plan with its size and modification time as it plans; a node
-compares what it sees at those paths before it reads, and reads them itself only when they match, else through the
-head's DataService as for any path of the head's. A modification time is the filesystem server's, so a shared mount
-shows every client the same one; a node's own copy made with its times kept (rsync -a) matches too, and holds the
-same bytes.
+"""A path on the head's machine that a node sees at the same place: the head's own machine, or a filesystem both
+mount (NFS, a cluster's Lustre). The head stamps each file of the plan with its size and modification time as it
+plans (unless the spec says `shared: false`); a node compares what it sees at those paths before it reads, and reads
+them itself only when they match and it may open them, else through the head's DataService as for any path of the
+head's. A modification time is the filesystem server's, so a shared mount shows every client the same one; a node's
+own copy made with its times kept (rsync -a) matches too, and holds the same bytes. A node reads nothing so that its
+job's code could not open itself: a lender's files are its own, and a stamp that matched by chance would be met
+only by a file of the same size modified at the same nanosecond.
 """
 
 from __future__ import annotations
@@ -53,4 +55,6 @@ def _differs(file: DataFile, path: str) -> str | None:
     if seen != file.stamp:
         return (f"{path}: {seen.size:,} bytes modified at {seen.mtime_ns} ns where the head planned "
                 f"{file.stamp.size:,} bytes modified at {file.stamp.mtime_ns} ns")
+    if not os.access(path, os.R_OK):  # the head's user's file, which this node's account may see but not open
+        return f"{path}: not readable here"
     return None
