@@ -165,7 +165,7 @@ class DatasetSpec(Frozen):
 
 
 class FileStamp(Frozen):
-    """A file of a shared dataset as the head saw it when planning: a node compares the file it sees at that path."""
+    """A file of a local dataset as the head saw it when planning: a node compares the file it sees at that path."""
 
     size: int = Field(ge=0)
     mtime_ns: int
@@ -173,7 +173,8 @@ class FileStamp(Frozen):
 
 class DataFile(Frozen):
     """One file of a planned dataset: its path under the location (empty: the location is the file) and the units
-    [offset, offset + units) it holds in the whole dataset; `stamp`: only in a shared dataset's plan."""
+    [offset, offset + units) it holds in the whole dataset; `stamp`: on a spread of a local dataset's files
+    (farm.data.locations.shared)."""
 
     path: str
     offset: int = Field(ge=0)

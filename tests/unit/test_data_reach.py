@@ -93,6 +93,20 @@ def test_a_node_compares_a_bounded_sample_first_and_last_among_them(tmp_path: Pa
     assert seen[0].endswith(plan.files[0].path) and seen[-1].endswith(plan.files[-1].path)
 
 
+def test_the_head_stamps_a_bounded_spread_of_files_and_a_shard_with_none_reads_through_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stamping each of 65,536 images took planning from 0.4 s to 0.9 s: the head stamps STAMPED files at most,
+    evenly spread, the last among them; a node compares the stamped ones among its shard's files."""
+    monkeypatch.setattr("farm.data.locations.shared.STAMPED", 4)
+    folder = parquet_folder(tmp_path / "d", files=40, rows=1)
+    plan = data.plan(DatasetSpec(location=str(folder), format="parquet"))
+    stamped = [i for i, f in enumerate(plan.files) if f.stamp is not None]
+    assert stamped == [0, 10, 20, 30, 39]
+    assert data.reach(plan.slice(5, 25), ACCESS).route is ReadRoute.DIRECT  # files 10 and 20 compared
+    unstamped = data.reach(plan.slice(1, 9), ACCESS)
+    assert unstamped.route is ReadRoute.FALLBACK and "holds no stamp" in unstamped.why
+
+
 def test_an_s3_dataset_is_read_by_the_node_itself(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch,
                                                  tmp_path: Path) -> None:
     for key, value in s3_environment(s3_endpoint).items():
