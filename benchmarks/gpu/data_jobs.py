@@ -21,7 +21,8 @@ The ways, each reading the data, running the model on the device and writing its
   ray.init(num_cpus=--workers) started before its window;
 - farm: a Farm job through the head on this machine and its one `cuda` agent (`shards: auto`), submitted from here;
   its wall is the head's (first shard's start to its end), with submit-to-end beside it. The node reads through
-  the head's data service; farm-shared: the same job with `shared: true` (the node reads the path itself).
+  the head's data service (`shared: false`); farm-shared: the same job with `shared: true`, as Farm runs it by
+  default (the node reads the path itself, seeing its files there as the head planned them).
 
 Each row: wall seconds, rows/s, NVML's energy counter over the window (read every 50 ms in a thread, interpolated),
 the same less the GPU's idle draw (measured first, 5 s with nothing running), joules above idle per row, and the
