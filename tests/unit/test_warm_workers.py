@@ -1,8 +1,8 @@
 """Warm workers (farm_agent.daemon.workers): a device keeps one worker started before any job needs it (torch
-imported, the device ready); the next job on that device without an `env:` of its own takes it, with its code unpacked
-into the worker's empty folder; a job with variables starts its own (they must be there from a process's start); a
-warm worker unused for keep_warm_s ends, and the agent's close ends it. Real workers (farm_agent.work.host
-processes), no head."""
+imported; the device readied once no job's worker runs there); the next job on that device without an `env:` of its
+own takes it, with its code unpacked into the worker's empty folder; a job with variables starts its own (they must be
+there from a process's start); a warm worker unused for keep_warm_s ends, and the agent's close ends it. Real workers
+(farm_agent.work.host processes), no head."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import io
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -38,6 +39,15 @@ def order(job_id: str, ticket: str, env: dict[str, str] | None = None) -> agent_
                                 task_json=b"{}", code_sha256=hashlib.sha256(CODE).hexdigest(), run=1, env=env or {})
 
 
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    """Wait up to 30 s for `check` to hold (a real worker process imports torch first)."""
+    for _ in range(600):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never: {what}")
+
+
 def warmed(worker: Worker) -> bool:
     """Whether the warm worker readied its device (its log says so)."""
     return worker.log_path.exists() and DEVICE_WARMED in worker.log_path.read_text()
@@ -45,11 +55,8 @@ def warmed(worker: Worker) -> bool:
 
 async def warm_one(workers: Workers) -> Worker:
     workers.keep_warm("cpu")
-    for _ in range(600):
-        if "cpu" in workers.warm:
-            return workers.warm["cpu"]
-        await asyncio.sleep(0.05)
-    raise AssertionError("no warm worker started")
+    await eventually(lambda: "cpu" in workers.warm, "a warm worker started")
+    return workers.warm["cpu"]
 
 
 def test_the_next_job_without_variables_takes_the_warm_worker_with_its_code(tmp_path: Path) -> None:
@@ -85,11 +92,8 @@ def test_the_next_warm_worker_starts_once_the_jobs_worker_ends_never_beside_it(t
     reports: list[agent_pb2.WorkReport] = []
 
     async def ended(ticket: str) -> None:
-        for _ in range(600):
-            if any(r.HasField("ended") and r.ended.ticket == ticket for r in reports):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"{ticket} never ended")
+        await eventually(lambda: any(r.HasField("ended") and r.ended.ticket == ticket for r in reports),
+                         f"{ticket} ended")
 
     async def scenario() -> None:
         workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=60)
@@ -126,10 +130,8 @@ def test_where_the_machine_has_cores_the_node_does_not_lend_the_next_warm_worker
             await workers.assign(order("j-1", "t-1"))
             job = workers.workers[("j-1", "cpu")]
             assert not workers.warming and "cpu" not in workers.warm  # not at its start: never racing its imports
-            for _ in range(600):  # its shard ends (its task does not decode): the device ran a shard
-                if "cpu" in workers.warm:
-                    break
-                await asyncio.sleep(0.05)
+            # Its shard ends (its task does not decode): the device ran a shard.
+            await eventually(lambda: "cpu" in workers.warm, "a warm worker started")
             warm = workers.warm["cpu"]  # started then, while the job's worker runs
             assert warm is not job and warm.job_id == "" and job.proc.returncode is None and not job.stopping
             # Its imports run beside the job; its device waits for the job's end (a second CUDA context and cuDNN's
@@ -137,11 +139,8 @@ def test_where_the_machine_has_cores_the_node_does_not_lend_the_next_warm_worker
             await asyncio.sleep(3.0)  # time enough to warm the device, had it been told to
             assert not warmed(warm) and not warm.told_free
             await workers.cancel("j-1", run=1)
-            for _ in range(600):
-                if warmed(warm):
-                    break
-                await asyncio.sleep(0.05)
-            assert warmed(warm) and warm.told_free and warm.proc.returncode is None
+            await eventually(lambda: warmed(warm), "the warm worker readied its device")
+            assert warm.told_free and warm.proc.returncode is None
         finally:
             await workers.close()
 
@@ -153,11 +152,7 @@ def test_a_warm_worker_started_on_a_free_device_warms_it_at_once(tmp_path: Path)
         workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=60)
         try:
             warm = await warm_one(workers)
-            for _ in range(600):
-                if warmed(warm):
-                    break
-                await asyncio.sleep(0.05)
-            assert warmed(warm)
+            await eventually(lambda: warmed(warm), "the warm worker readied its device")
         finally:
             await workers.close()
 
