@@ -314,7 +314,7 @@ def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], time
                     child.close()
                     child = None
             except ChildFailed as exc:
-                cut = wait < timeout_s and str(exc).startswith("timed out")  # by the budget, not its own timeout
+                cut = exc.timed_out and wait < timeout_s  # by the budget, not by its own timeout
                 raw[candidate.name] = _failure(problem, candidate, OUT_OF_BUDGET if cut else str(exc),
                                                compiled=exc.compiled)
                 if child is not None:
@@ -334,9 +334,10 @@ def _failure(problem: str, candidate: Candidate, error: str, compiled: bool = Fa
 
 
 class ChildFailed(Exception):
-    def __init__(self, message: str, compiled: bool = False) -> None:
+    def __init__(self, message: str, compiled: bool = False, timed_out: bool = False) -> None:
         super().__init__(message)
         self.compiled = compiled
+        self.timed_out = timed_out
 
 
 _STARTING = threading.Lock()
@@ -390,7 +391,7 @@ class Child:
                 raise ChildFailed(self.death(), compiled=True)
             if time.monotonic() > deadline:
                 self.kill()
-                raise ChildFailed(f"timed out after {timeout_s:g} s", compiled=True)
+                raise ChildFailed(f"timed out after {timeout_s:g} s", compiled=True, timed_out=True)
             if self.memory_limit_bytes and self.rss() > self.memory_limit_bytes:
                 self.kill()
                 raise ChildFailed(f"used more than {self.memory_limit_bytes / 2**20:.0f} MiB of memory", compiled=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from farm.core.dataset import DataFile, DatasetPlan, FileStamp
+from farm.core.dataset import DatasetPlan, FileStamp
 from farm.data.locations import join
 
 SAMPLE = 8  # files of a shard's slice a node compares: a stat each, which on a network filesystem is a round trip
@@ -44,28 +44,26 @@ def mismatch(plan: DatasetPlan, root: str) -> str | None:
     """Why this machine does not see the plan's files as the head planned them (the first that differs), or None
     when it does. A sample of SAMPLE stamped files of the plan (a shard's slice), the first and last among them: a
     node that mounts another filesystem at that path, or none, differs at the first."""
-    files = tuple(f for f in plan.files if f.stamp is not None)
-    if not files:
+    stamped = [(f.path, f.stamp) for f in plan.files if f.stamp is not None]
+    if not stamped:
         return f"{join(root, plan.files[0].path)}: the plan holds no stamp of its files" if plan.files else None
-    step = max(len(files) / SAMPLE, 1.0)
-    chosen = sorted({min(int(i * step), len(files) - 1) for i in range(SAMPLE)} | {len(files) - 1})
-    for file in (files[i] for i in chosen):
-        why = _differs(file, join(root, file.path))
+    step = max(len(stamped) / SAMPLE, 1.0)
+    chosen = sorted({min(int(i * step), len(stamped) - 1) for i in range(SAMPLE)} | {len(stamped) - 1})
+    for path, planned in (stamped[i] for i in chosen):
+        why = _differs(planned, join(root, path))
         if why:
             return why
     return None
 
 
-def _differs(file: DataFile, path: str) -> str | None:
-    if file.stamp is None:
-        return f"{path}: the plan holds no stamp of it"
+def _differs(planned: FileStamp, path: str) -> str | None:
     try:
         seen = stamp(path)
     except OSError as exc:
         return f"{path}: {exc.strerror or exc}"
-    if seen != file.stamp:
+    if seen != planned:
         return (f"{path}: {seen.size:,} bytes modified at {seen.mtime_ns} ns where the head planned "
-                f"{file.stamp.size:,} bytes modified at {file.stamp.mtime_ns} ns")
+                f"{planned.size:,} bytes modified at {planned.mtime_ns} ns")
     if not os.access(path, os.R_OK):  # the head's user's file, which this node's account may see but not open
         return f"{path}: not readable here"
     return None
