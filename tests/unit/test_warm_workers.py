@@ -159,23 +159,6 @@ def test_a_warm_worker_started_on_a_free_device_warms_it_at_once(tmp_path: Path)
     asyncio.run(scenario())
 
 
-def test_an_order_with_no_ticket_starts_nothing(tmp_path: Path) -> None:
-    """A worker reads an Assignment with no ticket as the agent's word that its device is free: from the head, such an
-    order is no attempt."""
-    reports: list[agent_pb2.WorkReport] = []
-
-    async def scenario() -> None:
-        workers = Workers("n-1", tmp_path, None, reports.append, fetch, keep_warm_s=0)
-        try:
-            await workers.assign(order("j-1", ""))
-            assert not workers.workers
-        finally:
-            await workers.close()
-
-    asyncio.run(scenario())
-    assert reports == []
-
-
 def test_a_warm_worker_unused_for_keep_warm_s_ends_and_close_ends_the_next(tmp_path: Path) -> None:
     async def scenario() -> None:
         workers = Workers("n-1", tmp_path, None, lambda report: None, fetch, keep_warm_s=1.5)
