@@ -29,7 +29,7 @@ import threading
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.core.errors import FarmError, NotFoundError
-from farm.data.locations.head import BULK_FRAME as FRAME
+from farm.data.locations.bulk_relay import FRAME
 from farm.data.locations.head import MAX_READ
 from farm.head.data_service import DataServicer
 from farm.head.settings import HeadSettings

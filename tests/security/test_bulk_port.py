@@ -49,9 +49,11 @@ def test_a_large_read_comes_whole_and_in_order_over_the_bulk_port(head: Head, tm
         assert b"".join(iter(lambda: handle.read(BLOCK // 3), b"")) == whole
     assert fs.read_range("", 1000, 1000 + 3 * 256 * 1024 + 7) == whole[1000:1000 + 3 * 256 * 1024 + 7]
     assert fs.read_range("", len(whole) - 10, len(whole) + 1000) == whole[-10:]  # fewer at the file's end
-    connections = {c.laddr for c in psutil.Process().net_connections("tcp")
-                   if c.raddr and c.raddr.port == head.settings.bulk_listen_port}
-    assert len(connections) >= 2, connections
+    relays = {p.pid for p in psutil.Process().children()
+              for c in p.net_connections("tcp") if c.raddr and c.raddr.port == head.settings.bulk_listen_port}
+    assert len(relays) >= 2, relays  # each connection in a relay process of its own, decrypting on its own core
+    assert not [c for c in psutil.Process().net_connections("tcp")
+                if c.raddr and c.raddr.port == head.settings.bulk_listen_port]
 
 
 def test_the_bulk_port_reads_with_the_job_s_credential_only_its_files_only_while_it_runs(head: Head,
@@ -176,3 +178,27 @@ def test_a_node_that_cannot_reach_the_bulk_port_reads_on_the_data_port(head: Hea
     fs = HeadFileSystem(access, streams=4)
     assert fs.cat_file("") == (tmp_path / "big.npy").read_bytes()
     assert fs.bulk is None and "reading on the head's data port instead" in caplog.text
+
+
+def test_a_relay_that_dies_is_replaced_and_relays_end_with_their_reader(head: Head, tmp_path: Path) -> None:
+    """A node's connections to the bulk port live in relay processes (farm.data.locations.bulk_relay): one killed
+    between reads (or inside one) costs that read a second try on a new relay; a reader dropped ends its relays."""
+    import gc
+
+    np.save(tmp_path / "big.npy", np.random.default_rng(4).integers(0, 255, 3 * PIECE, dtype=np.uint8))
+    whole = (tmp_path / "big.npy").read_bytes()
+    access = bulk_job(head, "j-9", tmp_path / "big.npy")
+    reader = BulkReader(access.bulk_address, access.ca_pem, relays=2)
+    assert bytes(reader.read(access, "", 0, PIECE)) == whole[:PIECE]
+    relays = psutil.Process().children()
+    assert relays and all("bulk_relay.py" in " ".join(p.cmdline()) for p in relays)
+    for relay in relays:
+        relay.kill()
+        relay.wait(10)
+    assert bytes(reader.read(access, "", PIECE, 3 * PIECE)) == whole[PIECE:3 * PIECE]
+    replaced = [p for p in psutil.Process().children() if p.pid not in {r.pid for r in relays}]
+    assert replaced
+    del reader
+    gc.collect()
+    _, alive = psutil.wait_procs(replaced, timeout=10)
+    assert not alive, alive

@@ -5,27 +5,30 @@ which sees it, never needs the node's key or certificate)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import json
 import logging
 import os
 import queue
-import socket
-import ssl
-import struct
+import subprocess
+import sys
 import threading
+import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from farm.core.errors import DataError
+from farm.data.locations import bulk_relay as relay
 
 if TYPE_CHECKING:
+    import io
+
     import fsspec
 
     from farm.core.tasks import HeadAccess
@@ -37,9 +40,6 @@ PIECE = 4 * 1024 * 1024  # bytes of a long range one Read asks for ...
 STREAMS = 8  # ... and how many such Reads are in flight, each on a connection of its own to the head's data port
 FILES_PER_CALL = 256  # whole files one ReadFiles call asks for (the head takes up to 1024)
 CALLS_AHEAD = 4  # ReadFiles calls in flight: the head reads the next ones' files while this one's are taken
-BULK_FRAME = struct.Struct("!I")  # the bulk port's frames: a 4-byte length, then JSON (farm.head.bulk)
-BULK_REPLY_MAX = 64 * 1024
-CONNECT_S = 10.0  # a bulk port that does not answer by then is taken as closed to this node
 log = logging.getLogger("farm.data")
 
 
@@ -103,87 +103,100 @@ def _connect(address: str, ca_pem: bytes, options: list[tuple[str, Any]]) -> grp
 
 
 class BulkReader:
-    """Connections to the head's bulk port (farm.head.bulk), `streams` at most, kept between reads: one request at a
-    time on each. A range arrives in one buffer, received with the GIL released (ssl's recv_into), so several
-    connections read on several cores."""
+    """Relays to the head's bulk port (farm.data.locations.bulk_relay): `relays` processes at most, started as reads
+    need them and kept, one request at a time on each. A range's bytes come through the relay's pipe, read with the
+    GIL released, so this process's threads wait on pipes while the relays decrypt on cores of their own."""
 
-    def __init__(self, address: str, ca_pem: bytes) -> None:
+    def __init__(self, address: str, ca_pem: bytes, relays: int = STREAMS) -> None:
         host, _, port = address.rpartition(":")
-        self.address = (host.strip("[]"), int(port))
-        self.context: ssl.SSLContext | None = None
-        if ca_pem:  # the head's own CA, as its gRPC channels trust (none: a head started with --insecure)
-            self.context = ssl.create_default_context(cadata=ca_pem.decode())
-        self.idle: queue.SimpleQueue[socket.socket] = queue.SimpleQueue()
+        self.address = f"{host.strip('[]')}:{port}"
+        self.hello = relay.frame({"host": host.strip("[]"), "port": int(port), "ca_pem": ca_pem.decode()})
+        self.slots = threading.BoundedSemaphore(relays)
+        self.idle: queue.SimpleQueue[_Relay] = queue.SimpleQueue()
 
     def read(self, access: HeadAccess, path: str, start: int, end: int) -> bytearray:
-        """Bytes [start, end) of `path` (fewer at the file's end). A kept connection that fails is dropped and the
-        request made once more on a new one (the head closes connections idle past its limit)."""
+        """Bytes [start, end) of `path` (fewer at the file's end). A relay that ends inside a read (its connection
+        failed) is replaced and the read made once more."""
         length = max(end - start, 0)
-        request = json.dumps({"job_id": access.job_id, "credential": access.token, "path": path, "offset": start,
-                              "length": length}).encode()
-        for attempt in (0, 1):
-            try:
-                conn, kept = self.idle.get_nowait(), True
-            except queue.Empty:
+        request = relay.frame({"job_id": access.job_id, "credential": access.token, "path": path, "offset": start,
+                               "length": length})
+        with self.slots:
+            for attempt in (0, 1):
                 try:
-                    conn, kept = self._connect(), False
+                    one = self.idle.get_nowait()
+                except queue.Empty:
+                    one = _Relay(self.hello)
+                try:
+                    reply, data = one.exchange(request, length)
                 except OSError as exc:
-                    raise BulkUnreachable(f"the head's bulk port {self.address[0]}:{self.address[1]}: {exc}") from None
-            try:
-                refused, data = self._exchange(conn, request, length)
-            except (OSError, ValueError) as exc:
-                conn.close()
-                if kept and attempt == 0:
-                    continue
-                raise OSError(f"the head's bulk port: {exc}") from None
-            if refused is not None:  # the head closes the connection after saying why
-                conn.close()
-                raise OSError(errno.ENOENT if refused.get("missing") else errno.EACCES,
-                              f"the head's data service: {refused['error']}", path)
-            self.idle.put(conn)
-            return data
+                    one.end()
+                    if attempt == 0:
+                        continue
+                    raise OSError(f"the head's bulk port: {exc}") from None
+                self.idle.put(one)
+                if "failed" in reply:
+                    if reply.get("unreachable"):
+                        raise BulkUnreachable(str(reply["failed"]))
+                    raise OSError(str(reply["failed"]))
+                if "error" in reply:
+                    raise OSError(errno.ENOENT if reply.get("missing") else errno.EACCES,
+                                  f"the head's data service: {reply['error']}", path)
+                return data
         raise AssertionError("unreachable")
 
-    def _connect(self) -> socket.socket:
-        raw = socket.create_connection(self.address, timeout=CONNECT_S)
-        raw.settimeout(300)
-        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.context is None:
-            return raw
-        return self.context.wrap_socket(raw, server_hostname=self.address[0])
 
-    @staticmethod
-    def _exchange(conn: socket.socket, request: bytes, length: int) -> tuple[dict[str, Any] | None, bytearray]:
-        """(the head's refusal, nothing) or (None, the bytes)."""
-        conn.sendall(BULK_FRAME.pack(len(request)) + request)
-        (size,) = BULK_FRAME.unpack(_received(conn, BULK_FRAME.size))
-        if size > BULK_REPLY_MAX:
-            raise ValueError(f"a reply header of {size} bytes")
-        reply = json.loads(_received(conn, size))
-        if not isinstance(reply, dict):
-            raise ValueError("a reply that is not an object")
-        if "error" in reply:
+class _Relay:
+    """One relay process and its pipes; ended when its reader drops it, or with this process."""
+
+    def __init__(self, hello: bytes) -> None:
+        self.process = subprocess.Popen([sys.executable, "-I", "-S", relay.__file__], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, bufsize=0)
+        self.ended = weakref.finalize(self, _end, self.process)
+        self._send(hello)
+
+    def _send(self, data: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(data)
+
+    def exchange(self, request: bytes, length: int) -> tuple[dict[str, Any], bytearray]:
+        """(the relay's reply, the bytes where it has some); OSError where the relay ended or spoke out of turn."""
+        stdout = cast("io.FileIO", self.process.stdout)  # unbuffered (bufsize=0): its readinto releases the GIL
+        try:
+            self._send(request)
+            reply = relay.read_frame(stdout.readinto)
+        except ValueError as exc:
+            raise OSError(f"its relay: {exc}") from None
+        if reply is None:
+            raise OSError("its relay ended")
+        if "size" not in reply:
             return reply, bytearray()
-        size = int(reply["size"])
-        if not 0 <= size <= length:
-            raise ValueError(f"a reply of {size} bytes to a read of fewer")
-        return None, _received(conn, size)
+        size = reply["size"]
+        if not isinstance(size, int) or not 0 <= size <= length:
+            raise OSError(f"its relay sent {size!r} bytes for a read of {length}")
+        data = relay.exactly(stdout.readinto, size)
+        if data is None:
+            raise OSError("its relay ended inside a reply")
+        return reply, data
+
+    def end(self) -> None:
+        self.ended()
+
+
+def _end(process: subprocess.Popen[bytes]) -> None:
+    """A relay ends at its stdin's end; one stuck in a read is killed."""
+    for pipe in (process.stdin, process.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
+    try:
+        process.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 class BulkUnreachable(OSError):
     """The bulk port does not answer (a firewall that lets through only the data port): the node reads there."""
-
-
-def _received(conn: socket.socket, size: int) -> bytearray:
-    """Exactly `size` bytes into one buffer; ConnectionError where the connection ends first."""
-    buffer = bytearray(size)
-    view, got = memoryview(buffer), 0
-    while got < size:
-        n = conn.recv_into(view[got:])
-        if not n:
-            raise ConnectionError("the head closed the connection")
-        got += n
-    return buffer
 
 
 @lru_cache(maxsize=4)
