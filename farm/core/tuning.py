@@ -252,6 +252,24 @@ Param = str | int | float | bool
 NAME = re.compile(r"[a-z0-9][a-z0-9._:+-]{0,63}")  # a candidate's or a parameter's name
 MAX_PARAMS = 16
 MAX_TEXT = 256  # a key's part, a parameter's value, a reason
+MAX_CANDIDATES = 32  # a tuning run's candidates a node reports
+
+
+@dataclass(frozen=True)
+class CandidateFigures:
+    """One candidate of a tuning run as its node measured it, per call of the model: milliseconds, and joules above
+    idle where an energy counter read them; `note` says why one has no figures (incorrect, out of budget, skipped)."""
+
+    name: str
+    ms: float | None = None
+    joules: float | None = None
+    note: str = ""
+
+    def describe(self) -> str:
+        figures = [f"{self.ms:.2f} ms"] if self.ms is not None else []
+        figures += [f"{self.joules:.3g} J"] if self.joules is not None else []
+        said = ", ".join([*figures, *([self.note] if self.note else [])])
+        return f"{self.name} {said}" if said else self.name
 
 
 @dataclass(frozen=True)
@@ -268,6 +286,7 @@ class TuningOutcome:
     driver: str = ""
     torch_version: str = ""
     input_shapes: tuple[str, ...] = ()
+    candidates: tuple[CandidateFigures, ...] = ()  # what its tuning run measured, in order (none: it tuned nothing)
 
 
 @dataclass(frozen=True)
@@ -329,8 +348,15 @@ def check_outcome(outcome: TuningOutcome) -> TuningOutcome:
     for shape in outcome.input_shapes:
         _text(shape, "an input shape")
     costs = [outcome.tuning_s, *([outcome.tuning_j] if outcome.tuning_j is not None else [])]
+    if len(outcome.candidates) > MAX_CANDIDATES:
+        raise ValueError(f"more than {MAX_CANDIDATES} candidates")
+    for figures in outcome.candidates:
+        if not NAME.fullmatch(figures.name):
+            raise ValueError(f"a candidate's name {figures.name[:64]!r} is not one")
+        _text(figures.note, "a candidate's note")
+        costs += [c for c in (figures.ms, figures.joules) if c is not None]
     if not all(math.isfinite(c) and c >= 0 for c in costs):
-        raise ValueError("the tuning's cost is negative or not finite")
+        raise ValueError("the tuning's cost or a candidate's figures are negative or not finite")
     return outcome
 
 

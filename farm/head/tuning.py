@@ -97,7 +97,9 @@ def describe_outcome(outcome: TuningOutcome) -> str:
         cost = f"; the tuning took {outcome.tuning_s:.1f} s"
         cost += f" and {outcome.tuning_j:,.0f} J above idle" if outcome.tuning_j is not None else \
             " (its joules not measured: no energy counter)"
-    return f"{ran} ({outcome.reason or 'no reason given'}){cost}"
+    measured = ("; its candidates, per call: " + "; ".join(c.describe() for c in outcome.candidates)
+                if outcome.candidates else "")
+    return f"{ran} ({outcome.reason or 'no reason given'}){cost}{measured}"
 
 
 def describe_verdict(verdict: AbVerdict, objective: Objective, tuning_s: float, tuning_j: float | None) -> str:

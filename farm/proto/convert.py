@@ -13,7 +13,7 @@ from farm.core.energy import DevicePower, Energy
 from farm.core.errors import FarmError
 from farm.core.models import BackendOffer, Gpu, Hardware, Node
 from farm.core.tasks import ShardFigures
-from farm.core.tuning import Param, TuningOutcome, check_outcome
+from farm.core.tuning import MAX_CANDIDATES, CandidateFigures, Param, TuningOutcome, check_outcome
 from farm.proto.v1 import common_pb2, fleet_pb2, result_pb2
 
 MAX_METRICS = 64  # a kind's own figures in one shard's result: a handful (evaluate sends one)
@@ -123,11 +123,15 @@ def tuning_to_pb(outcome: TuningOutcome) -> result_pb2.TuningOutcome:
     return result_pb2.TuningOutcome(
         winner=outcome.winner, params={k: _param_to_pb(v) for k, v in outcome.params}, reason=outcome.reason,
         tuning_s=outcome.tuning_s, tuning_j=outcome.tuning_j, device_name=outcome.device_name, driver=outcome.driver,
-        torch_version=outcome.torch_version, input_shapes=list(outcome.input_shapes))
+        torch_version=outcome.torch_version, input_shapes=list(outcome.input_shapes),
+        candidates=[result_pb2.CandidateFigures(name=c.name, ms=c.ms, joules=c.joules, note=c.note)
+                    for c in outcome.candidates])
 
 
 def tuning_from_pb(msg: result_pb2.TuningOutcome) -> TuningOutcome:
     """A node's tuning outcome, checked (farm.core.tuning.check_outcome): BadFigures otherwise."""
+    if len(msg.candidates) > MAX_CANDIDATES:  # before a tuple of them is built
+        raise BadFigures(f"its tuning outcome: more than {MAX_CANDIDATES} candidates")
     params: list[tuple[str, Param]] = []
     for name in sorted(msg.params):
         value = msg.params[name]
@@ -139,7 +143,10 @@ def tuning_from_pb(msg: result_pb2.TuningOutcome) -> TuningOutcome:
         return check_outcome(TuningOutcome(
             winner=msg.winner, params=tuple(params), reason=msg.reason, tuning_s=msg.tuning_s,
             tuning_j=msg.tuning_j if msg.HasField("tuning_j") else None, device_name=msg.device_name,
-            driver=msg.driver, torch_version=msg.torch_version, input_shapes=tuple(msg.input_shapes)))
+            driver=msg.driver, torch_version=msg.torch_version, input_shapes=tuple(msg.input_shapes),
+            candidates=tuple(CandidateFigures(name=c.name, ms=c.ms if c.HasField("ms") else None,
+                                              joules=c.joules if c.HasField("joules") else None, note=c.note)
+                             for c in msg.candidates)))
     except ValueError as exc:
         raise BadFigures(f"its tuning outcome: {exc}") from None
 

@@ -158,3 +158,45 @@ def test_the_tuning_budget_holds_for_the_whole_run(tmp_path: Path) -> None:
     compiled = report.trial("compile-default")
     assert compiled is not None and not compiled.correct and compiled.error == OUT_OF_BUDGET
     assert "compile-default" not in policy.arms  # not measured: the policy learns nothing of it
+
+
+def test_a_tuning_run_reports_each_candidate_s_figures(tmp_path: Path) -> None:
+    """A tuned job's --explain named no candidate (an H100's tuned job: 'no candidate beat the untuned model', and
+    which were measured, at what cost, nobody could tell). The shard's outcome now carries each candidate's ms per
+    call, or why it has none."""
+    from farm_agent.tuner.tune import tuned_forward
+
+    model, batch = small_model().eval(), torch.rand(16, 8)
+    _, outcome = tuned_forward(model, batch, (1e-4, 1e-4), "cpu", WinnerCache(tmp_path), tune_first=True,
+                               budget_s=0.0)
+    by_name = {c.name: c for c in outcome.candidates}
+    assert by_name["eager"].ms is not None and by_name["eager"].ms > 0 and not by_name["eager"].note
+    assert by_name["compile-default"].ms is None
+    assert by_name["compile-default"].note == "not measured: the tuning budget ran out"
+    assert outcome.tuning_s > 0
+
+
+def test_the_tuning_budget_counts_from_the_run_s_start(tmp_path: Path, monkeypatch) -> None:
+    """A job's 20 s budget still took 28.4 s on an H100: the deadline began after the model was saved. It now begins
+    where the tuning run does: saving the model (slowed here by 1 s) is spent from it."""
+    import time
+
+    from farm_agent.tuner import tune
+
+    deadlines: list[float] = []
+    evaluate, save_whole = tune.evaluate, tune.save_whole
+
+    def recorded(*args, **kwargs):  # type: ignore[no-untyped-def]
+        deadlines.append(kwargs["deadline"])
+        return evaluate(*args, **kwargs)
+
+    def slow_save(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(1.0)
+        return save_whole(*args, **kwargs)
+
+    monkeypatch.setattr(tune, "evaluate", recorded)
+    monkeypatch.setattr(tune, "save_whole", slow_save)
+    began = time.monotonic()
+    tune.tuned_forward(small_model().eval(), torch.rand(16, 8), (1e-4, 1e-4), "cpu", WinnerCache(tmp_path),
+                       tune_first=True, budget_s=2.0)
+    assert deadlines and max(deadlines) <= began + 2.0 + 0.5, [d - began for d in deadlines]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from farm.core.speed_of_light import SpeedOfLight, speed_of_light
-from farm.core.tuning import (MAX_TEXT, CallCost, Objective, SharedWinner, TuningOutcome, TuningPlan, call_cost,
+from farm.core.tuning import (MAX_CANDIDATES, MAX_TEXT, CallCost, CandidateFigures, Objective, SharedWinner, TuningOutcome, TuningPlan, call_cost,
                               plan_tuning)
 from farm.core.tuning import pick as pick_winner
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
@@ -275,7 +275,7 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
          cache: WinnerCache | None = None, runs: int = 20, exhaustive: bool = False,
          candidates: Sequence[str] | None = None, cache_key: CacheKey | None = None,
          candidate_timeout_s: float = 300.0, objective: Objective = Objective.TIME,
-         idle_w: float | None = None) -> TuneReport:
+         idle_w: float | None = None, deadline: float | None = None) -> TuneReport:
     """Tune one problem file for `objective`: returns the report; updates the winner cache (under `cache_key`, by
     default the problem's model, inputs, tolerance and objective) and the policy (saved to policy_path, default
     FARM_STATE_DIR/tuner/policy.json, unless a policy object is passed in).
@@ -287,7 +287,10 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     # The budget holds for the whole run: a candidate still running when it is spent is stopped. Its first round
     # alone (a fresh process, the baselines' compiles, ~2 s a candidate for energy) took a job's 20 s budget to
     # 73.9 s on an H100.
-    deadline = None if exhaustive else time.monotonic() + budget_s
+    if not exhaustive:  # `deadline` (time.monotonic's): a caller's, from before it saved the model
+        deadline = min(deadline or math.inf, time.monotonic() + budget_s)
+    else:
+        deadline = None
     prob = problem if isinstance(problem, Problem) else load_problem(problem)
     model = prob.model(device)
     inputs = prob.inputs(device, seed=0)
@@ -374,7 +377,8 @@ def get_init_inputs():
 
 def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
                 device: str = "cuda", budget_s: float = 120.0, cache: WinnerCache | None = None,
-                policy: Policy | None = None, objective: Objective = Objective.TIME) -> TuneReport:
+                policy: Policy | None = None, objective: Objective = Objective.TIME,
+                deadline: float | None = None) -> TuneReport:
     """Tune a job's model for batches shaped like `example_batch`: the model is saved whole and wrapped in a
     problem file, so that the evaluator measures it in its own process like any problem; the winner is cached
     under the job's model itself."""
@@ -392,7 +396,7 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
             sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
             dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
         return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key,
-                    policy=policy, objective=objective)
+                    policy=policy, objective=objective, deadline=deadline)
 
 
 def save_whole(module: torch.nn.Module, path: Path) -> None:
@@ -473,20 +477,38 @@ def disagreement(forward: Callable[..., Any], module: torch.nn.Module, batch: to
 
 
 def _tuning_run(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float], device: str,
-                budget_s: float, cache: WinnerCache, objective: Objective) -> tuple[float, float | None]:
-    """A tuning run now: its seconds, and its joules above the device's idle draw where a counter read them."""
+                budget_s: float, cache: WinnerCache, objective: Objective
+                ) -> tuple[float, float | None, TuneReport]:
+    """A tuning run now: its seconds, its joules above the device's idle draw where a counter read them, and its
+    report. The budget holds from here: saving the model and reading the idle draw count against it."""
     meter = open_meter(torch.device(device)) if torch.device(device).type == "cuda" else None
     began = time.perf_counter()
+    deadline = time.monotonic() + budget_s
     if meter is None:
-        tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective)
-        return time.perf_counter() - began, None
+        report = tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective,
+                             deadline=deadline)
+        return time.perf_counter() - began, None, report
     with meter.window() as window:
-        report = tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective)
+        report = tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective,
+                             deadline=deadline)
     seconds, energy = time.perf_counter() - began, window.energy
     if energy is None:
-        return seconds, None
+        return seconds, None, report
     idle = report.idle_w if report.idle_w is not None else idle_watts(meter)
-    return seconds, max(energy.joules - (idle or 0.0) * energy.seconds, 0.0)
+    return seconds, max(energy.joules - (idle or 0.0) * energy.seconds, 0.0), report
+
+
+def candidate_figures(report: TuneReport) -> tuple[CandidateFigures, ...]:
+    """A tuning run's candidates as a shard reports them (farm.core.tuning.CandidateFigures): each measured one's ms
+    and joules per call, or why it has none; then those it did not try."""
+    said: list[CandidateFigures] = []
+    for trial in report.trials:
+        note = (trial.error.strip().splitlines() or [""])[0] if trial.error else ("" if trial.correct else
+                                                                               "incorrect at the job's tolerance")
+        said.append(CandidateFigures(trial.candidate, None if trial.error else trial.median_ms,
+                                     None if trial.error else trial.joules_per_call, note[:MAX_TEXT]))
+    said += [CandidateFigures(name, note=f"not tried: {report.stop_reason}"[:MAX_TEXT]) for name in report.skipped]
+    return tuple(said[:MAX_CANDIDATES])
 
 
 def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
@@ -510,6 +532,7 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
         why = "a winner the farm shares for this GPU kind, model, shapes, tolerance and objective: tuned nothing"
         from_farm = True
     cost: tuple[float, float | None] = (0.0, None)
+    figures: tuple[CandidateFigures, ...] = ()
     if winner is None and tune_first:
         plan = TuningPlan(True, budget_s, "no cap: the rows left are not known")
         if rows_left is not None:
@@ -522,7 +545,10 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
         if plan.tune:
             began = time.perf_counter()
             try:
-                cost = _tuning_run(module, example_batch, tolerance, device, plan.budget_s, cache, objective)
+                seconds, joules, report = _tuning_run(module, example_batch, tolerance, device, plan.budget_s,
+                                                      cache, objective)
+                cost = (seconds, joules)
+                figures = candidate_figures(report)
                 winner = cache.get(key)
                 if winner is None or winner.candidate in UNTUNED:
                     why += "; no candidate beat the untuned model by the margin"
@@ -531,7 +557,7 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
                 first = (str(exc).strip().splitlines() or [""])[0][:300]
                 why += f"; the tuning run failed ({type(exc).__name__}: {first}): the model runs untuned"
                 print(f"farm tuner: the tuning run failed: {type(exc).__name__}: {first}", file=sys.stderr)
-    said = replace(said, reason=why[:MAX_TEXT], tuning_s=cost[0], tuning_j=cost[1])
+    said = replace(said, reason=why[:MAX_TEXT], tuning_s=cost[0], tuning_j=cost[1], candidates=figures)
     if winner is None or winner.candidate in UNTUNED or winner.source is not None:  # a proposal is no transform
         return Untuned(module), said
     try:

@@ -59,7 +59,7 @@ class ShardFigures(_message.Message):
     def __init__(self, items: _Optional[int] = ..., seconds: _Optional[float] = ..., correct: _Optional[int] = ..., energy: _Optional[_Union[Energy, _Mapping]] = ..., peak_memory_bytes: _Optional[int] = ..., log: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., tuning: _Optional[_Union[TuningOutcome, _Mapping]] = ...) -> None: ...
 
 class TuningOutcome(_message.Message):
-    __slots__ = ("winner", "params", "reason", "tuning_s", "tuning_j", "device_name", "driver", "torch_version", "input_shapes")
+    __slots__ = ("winner", "params", "reason", "tuning_s", "tuning_j", "device_name", "driver", "torch_version", "input_shapes", "candidates")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class TuningOutcome(_message.Message):
     DRIVER_FIELD_NUMBER: _ClassVar[int]
     TORCH_VERSION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SHAPES_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     winner: str
     params: _containers.MessageMap[str, ParamValue]
     reason: str
@@ -85,7 +86,20 @@ class TuningOutcome(_message.Message):
     driver: str
     torch_version: str
     input_shapes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, winner: _Optional[str] = ..., params: _Optional[_Mapping[str, ParamValue]] = ..., reason: _Optional[str] = ..., tuning_s: _Optional[float] = ..., tuning_j: _Optional[float] = ..., device_name: _Optional[str] = ..., driver: _Optional[str] = ..., torch_version: _Optional[str] = ..., input_shapes: _Optional[_Iterable[str]] = ...) -> None: ...
+    candidates: _containers.RepeatedCompositeFieldContainer[CandidateFigures]
+    def __init__(self, winner: _Optional[str] = ..., params: _Optional[_Mapping[str, ParamValue]] = ..., reason: _Optional[str] = ..., tuning_s: _Optional[float] = ..., tuning_j: _Optional[float] = ..., device_name: _Optional[str] = ..., driver: _Optional[str] = ..., torch_version: _Optional[str] = ..., input_shapes: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateFigures, _Mapping]]] = ...) -> None: ...
+
+class CandidateFigures(_message.Message):
+    __slots__ = ("name", "ms", "joules", "note")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MS_FIELD_NUMBER: _ClassVar[int]
+    JOULES_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ms: float
+    joules: float
+    note: str
+    def __init__(self, name: _Optional[str] = ..., ms: _Optional[float] = ..., joules: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ParamValue(_message.Message):
     __slots__ = ("text", "integer", "number", "flag")
