@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from farm.core.speed_of_light import SpeedOfLight, speed_of_light
-from farm.core.tuning import (MAX_CANDIDATES, MAX_TEXT, CallCost, CandidateFigures, Objective, SharedWinner, TuningOutcome, TuningPlan, call_cost,
-                              plan_tuning)
+from farm.core.tuning import (MAX_CANDIDATES, MAX_TEXT, CallCost, CandidateFigures, Objective, SharedWinner,
+                              TuningOutcome, TuningPlan, call_cost, plan_tuning)
 from farm.core.tuning import pick as pick_winner
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
 from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, FAMILY_BY_NAME, UNTUNED, as_measured, build,
