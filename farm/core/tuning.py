@@ -24,8 +24,10 @@ MARGIN = 0.05
 # What a tuning run is expected to save per row before any candidate is measured: a prior, deliberately modest
 # (the geomean of whole-model winners against PyTorch's defaults was ~1.2x on the H200, issue 29).
 PRIOR_GAIN = 0.15
-# A budget below this buys no candidate round (one evaluator child, a reference and a compile take ~10 s).
-MIN_TUNE_S = 10.0
+# A budget below this buys no candidate: on an H100 a job's tuning run with a 20 s budget spent 28.6 s and 5,226 J
+# measuring the reference alone (the evaluator's child, the model's load, the reference's timing and energy runs),
+# where its first round of six candidates, uncut, took 73.9 s (2026-12-06).
+MIN_TUNE_S = 45.0
 
 
 class Objective(StrEnum):
@@ -125,9 +127,13 @@ def plan_tuning(*, budget_s: float, rows_left: int, baseline_per_row: float, tun
     cap = saving / tuning_per_s
     if cap < MIN_TUNE_S:
         return TuningPlan(False, 0.0, f"not worth it: {rows_left} rows could save ~{saving:.3g} {unit} "
-                                      f"({gain:.0%} of their cost), less than {MIN_TUNE_S:g} s of tuning costs")
+                                      f"({gain:.0%} of their cost), less than {MIN_TUNE_S:g} s of tuning costs, "
+                                      "the least that measures a candidate")
     capped = min(budget_s, cap)
     why = f"{rows_left} rows could save ~{saving:.3g} {unit} ({gain:.0%} of their cost)"
+    if budget_s < MIN_TUNE_S:
+        return TuningPlan(False, 0.0, f"not worth it: {why}, but a budget of {budget_s:g} s measures no candidate "
+                                      f"(a tuning run's least that does is {MIN_TUNE_S:g} s)")
     if capped < budget_s:
         why += f"; budget capped from {budget_s:g} s to {capped:.0f} s by that saving"
     return TuningPlan(True, capped, why)

@@ -69,10 +69,18 @@ def test_tuning_runs_only_where_the_rows_left_can_pay_for_it() -> None:
     plan = plan_tuning(budget_s=120, rows_left=1_000_000, baseline_per_row=1e-3, tuning_per_s=1.0,
                        objective=Objective.TIME)
     assert plan.tune and plan.budget_s == 120
-    # 200k rows: 30 s of saving caps the budget at 30 s.
-    plan = plan_tuning(budget_s=120, rows_left=200_000, baseline_per_row=1e-3, tuning_per_s=1.0,
+    # 400k rows: 60 s of saving caps the budget at 60 s.
+    plan = plan_tuning(budget_s=120, rows_left=400_000, baseline_per_row=1e-3, tuning_per_s=1.0,
                        objective=Objective.TIME)
-    assert plan.tune and plan.budget_s == pytest.approx(30.0) and "capped" in plan.reason
+    assert plan.tune and plan.budget_s == pytest.approx(60.0) and "capped" in plan.reason
+    # An H100's tuned job: 737,280 rows at 5,431 rows/s could save ~20 s, and its tuning run capped at 20 s spent
+    # 28.6 s measuring the reference alone. Below MIN_TUNE_S no run is made, whatever the budget asked.
+    plan = plan_tuning(budget_s=60, rows_left=737_280, baseline_per_row=1 / 5431, tuning_per_s=1.0,
+                       objective=Objective.TIME)
+    assert not plan.tune and "not worth it" in plan.reason
+    plan = plan_tuning(budget_s=20, rows_left=10**9, baseline_per_row=1e-3, tuning_per_s=1.0,
+                       objective=Objective.TIME)
+    assert not plan.tune and "a budget of 20 s measures no candidate" in plan.reason
     # 20k rows could save 3 s: less than one round of tuning costs.
     plan = plan_tuning(budget_s=120, rows_left=20_000, baseline_per_row=1e-3, tuning_per_s=1.0,
                        objective=Objective.TIME)

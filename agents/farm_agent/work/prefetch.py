@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -108,3 +108,45 @@ class ReadAhead(Generic[T, F]):
             return held[1], held[2]
         held[1].close()
         return None
+
+
+SEND_DEPTH = 2  # batches of outputs waiting for their sending: memory two batches' outputs
+
+
+class Sender(Generic[T]):
+    """`send(item)` for each item put, in order, on a thread of its own, at most `depth` waiting: the model goes on
+    with the next batch while the last one's outputs are made a table and streamed to the head (Arrow IPC and
+    protobuf copies that held the GIL in the model's thread: 6-18 % of an image shard's window on an H100). The first
+    error `send` raises is raised by the next put() or by close(); items after it are dropped. close() waits for
+    everything put to be sent; a Sender must be closed (or stopped, where the shard failed)."""
+
+    def __init__(self, send: Callable[[T], None], depth: int = SEND_DEPTH) -> None:
+        self._send = send
+        self._waiting: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="farm-send", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while (item := self._waiting.get()) is not _DONE:
+            if self._error is None:
+                try:
+                    self._send(item)  # type: ignore[arg-type]
+                except BaseException as exc:  # noqa: BLE001 - raised in the model's thread by put or close
+                    self._error = exc
+
+    def put(self, item: T) -> None:
+        if self._error is not None:
+            raise self._error
+        self._waiting.put(item)
+
+    def close(self) -> None:
+        """Everything put sent; the first error of a send raised."""
+        self.stop()
+        if self._error is not None:
+            raise self._error
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._waiting.put(_DONE)
+            self._thread.join()

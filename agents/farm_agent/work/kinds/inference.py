@@ -12,7 +12,7 @@ from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -33,7 +33,7 @@ from farm_agent.backends.base import Backend
 from farm_agent.work.capture import job_shard
 from farm_agent.work.jobcode import load_dataset, load_model, resolve
 from farm_agent.power import PowerMeter, meter_for
-from farm_agent.work.prefetch import Prefetch, ReadAhead
+from farm_agent.work.prefetch import Prefetch, ReadAhead, Sender
 from farm_agent.work.staging import staged
 
 if TYPE_CHECKING:
@@ -78,6 +78,16 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     return replace(result, read_route=way.route if way is not None else None)
 
 
+@contextmanager
+def closing_sender(sending: Sender[Any]) -> Iterator[None]:
+    """A failed shard's sender stopped (what it had not sent dropped with the shard); a whole one's closed by the
+    shard itself, inside its window."""
+    try:
+        yield
+    finally:
+        sending.stop()
+
+
 def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch],
          out: Callable[[pa.Table], None], later: bool = False, loaded: float = 0.0) -> ShardResult:
     """`loaded`: the seconds its model took to load (ShardPhases.load)."""
@@ -97,7 +107,9 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
     meter = _meter(task.device)
     if hasattr(meter, "defer"):
         meter.defer = later
-    with meter.window() as window:
+    sending: Sender[tuple[pa.RecordBatch, np.ndarray]] = Sender(
+        lambda made: out(pa.Table.from_batches([made[0]]).append_column(OUTPUT, output_column(made[1]))))
+    with meter.window() as window, closing_sender(sending):
         began = ready = time.perf_counter()  # ready: when the model could take the next batch
         for batch in itertools.chain([first], stream):
             waited += time.perf_counter() - ready
@@ -106,14 +118,17 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
             if len(outputs) != batch.table.num_rows:
                 raise FarmError(f"the model returned {len(outputs)} outputs for {batch.table.num_rows} rows")
             clock = time.perf_counter()
-            out(pa.Table.from_batches([batch.table]).append_column(OUTPUT, output_column(outputs)))
+            sending.put((batch.table, outputs))  # waits only while SEND_DEPTH batches are still being sent
             ready = time.perf_counter()
             sent += ready - clock
             rows += len(outputs)
             if batch.labels is not None and outputs.ndim == 2:  # class scores: count the argmax that hits the label
                 correct = (correct or 0) + int((np.argmax(outputs, axis=1) == batch.labels).sum())
+        clock = time.perf_counter()
+        sending.close()  # the last batches' outputs sent: inside the window, as the shard's own work
         ended = time.perf_counter()
-        waited += ended - ready  # the reader's end, after the last batch
+        sent += ended - clock
+        waited += clock - ready  # the reader's end, after the last batch
         seconds = ended - began
     phases = ShardPhases(load=loaded, first_batch=came - asked, warm_up=warmed, input_wait=waited, output=sent)
     # The forward the shard's full batches ran and what its tuning cost (a backend with a tuner says: cuda's), taken
