@@ -202,3 +202,18 @@ def test_a_relay_that_dies_is_replaced_and_relays_end_with_their_reader(head: He
     gc.collect()
     _, alive = psutil.wait_procs(replaced, timeout=10)
     assert not alive, alive
+
+
+def test_a_node_whose_relays_cannot_start_reads_on_the_data_port(head: Head, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    import sys
+
+    import farm.data.locations.head as located
+
+    np.save(tmp_path / "big.npy", np.random.default_rng(5).integers(0, 255, 2 * BLOCK, dtype=np.uint8))
+    located.bulk.cache_clear()  # no relay kept from another test's reads
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
+    fs = HeadFileSystem(bulk_job(head, "j-10", tmp_path / "big.npy"), streams=4)
+    assert fs.cat_file("") == (tmp_path / "big.npy").read_bytes()
+    assert fs.bulk is None and "a relay to the head's bulk port did not start" in caplog.text

@@ -109,7 +109,6 @@ class BulkReader:
 
     def __init__(self, address: str, ca_pem: bytes, relays: int = STREAMS) -> None:
         host, _, port = address.rpartition(":")
-        self.address = f"{host.strip('[]')}:{port}"
         self.hello = relay.frame({"host": host.strip("[]"), "port": int(port), "ca_pem": ca_pem.decode()})
         self.slots = threading.BoundedSemaphore(relays)
         self.idle: queue.SimpleQueue[_Relay] = queue.SimpleQueue()
@@ -125,7 +124,10 @@ class BulkReader:
                 try:
                     one = self.idle.get_nowait()
                 except queue.Empty:
-                    one = _Relay(self.hello)
+                    try:
+                        one = _Relay(self.hello)
+                    except OSError as exc:  # no process could start here: the node reads on the data port
+                        raise BulkUnreachable(f"a relay to the head's bulk port did not start: {exc}") from None
                 try:
                     reply, data = one.exchange(request, length)
                 except OSError as exc:
