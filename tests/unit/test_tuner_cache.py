@@ -200,3 +200,43 @@ def test_the_tuning_budget_counts_from_the_run_s_start(tmp_path: Path, monkeypat
     tune.tuned_forward(small_model().eval(), torch.rand(16, 8), (1e-4, 1e-4), "cpu", WinnerCache(tmp_path),
                        tune_first=True, budget_s=2.0)
     assert deadlines and max(deadlines) <= began + 2.0 + 0.5, [d - began for d in deadlines]
+
+
+def conv_mlp() -> nn.Module:
+    """A convolution, a LayerNorm and a channel MLP (nn.Linear over the last axis), as ConvNeXt blocks do."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.norm, self.mlp = nn.Conv2d(3, 8, 3, padding=1), nn.LayerNorm(8), nn.Linear(8, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.mlp(self.norm(self.conv(x).permute(0, 2, 3, 1)))
+
+    return Block().eval()
+
+
+def test_a_model_s_features_are_the_same_inside_inference_mode() -> None:
+    """A shard runs its model, and so the tuner, inside torch.inference_mode: there the features counted no matrix
+    product and no convolution (`linear` and `conv2d` seen undecomposed), so on an H100 a ConvNeXt job's tuning run
+    offered no pytorch-defaults baseline and no TF32 or autocast family."""
+    from farm_agent.tuner.features import model_features
+
+    model, batch = conv_mlp(), torch.rand(4, 3, 8, 8)
+    outside = model_features(model, [batch], 1e-4).shares
+    with torch.inference_mode():
+        inside = model_features(model, [batch], 1e-4).shares
+    assert outside["matmul"] > 0 and outside["conv"] > 0
+    assert inside == outside
+
+
+def test_a_tuning_run_made_inside_inference_mode_sees_the_model_s_products(tmp_path: Path) -> None:
+    from farm_agent.tuner import tune
+
+    model = conv_mlp()
+    with torch.inference_mode():  # as the cuda backend runs a shard's tuned_forward
+        batch = torch.rand(4, 3, 8, 8)
+        *_, report = tune._tuning_run(model, batch, (1e-4, 1e-4), "cpu", 0.0, WinnerCache(tmp_path),
+                                      Objective.TIME)
+    assert report.features["shares"]["matmul"] > 0 and report.features["shares"]["conv"] > 0

@@ -119,9 +119,12 @@ class _OpMix(TorchDispatchMode):
 
 def model_features(model: torch.nn.Module, example_inputs: list[Any], rtol: float,
                    device: str | torch.device = "cpu") -> ModelFeatures:
-    """Run the model once on `example_inputs` (already on its device) and describe it."""
+    """Run the model once on `example_inputs` (already on its device) and describe it. Outside inference mode even
+    where the caller is in it (a job's shard, where the tuner runs): there the dispatch mode sees `linear` and
+    `conv2d` undecomposed, counted as elementwise, and an H100's tuned ConvNeXt job had no matrix products, so no
+    `pytorch-defaults` baseline and no TF32 or autocast family."""
     mix = _OpMix()
-    with torch.no_grad(), mix:
+    with torch.inference_mode(False), torch.no_grad(), mix:
         out = model(*example_inputs)
     total = sum(mix.work.values())
     shares = {kind: (mix.work[kind] / total if total else 0.0) for kind in KINDS}

@@ -476,6 +476,7 @@ def disagreement(forward: Callable[..., Any], module: torch.nn.Module, batch: to
     return "answers this node's batch outside the job's tolerance"
 
 
+@torch.inference_mode(False)  # a shard runs in it: the run's analysis (features, candidates) sees what a script sees
 def _tuning_run(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float], device: str,
                 budget_s: float, cache: WinnerCache, objective: Objective
                 ) -> tuple[float, float | None, TuneReport]:
