@@ -68,6 +68,9 @@ def read_frame(recv_into) -> dict | None:
 
 
 class Relay:
+    """One TLS connection to the head's bulk port, made at the first request and kept between them; what it
+    receives is written to `out`, the node's pipe."""
+
     def __init__(self, host: str, port: int, ca_pem: str, out: int) -> None:
         self.address = (host, port)
         self.context = ssl.create_default_context(cadata=ca_pem) if ca_pem else None
