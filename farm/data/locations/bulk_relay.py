@@ -1,12 +1,12 @@
 """A node's relay to the head's bulk port (farm.head.bulk): a small process of its own, started by the node's
-BulkReader (farm.data.locations.head) and run as `python -I bulk_relay.py`, the standard library only.
+BulkReader (farm.data.locations.head) and run as `python -I -S bulk_relay.py`, the standard library only.
 
 Why a process: Python's ssl decrypts one TLS record (16 KiB at most) a call, the GIL taken back after each, so the
-threads of one process that read several connections share one GIL ~60,000 times a second a GB/s, and a node's reads
-topped out at 0.55-0.63 GB/s on an H100 host with 1.5 cores busy in one process, whatever the connections
-(benchmarks/data_streams.py). A relay holds one TLS connection to the head, decrypts on a core of its own, and writes
-the plain bytes into a pipe, which the node's thread reads in pieces of up to a MiB (the pipe's size) with the GIL
-released: the node's cost falls to one kernel copy.
+threads of one process that read several connections share one GIL ~60,000 times a second a GB/s. On an H100 host a
+job's in-order reads of one 2 GiB file came at 1.17-1.49 GB/s on 1-8 connections that way, the node at 1.5 cores
+(benchmarks/gpu/data_streams_h200.sh). A relay holds one TLS connection to the head, decrypts on a core of its own,
+and writes the plain bytes into a pipe, which the node's thread reads in pieces of up to a MiB (the pipe's size) with
+the GIL released: 2.86 GB/s through 8 relays, the same call.
 
 Its words on stdin, from the node: first a frame {"host", "port", "ca_pem"} (the head's CA: "" for a head without
 TLS); then each request a frame: the JSON the head's bulk port takes, passed on as it is. Its words on stdout, to the
