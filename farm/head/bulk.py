@@ -20,7 +20,6 @@ closed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import ssl
@@ -29,7 +28,7 @@ import threading
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.core.errors import FarmError, NotFoundError
-from farm.data.locations.bulk_relay import FRAME
+from farm.data.locations.bulk_relay import FRAME, exactly, frame
 from farm.data.locations.head import MAX_READ
 from farm.head.data_service import DataServicer
 from farm.head.settings import HeadSettings
@@ -136,14 +135,14 @@ class BulkServer:
 
     def _one(self, conn: socket.socket, peer: str, buffer: bytearray, store: Store) -> bool:
         """One request served; False when the connection is to close (its end, or after an error)."""
-        head = _exactly(conn, FRAME.size)
+        head = exactly(conn.recv_into, FRAME.size)
         if head is None:
             return False
         (size,) = FRAME.unpack(head)
         if size > REQUEST_MAX:
-            _reply(conn, {"error": f"a request is at most {REQUEST_MAX} bytes", "missing": False})
+            conn.sendall(frame({"error": f"a request is at most {REQUEST_MAX} bytes", "missing": False}))
             return False
-        body = _exactly(conn, size)
+        body = exactly(conn.recv_into, size)
         if body is None:
             return False
         try:
@@ -151,16 +150,16 @@ class BulkServer:
             root, planned = self.data.dataset_at(peer, request.job_id, request.credential, store)
             fd = self.data.open_file(request.job_id, root, planned, request.path)
         except ValidationError:
-            _reply(conn, {"error": "a request is a JSON object of job_id, credential, path, offset and length",
-                          "missing": False})
+            conn.sendall(frame({"error": "a request is a JSON object of job_id, credential, path, offset and "
+                                         "length", "missing": False}))
             return False
         except FarmError as exc:
-            _reply(conn, {"error": exc.message, "missing": isinstance(exc, NotFoundError)})
+            conn.sendall(frame({"error": exc.message, "missing": isinstance(exc, NotFoundError)}))
             return False
         try:
             end = min(request.offset + request.length, os.fstat(fd).st_size)
             left = max(end - request.offset, 0)
-            _reply(conn, {"size": left})
+            conn.sendall(frame({"size": left}))
             view, at = memoryview(buffer), request.offset
             while left:
                 got = os.preadv(fd, [view[:min(CHUNK, left)]], at)
@@ -171,20 +170,3 @@ class BulkServer:
         finally:
             os.close(fd)
         return True
-
-
-def _exactly(conn: socket.socket, size: int) -> bytes | None:
-    """`size` bytes, or None where the connection ends first."""
-    held = bytearray()
-    while len(held) < size:
-        got = conn.recv(size - len(held))
-        if not got:
-            return None
-        held += got
-    return bytes(held)
-
-
-def _reply(conn: socket.socket, reply: dict[str, object]) -> None:
-    body = json.dumps(reply).encode()
-    conn.sendall(FRAME.pack(len(body)) + body)
-

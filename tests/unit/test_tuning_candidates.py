@@ -3,13 +3,9 @@ them as it checks the rest of a node's word, and `farm job --explain` shows them
 
 from __future__ import annotations
 
-import math
-
-import pytest
-
-from farm.core.tuning import MAX_CANDIDATES, CandidateFigures, TuningOutcome
+from farm.core.tuning import CandidateFigures, TuningOutcome
 from farm.head.tuning import describe_outcome
-from farm.proto.convert import BadFigures, tuning_from_pb, tuning_to_pb
+from farm.proto.convert import tuning_from_pb, tuning_to_pb
 
 MEASURED = (CandidateFigures("eager", 25.1, 0.91), CandidateFigures("pytorch-defaults", 15.3, 0.52),
             CandidateFigures("channels-last", 12.9, None, ""),
@@ -22,15 +18,3 @@ def test_the_candidates_travel_to_the_head_and_read_in_the_explain_line() -> Non
     said = describe_outcome(outcome)
     assert said.endswith("its candidates, per call: eager 25.10 ms, 0.91 J; pytorch-defaults 15.30 ms, 0.52 J; "
                          "channels-last 12.90 ms; compile-default not measured: the tuning budget ran out")
-
-
-@pytest.mark.parametrize("candidates, why", [
-    ((CandidateFigures("eager", 1.0),) * (MAX_CANDIDATES + 1), "more than 32 candidates"),
-    ((CandidateFigures("eager", math.nan),), "not finite"),
-    ((CandidateFigures("eager", 1.0, -5.0),), "negative"),
-    ((CandidateFigures("rm -rf /", 1.0),), "is not one"),
-    ((CandidateFigures("eager", 1.0, note="x" * 300),), "at most 256 characters"),
-])
-def test_a_node_s_hostile_candidates_are_refused(candidates: tuple[CandidateFigures, ...], why: str) -> None:
-    with pytest.raises(BadFigures, match=why):
-        tuning_from_pb(tuning_to_pb(TuningOutcome(candidates=candidates)))

@@ -37,7 +37,7 @@ from farm_agent.tuner.energy import idle_watts, open_meter
 from farm_agent.tuner.evaluator import OUT_OF_BUDGET, Candidate, Result, evaluate
 from farm_agent.tuner.features import model_features
 from farm_agent.tuner.policy import PRIOR_OTHER_TRIAL_S, Policy, reward
-from farm_agent.tuner.problem import Problem, load_problem
+from farm_agent.tuner.problem import Problem, load_problem, one_line
 
 STRICT = (1e-4, 1e-4)  # (atol, rtol): fp32-strict, the spec's default
 LOOSE = (1e-2, 1e-2)  # the scoring that lets precision drop
@@ -469,8 +469,7 @@ def disagreement(forward: Callable[..., Any], module: torch.nn.Module, batch: to
                 expected = tensors_of(module(batch), "Model")
             errors.add(answers, expected)
     except (Rejected, RuntimeError, ValueError, TypeError, AttributeError) as exc:  # a compiler's, or the outputs'
-        first = (str(exc).strip().splitlines() or [""])[0]
-        return f"fails on this node's batch ({type(exc).__name__}: {first})"
+        return f"fails on this node's batch ({type(exc).__name__}: {one_line(str(exc))})"
     if errors.rel_norm <= max(atol, rtol) and errors.excess[rtol] <= atol:
         return None
     return "answers this node's batch outside the job's tolerance"
@@ -504,10 +503,10 @@ def candidate_figures(report: TuneReport) -> tuple[CandidateFigures, ...]:
     and joules per call, or why it has none; then those it did not try."""
     said: list[CandidateFigures] = []
     for trial in report.trials:
-        note = (trial.error.strip().splitlines() or [""])[0] if trial.error else ("" if trial.correct else
-                                                                               "incorrect at the job's tolerance")
+        note = one_line(trial.error, MAX_TEXT) if trial.error else ("" if trial.correct else
+                                                                    "incorrect at the job's tolerance")
         said.append(CandidateFigures(trial.candidate, None if trial.error else trial.median_ms,
-                                     None if trial.error else trial.joules_per_call, note[:MAX_TEXT]))
+                                     None if trial.error else trial.joules_per_call, note))
     said += [CandidateFigures(name, note=f"not tried: {report.stop_reason}"[:MAX_TEXT]) for name in report.skipped]
     return tuple(said[:MAX_CANDIDATES])
 
@@ -555,7 +554,7 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
                     why += "; no candidate beat the untuned model by the margin"
             except Exception as exc:  # noqa: BLE001 - a tuning run that fails leaves the job untuned, never failed
                 cost = (time.perf_counter() - began, None)
-                first = (str(exc).strip().splitlines() or [""])[0][:300]
+                first = one_line(str(exc))
                 why += f"; the tuning run failed ({type(exc).__name__}: {first}): the model runs untuned"
                 print(f"farm tuner: the tuning run failed: {type(exc).__name__}: {first}", file=sys.stderr)
     said = replace(said, reason=why[:MAX_TEXT], tuning_s=cost[0], tuning_j=cost[1], candidates=figures)

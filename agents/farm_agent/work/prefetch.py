@@ -118,7 +118,8 @@ class Sender(Generic[T]):
     with the next batch while the last one's outputs are made a table and streamed to the head (Arrow IPC and
     protobuf copies that held the GIL in the model's thread: 6-18 % of an image shard's window on an H100). The first
     error `send` raises is raised by the next put() or by close(); items after it are dropped. close() waits for
-    everything put to be sent; a Sender must be closed (or stopped, where the shard failed)."""
+    everything put to be sent. As a context manager it is stopped on leaving (a failed shard's: what it had not sent
+    goes with the shard)."""
 
     def __init__(self, send: Callable[[T], None], depth: int = SEND_DEPTH) -> None:
         self._send = send
@@ -145,6 +146,12 @@ class Sender(Generic[T]):
         self.stop()
         if self._error is not None:
             raise self._error
+
+    def __enter__(self) -> Sender[T]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         if self._thread.is_alive():

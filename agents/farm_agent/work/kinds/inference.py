@@ -12,7 +12,7 @@ from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psutil
@@ -78,16 +78,6 @@ def run_shard(task: ShardTask, out: Callable[[pa.Table], None], later: bool = Fa
     return replace(result, read_route=way.route if way is not None else None)
 
 
-@contextmanager
-def closing_sender(sending: Sender[Any]) -> Iterator[None]:
-    """A failed shard's sender stopped (what it had not sent dropped with the shard); a whole one's closed by the
-    shard itself, inside its window."""
-    try:
-        yield
-    finally:
-        sending.stop()
-
-
 def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Iterator[ModelBatch],
          out: Callable[[pa.Table], None], later: bool = False, loaded: float = 0.0) -> ShardResult:
     """`loaded`: the seconds its model took to load (ShardPhases.load)."""
@@ -107,9 +97,9 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
     meter = _meter(task.device)
     if hasattr(meter, "defer"):
         meter.defer = later
-    sending: Sender[tuple[pa.RecordBatch, np.ndarray]] = Sender(
+    sender: Sender[tuple[pa.RecordBatch, np.ndarray]] = Sender(
         lambda made: out(pa.Table.from_batches([made[0]]).append_column(OUTPUT, output_column(made[1]))))
-    with meter.window() as window, closing_sender(sending):
+    with meter.window() as window, sender as sending:
         began = ready = time.perf_counter()  # ready: when the model could take the next batch
         for batch in itertools.chain([first], stream):
             waited += time.perf_counter() - ready
