@@ -270,11 +270,13 @@ class CandidateFigures:
     ms: float | None = None
     joules: float | None = None
     note: str = ""
+    seconds: float | None = None  # what the tuning run spent on it (None: nothing, or not said)
 
     def describe(self) -> str:
         figures = [f"{self.ms:.2f} ms"] if self.ms is not None else []
         figures += [f"{self.joules:.3g} J"] if self.joules is not None else []
-        said = ", ".join([*figures, *([self.note] if self.note else [])])
+        spent = [f"{self.seconds:.1f} s to measure"] if self.seconds is not None else []
+        said = ", ".join([*figures, *([self.note] if self.note else []), *spent])
         return f"{self.name} {said}" if said else self.name
 
 
@@ -360,7 +362,7 @@ def check_outcome(outcome: TuningOutcome) -> TuningOutcome:
         if not NAME.fullmatch(figures.name):
             raise ValueError(f"a candidate's name {figures.name[:64]!r} is not one")
         _text(figures.note, "a candidate's note")
-        costs += [c for c in (figures.ms, figures.joules) if c is not None]
+        costs += [c for c in (figures.ms, figures.joules, figures.seconds) if c is not None]
     if not all(math.isfinite(c) and c >= 0 for c in costs):
         raise ValueError("the tuning's cost or a candidate's figures are negative or not finite")
     return outcome

@@ -124,7 +124,7 @@ def tuning_to_pb(outcome: TuningOutcome) -> result_pb2.TuningOutcome:
         winner=outcome.winner, params={k: _param_to_pb(v) for k, v in outcome.params}, reason=outcome.reason,
         tuning_s=outcome.tuning_s, tuning_j=outcome.tuning_j, device_name=outcome.device_name, driver=outcome.driver,
         torch_version=outcome.torch_version, input_shapes=list(outcome.input_shapes),
-        candidates=[result_pb2.CandidateFigures(name=c.name, ms=c.ms, joules=c.joules, note=c.note)
+        candidates=[result_pb2.CandidateFigures(name=c.name, ms=c.ms, joules=c.joules, note=c.note, seconds=c.seconds)
                     for c in outcome.candidates])
 
 
@@ -145,7 +145,8 @@ def tuning_from_pb(msg: result_pb2.TuningOutcome) -> TuningOutcome:
             tuning_j=msg.tuning_j if msg.HasField("tuning_j") else None, device_name=msg.device_name,
             driver=msg.driver, torch_version=msg.torch_version, input_shapes=tuple(msg.input_shapes),
             candidates=tuple(CandidateFigures(name=c.name, ms=c.ms if c.HasField("ms") else None,
-                                              joules=c.joules if c.HasField("joules") else None, note=c.note)
+                                              joules=c.joules if c.HasField("joules") else None, note=c.note,
+                                              seconds=c.seconds if c.HasField("seconds") else None)
                              for c in msg.candidates)))
     except ValueError as exc:
         raise BadFigures(f"its tuning outcome: {exc}") from None

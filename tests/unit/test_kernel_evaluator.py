@@ -288,3 +288,27 @@ def test_inductor_compile_thread_pool_workers_are_allowed_only_while_idle() -> N
         finally:
             release.set()
             mine.shutdown()
+
+
+def test_an_evaluation_keeps_its_child_and_its_reference_across_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's tuning run on an H100 spent its 20 s budget on its rounds' starts: each evaluator call started a child
+    (its CUDA context, the model, the reference's FLOPs) and measured eager again. An Evaluation's rounds share one
+    child for its built-in transforms, and eager is measured once; each candidate says what measuring it took."""
+    from farm_agent.tuner import evaluator
+
+    started: list[object] = []
+
+    class Counted(evaluator.Child):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            started.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "Child", Counted)
+    with evaluator.Evaluation(PROBLEMS / "relu.py", device="cpu", timeout_s=30) as evaluation:
+        first = by_name(evaluation.run([Candidate("again", transform="pytorch-defaults")]))
+        second = by_name(evaluation.run([Candidate("once-more", transform="pytorch-defaults")]))
+        assert evaluation.start_s > 0
+    assert list(first) == ["eager", "again"] and list(second) == ["eager", "once-more"]
+    assert len(started) == 1
+    assert second["eager"] == first["eager"]  # measured once, in the first round
+    assert all(r.correct and r.seconds is not None and r.seconds > 0 for r in [*first.values(), *second.values()])

@@ -158,3 +158,26 @@ def test_the_jobs_own_baseline_is_measured_right_after_eager_and_compile_default
            always=("pytorch-defaults", "eager", "compile-default"))
     # An untrained policy keeps the given order: the round's three candidates between the two baselines.
     assert calls[0] == ["pytorch-defaults", "compile-reduce-overhead", "cuda-graph", "tf32", "compile-default"]
+
+
+def test_no_round_starts_past_the_deadline() -> None:
+    """A job's 20 s tuning budget took 28.6 s on an H100: a second round began after the deadline (its start, the
+    model's save and analysis, were spent from the budget too) and measured eager again. The search's rounds stop
+    at the run's deadline, whatever the budget's own arithmetic says is left."""
+    import time
+
+    from farm_agent.tuner.tune import search
+
+    calls: list[list[str]] = []
+    measure = measured_times(TIMES, calls)
+
+    def late(cands):  # type: ignore[no-untyped-def]
+        results = measure(cands)
+        time.sleep(0.2)  # the first round ends past the deadline
+        return results[0], 0.0  # and claims it took no time: only the deadline can stop the next
+
+    _, measured, skipped, reason = search(NAMES, np.ones(DIM), Policy(), 600.0, late, round_size=1,
+                                          deadline=time.monotonic() + 0.1)
+    assert len(calls) == 1 and reason == "budget"
+    assert {m.name for m in measured} == {"eager", *calls[0]}
+    assert set(skipped) == set(NAMES) - {"eager", *calls[0]}

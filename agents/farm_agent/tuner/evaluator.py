@@ -98,6 +98,7 @@ class Result:
     energy_calls: int = 0
     energy_s: float | None = None
     energy_j: float | None = None
+    seconds: float | None = None  # wall time of its evaluation (build, checks, timing, energy), its child's start not
 
     def speed_of_light(self) -> SpeedOfLight | None:
         """This problem's fp32 speed of light on the device (None: the device's peaks are not recorded)."""
@@ -212,43 +213,86 @@ def evaluate(
     deadline: a time.monotonic() past which no candidate after eager is asked for, and one still running is stopped
     (a tuning budget: each is reported not measured, and why).
     """
-    loaded = load_problem(problem)
-    for candidate in candidates:
-        if (candidate.file is None) == (candidate.transform is None):
-            raise UserError(f"candidate {candidate.name!r} needs exactly one of a file and a transform")
-        if candidate.file is not None:
-            candidate_defines_model_new(candidate.file)
-    if len({c.name for c in candidates}) != len(candidates):
-        raise UserError("candidate names must be unique")
-    if device.startswith("cuda") and not cuda_available():
-        raise UserError("--device cuda: no CUDA GPU is available here (use --device cpu)")
-    if runs < 1 or warmup < 0:
-        raise UserError("runs must be at least 1 and warmup at least 0")
-    seeds = list(seeds) if seeds is not None else [secrets.randbits(31) for _ in range(3)]
-    if not seeds:
-        raise UserError("at least one seed is needed")
-    setup = {
-        "op": "setup", "problem": str(loaded.path), "device": device, "seeds": seeds,
-        "timing_seeds": [max(seeds) + 1, max(seeds) + 2], "runs": runs, "warmup": warmup, "atol": atol, "rtol": rtol,
-        "memory_limit_bytes": memory_limit_bytes, "energy": energy,
-        "flush_bytes": flush_bytes or (256 << 20 if device.startswith("cuda") else 8 << 20),
-    }
-    eager = next((c for c in candidates if c.transform == "eager"), EAGER)  # the baseline, given or not
-    ordered = [eager, *(c for c in candidates if c is not eager)]
-    transforms = [c for c in ordered if c.file is None]
-    files = [c for c in ordered if c.file is not None]
+    with Evaluation(problem, device=device, atol=atol, rtol=rtol, seeds=seeds, runs=runs, warmup=warmup,
+                    timeout_s=timeout_s, memory_limit_bytes=memory_limit_bytes, startup_timeout_s=startup_timeout_s,
+                    flush_bytes=flush_bytes, peak_flops_per_s=peak_flops_per_s, peak_bytes_per_s=peak_bytes_per_s,
+                    parallel=parallel, energy=energy) as evaluation:
+        return evaluation.run(candidates, deadline=deadline)
 
-    raw: dict[str, dict[str, Any]] = {}
-    trusted = _run_group(loaded.name, transforms, setup, timeout_s, startup_timeout_s, memory_limit_bytes, raw,
-                         deadline)
-    if trusted is None:  # the problem itself does not run: nothing can be judged
-        raise SpecError(f"problem {loaded.name}: {raw[eager.name]['error']}")
-    with ThreadPoolExecutor(max_workers=max(parallel, 1)) as pool:  # threads only wait on children here
-        list(pool.map(lambda c: _run_group(loaded.name, [c], setup, timeout_s, startup_timeout_s,
-                                           memory_limit_bytes, raw), files))
 
-    sol_ms = speed_of_light_ms(trusted, peak_flops_per_s, peak_bytes_per_s)
-    return [_judge(raw[c.name], c, atol, rtol, sol_ms, trusted) for c in ordered]
+class Evaluation:
+    """One problem's evaluations over several calls of `run` (a tuning run's rounds): its built-in transforms share
+    one child for all of them, and eager (the reference) is measured once, in the first. A child's start (a CUDA
+    context, the model, the reference's FLOPs) and eager's checks and timing cost seconds a round: a job's tuning
+    run on an H100 spent its whole 20 s budget on them. Arguments as evaluate's."""
+
+    def __init__(self, problem: Path | str, *, device: str = "cuda", atol: float = 1e-4, rtol: float = 1e-4,
+                 seeds: Sequence[int] | None = None, runs: int = 20, warmup: int = 3, timeout_s: float = 600.0,
+                 memory_limit_bytes: int | None = None, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+                 flush_bytes: int | None = None, peak_flops_per_s: float | None = None,
+                 peak_bytes_per_s: float | None = None, parallel: int = 1, energy: bool = False) -> None:
+        self.problem = load_problem(problem)
+        if device.startswith("cuda") and not cuda_available():
+            raise UserError("--device cuda: no CUDA GPU is available here (use --device cpu)")
+        if runs < 1 or warmup < 0:
+            raise UserError("runs must be at least 1 and warmup at least 0")
+        seeds = list(seeds) if seeds is not None else [secrets.randbits(31) for _ in range(3)]
+        if not seeds:
+            raise UserError("at least one seed is needed")
+        self.setup = {
+            "op": "setup", "problem": str(self.problem.path), "device": device, "seeds": seeds,
+            "timing_seeds": [max(seeds) + 1, max(seeds) + 2], "runs": runs, "warmup": warmup, "atol": atol,
+            "rtol": rtol, "memory_limit_bytes": memory_limit_bytes, "energy": energy,
+            "flush_bytes": flush_bytes or (256 << 20 if device.startswith("cuda") else 8 << 20),
+        }
+        self.atol, self.rtol, self.timeout_s, self.parallel = atol, rtol, timeout_s, parallel
+        self.startup_timeout_s, self.memory_limit_bytes = startup_timeout_s, memory_limit_bytes
+        self.peaks = (peak_flops_per_s, peak_bytes_per_s)
+        self.transforms = _Group(self.problem.name, self.setup, timeout_s, startup_timeout_s, memory_limit_bytes)
+        self.eager: tuple[Candidate, dict[str, Any]] | None = None  # the reference, measured by the first run
+
+    def __enter__(self) -> Evaluation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transforms.close()
+
+    @property
+    def start_s(self) -> float:
+        """Seconds spent starting the transforms' child (and restarting it after a candidate broke it)."""
+        return self.transforms.start_s
+
+    def run(self, candidates: Sequence[Candidate], deadline: float | None = None) -> list[Result]:
+        """Evaluate `candidates` (eager first, measured in the first run only and returned with every run's)."""
+        for candidate in candidates:
+            if (candidate.file is None) == (candidate.transform is None):
+                raise UserError(f"candidate {candidate.name!r} needs exactly one of a file and a transform")
+            if candidate.file is not None:
+                candidate_defines_model_new(candidate.file)
+        if len({c.name for c in candidates}) != len(candidates):
+            raise UserError("candidate names must be unique")
+        given_eager = next((c for c in candidates if c.transform == "eager"), None)
+        raw: dict[str, dict[str, Any]] = {}
+        if self.eager is None:  # the baseline, given or not: the reference every later candidate is judged by
+            eager = given_eager or EAGER
+            self.transforms.run([eager], raw, None)
+            if self.transforms.info is None:  # the problem itself does not run: nothing can be judged
+                raise SpecError(f"problem {self.problem.name}: {raw[eager.name]['error']}")
+            self.eager = (eager, raw[eager.name])
+        eager, raw[self.eager[0].name] = self.eager[0], self.eager[1]
+        rest = [c for c in candidates if c is not given_eager and c.name != eager.name]
+        self.transforms.run([c for c in rest if c.file is None], raw, deadline)
+        files = [c for c in rest if c.file is not None]
+        with ThreadPoolExecutor(max_workers=max(self.parallel, 1)) as pool:  # threads only wait on children here
+            list(pool.map(lambda c: _Group(self.problem.name, self.setup, self.timeout_s, self.startup_timeout_s,
+                                           self.memory_limit_bytes).run_once([c], raw), files))
+        trusted = self.transforms.info
+        assert trusted is not None
+        sol_ms = speed_of_light_ms(trusted, *self.peaks)
+        return [_judge(raw[c.name], c, self.atol, self.rtol, sol_ms, trusted) for c in [eager, *rest]]
 
 
 def _judge(data: dict[str, Any], candidate: Candidate, atol: float, rtol: float, sol_ms: float,
@@ -275,55 +319,68 @@ def _judge(data: dict[str, Any], candidate: Candidate, atol: float, rtol: float,
     return replace(result, correct=correct, error=error)
 
 
-def _run_group(problem: str, group: list[Candidate], setup: dict[str, Any], timeout_s: float,
-               startup_timeout_s: float, memory_limit_bytes: int | None, raw: dict[str, dict[str, Any]],
-               deadline: float | None = None) -> dict[str, Any] | None:
-    """Run candidates one after another in one child, starting a fresh child after any that broke it; past
-    `deadline` (time.monotonic()), only the first (the reference) still runs. Returns the setup info of the first
-    child that started (None if none could)."""
-    info: dict[str, Any] | None = None
-    child: Child | None = None
-    limit = memory_limit_bytes if not str(setup["device"]).startswith("cuda") else None
-    try:
-        for index, candidate in enumerate(group):
-            wait = timeout_s
-            if deadline is not None and index > 0:
-                wait = min(timeout_s, deadline - time.monotonic())
+class _Group:
+    """Candidates run one after another in one child, a fresh child started after any that broke it. `info` is the
+    setup answer of the first child that started (None while none could)."""
+
+    def __init__(self, problem: str, setup: dict[str, Any], timeout_s: float, startup_timeout_s: float,
+                 memory_limit_bytes: int | None) -> None:
+        self.problem, self.setup, self.timeout_s, self.startup_timeout_s = problem, setup, timeout_s, startup_timeout_s
+        self.limit = memory_limit_bytes if not str(setup["device"]).startswith("cuda") else None
+        self.child: Child | None = None
+        self.info: dict[str, Any] | None = None
+        self.start_s = 0.0
+
+    def run_once(self, group: list[Candidate], raw: dict[str, dict[str, Any]]) -> None:
+        try:
+            self.run(group, raw, None)
+        finally:
+            self.close()
+
+    def run(self, group: list[Candidate], raw: dict[str, dict[str, Any]], deadline: float | None) -> None:
+        """Each candidate's raw answer into `raw`, with the seconds its evaluation took (`seconds`); past
+        `deadline` (time.monotonic()), none is asked for and one still running is stopped."""
+        for candidate in group:
+            wait = self.timeout_s
+            if deadline is not None:
+                wait = min(self.timeout_s, deadline - time.monotonic())
                 if wait <= 0:
-                    raw[candidate.name] = _failure(problem, candidate, OUT_OF_BUDGET)
+                    raw[candidate.name] = {**_failure(self.problem, candidate, OUT_OF_BUDGET), "seconds": 0.0}
                     continue
-            if child is None:
-                child = Child(limit)
+            if self.child is None:
+                began = time.perf_counter()
+                self.child = Child(self.limit)
                 try:
-                    answer = child.ask(setup, startup_timeout_s)
+                    answer = self.child.ask(self.setup, self.startup_timeout_s)
                 except ChildFailed as exc:
-                    raw[candidate.name] = _failure(problem, candidate, f"worker did not start: {exc}")
-                    child.close()
-                    child = None
-                    if info is None:
-                        return None
+                    raw[candidate.name] = _failure(self.problem, candidate, f"worker did not start: {exc}")
+                    self.close()
+                    if self.info is None:
+                        return
                     continue
+                finally:
+                    self.start_s += time.perf_counter() - began
                 if not answer.get("ok"):
-                    raw[candidate.name] = _failure(problem, candidate, answer.get("error", "setup failed"))
-                    return info
-                info = info or answer["info"]
+                    raw[candidate.name] = _failure(self.problem, candidate, answer.get("error", "setup failed"))
+                    self.close()
+                    return
+                self.info = self.info or answer["info"]
+            began = time.perf_counter()
             try:
-                answer = child.ask({"op": "candidate", "candidate": candidate.request()}, wait)
-                raw[candidate.name] = answer["result"]
+                answer = self.child.ask({"op": "candidate", "candidate": candidate.request()}, wait)
+                raw[candidate.name] = {**answer["result"], "seconds": time.perf_counter() - began}
                 if answer.get("restart"):
-                    child.close()
-                    child = None
+                    self.close()
             except ChildFailed as exc:
-                cut = exc.timed_out and wait < timeout_s  # by the budget, not by its own timeout
-                raw[candidate.name] = _failure(problem, candidate, OUT_OF_BUDGET if cut else str(exc),
-                                               compiled=exc.compiled)
-                if child is not None:
-                    child.close()
-                child = None
-    finally:
-        if child is not None:
-            child.close()
-    return info
+                cut = exc.timed_out and wait < self.timeout_s  # by the budget, not by its own timeout
+                raw[candidate.name] = {**_failure(self.problem, candidate, OUT_OF_BUDGET if cut else str(exc),
+                                                  compiled=exc.compiled), "seconds": time.perf_counter() - began}
+                self.close()
+
+    def close(self) -> None:
+        if self.child is not None:
+            self.child.close()
+        self.child = None
 
 
 OUT_OF_BUDGET = "not measured: the tuning budget ran out"

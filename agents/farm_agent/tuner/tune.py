@@ -34,7 +34,7 @@ from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
 from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, FAMILY_BY_NAME, UNTUNED, as_measured, build,
                                          candidate, candidates_for, Untuned, untuned_precision)
 from farm_agent.tuner.energy import idle_watts, open_meter
-from farm_agent.tuner.evaluator import OUT_OF_BUDGET, Candidate, Result, evaluate
+from farm_agent.tuner.evaluator import OUT_OF_BUDGET, Candidate, Evaluation, Result
 from farm_agent.tuner.features import model_features
 from farm_agent.tuner.policy import PRIOR_OTHER_TRIAL_S, Policy, reward
 from farm_agent.tuner.problem import Problem, load_problem, one_line
@@ -102,6 +102,7 @@ class TuneReport:
     objective: Objective = Objective.TIME
     baseline: str = "eager"  # what the job runs untuned: the winner had to beat it by farm.core.tuning.MARGIN
     idle_w: float | None = None  # the device's idle draw the joules per call are above
+    start_s: float = 0.0  # starting the evaluator's child (its CUDA context, the model, the reference's FLOPs)
 
     def speed_of_light(self) -> SpeedOfLight | None:
         """The problem's fp32 speed of light on this device (farm.core.kernels.speed_of_light)."""
@@ -170,15 +171,13 @@ def _trial(result: Result, cand: Candidate, seconds: float, searched: bool, idle
 
 
 MeasureRound = Callable[[list[Candidate]], tuple[list[Result], float]]
-"""Evaluates candidates in one evaluator call (one child process; eager comes back first): results and seconds."""
+"""Evaluates candidates (eager comes back first, measured by the first round only): results and seconds."""
 
 
-def _evaluator_round(path: Path, device: str, atol: float, rtol: float, runs: int, timeout_s: float,
-                     energy: bool = False, deadline: float | None = None) -> MeasureRound:
+def _evaluator_rounds(evaluation: Evaluation, deadline: float | None = None) -> MeasureRound:
     def measure(cands: list[Candidate]) -> tuple[list[Result], float]:
         started = time.perf_counter()
-        results = evaluate(path, cands, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=timeout_s,
-                           energy=energy, deadline=deadline)
+        results = evaluation.run(cands, deadline=deadline)
         return results, time.perf_counter() - started
     return measure
 
@@ -192,16 +191,18 @@ class Measured:
 
 
 def search(names: Sequence[str], context: Sequence[float], policy: Policy, budget_s: float, measure: MeasureRound,
-           *, exhaustive: bool = False, round_size: int = 3, always: Sequence[str] = BASELINES
-           ) -> tuple[list[str], list[Measured], list[str], str]:
+           *, exhaustive: bool = False, round_size: int = 3, always: Sequence[str] = BASELINES,
+           deadline: float | None = None) -> tuple[list[str], list[Measured], list[str], str]:
     """Measure candidates in the policy's order, a round at a time, until the budget or the chance of a better one
     runs out. Returns the search order, the measurements, what was skipped and why the search stopped.
 
-    A round is one evaluator call: one child process and one eager reference for several candidates, since a child's
-    start costs seconds. The first round also carries the baselines (`always`: the job's untuned one first, measured
-    right after eager, then compile-default, the report's, after the round's candidates). A round's wall time
-    is shared among its candidates in proportion to their predicted cost (the evaluator reports no per-candidate
-    time), which is what the policy's cost regression learns from.
+    A round is one evaluator call (the evaluator keeps its child and its eager reference from one round to the next).
+    The first round also carries the baselines (`always`: the job's untuned one first, measured right after eager,
+    then the report's, compile-default, after the round's candidates). Each candidate's own seconds are what the
+    policy's cost regression learns from (where an evaluator does not give them, a round's wall time shared in
+    proportion to the predicted costs). No round starts past `deadline` (time.monotonic()), and a round's candidates
+    must fit the time left to it: a run's start (saving the model, its analysis, the evaluator's child) is spent
+    from the same budget.
     """
     ranked = policy.rank(context, [n for n in names if n != "eager"])
     estimates = {e.name: e for e in ranked}
@@ -219,11 +220,18 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
             skipped.extend(pending)  # ranked by upper bound: none after this one is plausibly better either
             stop_reason = "no candidate left is plausibly 5% faster"
             break
+        left = budget_s - spent
+        if deadline is not None:
+            left = min(left, deadline - time.monotonic())
+        if not first and not exhaustive and left <= 0:
+            skipped.extend(pending)
+            stop_reason = "budget"
+            break
         batch: list[str] = []
         planned = 0.0
         while pending and (exhaustive or len(batch) < round_size):
             name = pending.pop(0)
-            if exhaustive or spent + planned + estimates[name].seconds <= budget_s:
+            if exhaustive or planned + estimates[name].seconds <= left:
                 batch.append(name)
                 planned += estimates[name].seconds
             else:
@@ -248,7 +256,8 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
         total = sum(weights.values())
         for name in in_round:
             result = by_name[name]
-            measured.append(Measured(name, result, seconds * weights[name] / total, searched=name not in baseline))
+            own = result.seconds if result.seconds is not None else seconds * weights[name] / total
+            measured.append(Measured(name, result, own, searched=name not in baseline))
             best = max(best, reward(bool(result.correct), result.median_ms, eager_ms))
         first = False
     return order, measured, skipped, stop_reason
@@ -275,10 +284,12 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
          cache: WinnerCache | None = None, runs: int = 20, exhaustive: bool = False,
          candidates: Sequence[str] | None = None, cache_key: CacheKey | None = None,
          candidate_timeout_s: float = 300.0, objective: Objective = Objective.TIME,
-         idle_w: float | None = None, deadline: float | None = None) -> TuneReport:
+         idle_w: float | None = None, deadline: float | None = None, report_baselines: bool = True) -> TuneReport:
     """Tune one problem file for `objective`: returns the report; updates the winner cache (under `cache_key`, by
     default the problem's model, inputs, tolerance and objective) and the policy (saved to policy_path, default
-    FARM_STATE_DIR/tuner/policy.json, unless a policy object is passed in).
+    FARM_STATE_DIR/tuner/policy.json, unless a policy object is passed in). `report_baselines`: compile-default is
+    measured whether or not the search reaches it, for the reports' speedups against it (a job's run, which pays
+    for its seconds in the job, measures it only as a candidate the policy ranks).
 
     Under `energy` on a GPU with an energy counter, each candidate's joules per call are read on it (~2 s more per
     candidate) above `idle_w` (measured here first when not given: ~2 s with nothing running). Elsewhere energy
@@ -306,10 +317,13 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     if energy and idle_w is None:
         idle_w = idle_watts(open_meter(torch.device(device)))
 
-    measure = _evaluator_round(prob.path, device, atol, rtol, runs, candidate_timeout_s, energy=energy,
-                               deadline=deadline)
-    order, measured, skipped, stop_reason = search(names, context, policy, budget_s, measure, exhaustive=exhaustive,
-                                                   always=tuple(dict.fromkeys([baseline, *BASELINES])))
+    always = tuple(dict.fromkeys([baseline, *(BASELINES if report_baselines else ())]))
+    with Evaluation(prob.path, device=device, atol=atol, rtol=rtol, runs=runs, timeout_s=candidate_timeout_s,
+                    energy=energy) as evaluation:
+        order, measured, skipped, stop_reason = search(
+            names, context, policy, budget_s, _evaluator_rounds(evaluation, deadline), exhaustive=exhaustive,
+            always=always, deadline=deadline)
+        start_s = evaluation.start_s
     trials = [_trial(m.result, candidate(m.name), m.seconds, m.searched, idle_w) for m in measured]
     eager_result = next((m.result for m in measured if m.name == "eager"), None)
 
@@ -328,7 +342,7 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
                         skipped=skipped, stop_reason=stop_reason, seconds=time.perf_counter() - started,
                         flops=eager_result.flops if eager_result else None,
                         nbytes=eager_result.bytes if eager_result else None, objective=objective,
-                        baseline=baseline, idle_w=idle_w)
+                        baseline=baseline, idle_w=idle_w, start_s=start_s)
     best = choose(trials, baseline, objective)
     if best is None:
         return report
@@ -396,7 +410,7 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
             sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
             dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
         return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key,
-                    policy=policy, objective=objective, deadline=deadline)
+                    policy=policy, objective=objective, deadline=deadline, report_baselines=False)
 
 
 def save_whole(module: torch.nn.Module, path: Path) -> None:
@@ -506,7 +520,8 @@ def candidate_figures(report: TuneReport) -> tuple[CandidateFigures, ...]:
         note = one_line(trial.error, MAX_TEXT) if trial.error else ("" if trial.correct else
                                                                     "incorrect at the job's tolerance")
         said.append(CandidateFigures(trial.candidate, None if trial.error else trial.median_ms,
-                                     None if trial.error else trial.joules_per_call, note))
+                                     None if trial.error else trial.joules_per_call, note,
+                                     trial.seconds or None))
     said += [CandidateFigures(name, note=f"not tried: {report.stop_reason}"[:MAX_TEXT]) for name in report.skipped]
     return tuple(said[:MAX_CANDIDATES])
 

@@ -90,16 +90,18 @@ class TuningOutcome(_message.Message):
     def __init__(self, winner: _Optional[str] = ..., params: _Optional[_Mapping[str, ParamValue]] = ..., reason: _Optional[str] = ..., tuning_s: _Optional[float] = ..., tuning_j: _Optional[float] = ..., device_name: _Optional[str] = ..., driver: _Optional[str] = ..., torch_version: _Optional[str] = ..., input_shapes: _Optional[_Iterable[str]] = ..., candidates: _Optional[_Iterable[_Union[CandidateFigures, _Mapping]]] = ...) -> None: ...
 
 class CandidateFigures(_message.Message):
-    __slots__ = ("name", "ms", "joules", "note")
+    __slots__ = ("name", "ms", "joules", "note", "seconds")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MS_FIELD_NUMBER: _ClassVar[int]
     JOULES_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     ms: float
     joules: float
     note: str
-    def __init__(self, name: _Optional[str] = ..., ms: _Optional[float] = ..., joules: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
+    seconds: float
+    def __init__(self, name: _Optional[str] = ..., ms: _Optional[float] = ..., joules: _Optional[float] = ..., note: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ParamValue(_message.Message):
     __slots__ = ("text", "integer", "number", "flag")
