@@ -9,8 +9,9 @@ by the median milliseconds of cold-cache calls. The baseline a winner must beat 
 
 Each candidate is measured once and judged three ways from its recorded errors (Result.correct_under): under the
 run's tolerance (which picks the winner), under fp32-strict 1e-4 and under loose 1e-2, so that one run yields both
-scorings. Eager is measured first (the reference for correctness and reward) and torch.compile's default is always
-measured, after the search if the search did not reach it, because every speedup is reported against both.
+scorings. Eager is measured first (the reference for correctness and reward). In a report's run torch.compile's
+default is always measured too, after the search if the search did not reach it, because every speedup is reported
+against both; a job's run (tune_module) measures it only where the policy ranks it within the budget.
 """
 
 from __future__ import annotations
