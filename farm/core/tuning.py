@@ -24,10 +24,23 @@ MARGIN = 0.05
 # What a tuning run is expected to save per row before any candidate is measured: a prior, deliberately modest
 # (the geomean of whole-model winners against PyTorch's defaults was ~1.2x on the H200, issue 29).
 PRIOR_GAIN = 0.15
-# A budget below this buys no candidate: on an H100 a job's tuning run with a 20 s budget spent 28.6 s and 5,226 J
-# measuring the reference alone (the evaluator's child, the model's load, the reference's timing and energy runs),
-# where its first round of six candidates, uncut, took 73.9 s (2026-12-06).
-MIN_TUNE_S = 45.0
+# The least budget that measures a candidate depends on the model's call (least_tuning_s): a run's start (saving and
+# analysing the model, the idle draw, the evaluator's child: its CUDA context, the model, the reference's FLOPs),
+# then eager, the job's untuned baseline and one candidate, each checked, timed and metered. On an H100 a job's run
+# with a 20 s budget and a 93 ms call spent 28.6 s and 5,226 J measuring the reference alone (2026-12-06, before
+# the rounds shared one child).
+TUNING_START_S = 10.0
+# Calls a measurement makes: 3 checked calls and their 3 references, 3 warm-up, 20 timed, 1 more reference
+# (farm_agent.tuner.worker); its energy run lasts METER_STEPS of the meter's steps (NVML's: 100 ms), a call at least.
+CALLS_PER_MEASUREMENT = 30
+METER_WINDOW_S = METER_STEPS * 0.1
+MEASURED_FIRST = 3  # eager, the untuned baseline and one candidate
+
+
+def least_tuning_s(call_s: float) -> float:
+    """The least budget in which a tuning run of a model whose call (one batch) takes `call_s` measures a candidate;
+    below it no run is made."""
+    return TUNING_START_S + MEASURED_FIRST * (CALLS_PER_MEASUREMENT * call_s + max(METER_WINDOW_S, call_s))
 
 
 class Objective(StrEnum):
@@ -113,11 +126,12 @@ class TuningPlan:
 
 
 def plan_tuning(*, budget_s: float, rows_left: int, baseline_per_row: float, tuning_per_s: float,
-                objective: Objective, cached: bool = False, gain: float = PRIOR_GAIN) -> TuningPlan:
+                objective: Objective, least_s: float, cached: bool = False, gain: float = PRIOR_GAIN) -> TuningPlan:
     """Tune only where the expected saving exceeds the expected cost: the saving is rows_left x baseline_per_row x
     gain (the prior share a winner saves), the cost is what the device spends per second of tuning (`tuning_per_s`:
     1 s/s under time, its watts above idle under energy) times the budget. So the budget is capped at the saving's
-    worth of tuning seconds; a cached winner costs nothing and needs no budget."""
+    worth of tuning seconds; a cached winner costs nothing and needs no budget. Under `least_s` (least_tuning_s of the
+    model's call), asked or capped, a run would measure no candidate: none is made."""
     unit = "J" if objective is Objective.ENERGY else "s"
     if cached:
         return TuningPlan(False, 0.0, "a cached winner for this GPU, model, shapes, tolerance and objective")
@@ -125,15 +139,15 @@ def plan_tuning(*, budget_s: float, rows_left: int, baseline_per_row: float, tun
         return TuningPlan(False, 0.0, "nothing to save: no budget, no rows left or no measured cost")
     saving = rows_left * baseline_per_row * gain
     cap = saving / tuning_per_s
-    if cap < MIN_TUNE_S:
+    if cap < least_s:
         return TuningPlan(False, 0.0, f"not worth it: {rows_left} rows could save ~{saving:.3g} {unit} "
-                                      f"({gain:.0%} of their cost), less than {MIN_TUNE_S:g} s of tuning costs, "
-                                      "the least that measures a candidate")
+                                      f"({gain:.0%} of their cost), less than {least_s:.0f} s of tuning costs, "
+                                      "the least that measures a candidate of this model")
     capped = min(budget_s, cap)
     why = f"{rows_left} rows could save ~{saving:.3g} {unit} ({gain:.0%} of their cost)"
-    if budget_s < MIN_TUNE_S:
+    if budget_s < least_s:
         return TuningPlan(False, 0.0, f"not worth it: {why}, but a budget of {budget_s:g} s measures no candidate "
-                                      f"(a tuning run's least that does is {MIN_TUNE_S:g} s)")
+                                      f"(the least that does for this model is {least_s:.0f} s)")
     if capped < budget_s:
         why += f"; budget capped from {budget_s:g} s to {capped:.0f} s by that saving"
     return TuningPlan(True, capped, why)

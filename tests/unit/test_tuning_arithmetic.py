@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from farm.core.tuning import (AB_MIN_ITEMS, MIN_TUNE_S, AbShard, AbState, CallCost, Objective, ShardRate,
+from farm.core.tuning import (AB_MIN_ITEMS, TUNING_START_S, AbShard, AbState, CallCost, Objective, ShardRate,
                               TuningOutcome, WinnerKey, ab_min_items, ab_verdict, break_even_rows, call_cost,
-                              calls_for_meter, check_outcome, keep_winner, objective_for, paid_off_items, pick,
-                              plan_tuning)
+                              calls_for_meter, check_outcome, keep_winner, least_tuning_s, objective_for, paid_off_items,
+                              pick, plan_tuning)
 
 IDLE_W = 125.0  # an H200 with a CUDA context, idle
+LEAST = TUNING_START_S + 3 * (30 * 0.093 + 2.0)  # the least budget for a 93 ms call
 
 
 def test_the_policy_names_the_objective() -> None:
@@ -67,40 +68,55 @@ def test_without_a_counter_energy_ranks_by_time() -> None:
 def test_tuning_runs_only_where_the_rows_left_can_pay_for_it() -> None:
     # 1M rows at 1 ms each: 15 % of 1000 s is 150 s of saving, more than the 120 s asked.
     plan = plan_tuning(budget_s=120, rows_left=1_000_000, baseline_per_row=1e-3, tuning_per_s=1.0,
-                       objective=Objective.TIME)
+                       objective=Objective.TIME, least_s=LEAST)
     assert plan.tune and plan.budget_s == 120
     # 400k rows: 60 s of saving caps the budget at 60 s.
     plan = plan_tuning(budget_s=120, rows_left=400_000, baseline_per_row=1e-3, tuning_per_s=1.0,
-                       objective=Objective.TIME)
+                       objective=Objective.TIME, least_s=LEAST)
     assert plan.tune and plan.budget_s == pytest.approx(60.0) and "capped" in plan.reason
     # An H100's tuned job: 737,280 rows at 5,431 rows/s could save ~20 s, and its tuning run capped at 20 s spent
-    # 28.6 s measuring the reference alone. Below MIN_TUNE_S no run is made, whatever the budget asked.
+    # 28.6 s measuring the reference alone. Below the least that measures a candidate of the model (a 93 ms call:
+    # LEAST) no run is made, whatever the budget asked.
     plan = plan_tuning(budget_s=60, rows_left=737_280, baseline_per_row=1 / 5431, tuning_per_s=1.0,
-                       objective=Objective.TIME)
+                       objective=Objective.TIME, least_s=LEAST)
     assert not plan.tune and "not worth it" in plan.reason
     plan = plan_tuning(budget_s=20, rows_left=10**9, baseline_per_row=1e-3, tuning_per_s=1.0,
-                       objective=Objective.TIME)
-    assert not plan.tune and "a budget of 20 s measures no candidate" in plan.reason
+                       objective=Objective.TIME, least_s=LEAST)
+    assert not plan.tune and "a budget of 20 s measures no candidate (the least that does for this model is 24 s)" in plan.reason
     # 20k rows could save 3 s: less than one round of tuning costs.
     plan = plan_tuning(budget_s=120, rows_left=20_000, baseline_per_row=1e-3, tuning_per_s=1.0,
-                       objective=Objective.TIME)
+                       objective=Objective.TIME, least_s=LEAST)
     assert not plan.tune and plan.budget_s == 0 and "not worth it" in plan.reason
     # Joules: 5 J per row over 1M rows, 15 % of it, at 400 W above idle while tuning: 1875 s worth; budget kept.
     plan = plan_tuning(budget_s=120, rows_left=1_000_000, baseline_per_row=5.0, tuning_per_s=400.0,
-                       objective=Objective.ENERGY)
+                       objective=Objective.ENERGY, least_s=LEAST)
     assert plan.tune and plan.budget_s == 120 and " J " in plan.reason
+
+
+def test_the_least_budget_follows_the_model_s_call() -> None:
+    """A fixed 45 s floor kept a job of a fast model from tuning that a 25 s run would have paid for, and let a slow
+    model's run start that could not measure one candidate. The least budget is a run's start and three
+    measurements (eager, the untuned baseline, one candidate) of the model's own call."""
+    assert least_tuning_s(0.001) == pytest.approx(TUNING_START_S + 3 * (0.03 + 2.0))
+    assert least_tuning_s(0.093) == pytest.approx(LEAST)
+    assert least_tuning_s(4.0) == pytest.approx(TUNING_START_S + 3 * (30 * 4.0 + 4.0))  # a call past the meter's window
+    fast = plan_tuning(budget_s=30, rows_left=2_000_000, baseline_per_row=1e-3, tuning_per_s=1.0,
+                       objective=Objective.TIME, least_s=least_tuning_s(0.005))
+    slow = plan_tuning(budget_s=30, rows_left=2_000_000, baseline_per_row=1e-3, tuning_per_s=1.0,
+                       objective=Objective.TIME, least_s=least_tuning_s(0.5))
+    assert fast.tune and fast.budget_s == 30
+    assert not slow.tune and "a budget of 30 s measures no candidate" in slow.reason
 
 
 def test_a_cached_winner_costs_nothing() -> None:
     plan = plan_tuning(budget_s=120, rows_left=10**9, baseline_per_row=1.0, tuning_per_s=1.0,
-                       objective=Objective.TIME, cached=True)
+                       objective=Objective.TIME, least_s=LEAST, cached=True)
     assert not plan.tune and plan.budget_s == 0 and "cached" in plan.reason
 
 
 def test_break_even_rows() -> None:
     assert break_even_rows(tuning_cost=60.0, baseline_per_row=2e-3, winner_per_row=1e-3) == pytest.approx(60_000)
     assert break_even_rows(60.0, 1e-3, 1e-3) is None
-    assert MIN_TUNE_S > 0
 
 
 def test_the_in_job_ab_goes_back_to_eager_when_the_winner_loses() -> None:

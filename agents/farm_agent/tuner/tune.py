@@ -29,7 +29,7 @@ import torch
 
 from farm.core.speed_of_light import SpeedOfLight, speed_of_light
 from farm.core.tuning import (MAX_CANDIDATES, MAX_TEXT, CallCost, CandidateFigures, Objective, SharedWinner,
-                              TuningOutcome, TuningPlan, call_cost, plan_tuning)
+                              TuningOutcome, TuningPlan, call_cost, least_tuning_s, plan_tuning)
 from farm.core.tuning import pick as pick_winner
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
 from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, FAMILY_BY_NAME, UNTUNED, as_measured, build,
@@ -554,8 +554,9 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
         if rows_left is not None:
             # Both sides in device-seconds: the device draws about as much tuning as running the job, so under
             # `energy` the same comparison holds in joules to within that ratio.
+            per_row = untuned_s_per_row(module, example_batch)
             plan = plan_tuning(budget_s=budget_s, rows_left=rows_left, tuning_per_s=1.0, objective=Objective.TIME,
-                               baseline_per_row=untuned_s_per_row(module, example_batch))
+                               baseline_per_row=per_row, least_s=least_tuning_s(per_row * len(example_batch)))
         print(f"farm tuner: {'tuning' if plan.tune else 'not tuning'}: {plan.reason}", file=sys.stderr)
         why = f"{'tuned' if plan.tune else 'not tuned'}: {plan.reason}"
         if plan.tune:
