@@ -181,3 +181,24 @@ def test_no_round_starts_past_the_deadline() -> None:
     assert len(calls) == 1 and reason == "budget"
     assert {m.name for m in measured} == {"eager", *calls[0]}
     assert set(skipped) == set(NAMES) - {"eager", *calls[0]}
+
+
+def test_an_untried_family_is_expected_to_cost_its_build_and_what_measuring_eager_did() -> None:
+    """A family's prior seconds are its build (3 s for most): measuring a 93 ms call (30 calls and a 2 s energy run)
+    costs more than that on its own. Once eager's measurement has taken its seconds, an untried family is expected to
+    take those too, and one that cannot finish in what is left is not started (its time would be cut, and spent)."""
+    from dataclasses import replace
+
+    from farm_agent.tuner.tune import search
+
+    calls: list[list[str]] = []
+    measure = measured_times(TIMES, calls)
+
+    def slow_eager(cands):  # type: ignore[no-untyped-def]
+        results, _ = measure(cands)
+        timed = [replace(r, seconds=30.0 if r.candidate == "eager" else 1.0) for r in results]
+        return timed, sum(r.seconds for r in timed)
+
+    _, measured, skipped, reason = search(NAMES, np.ones(DIM), Policy(), 40.0, slow_eager, round_size=1, always=())
+    assert len(calls) == 1 and reason == "budget"  # 40 - 31 s left: no untried family fits in 9 s
+    assert len(measured) == 2 and set(skipped) == set(NAMES) - {"eager", *calls[0]}

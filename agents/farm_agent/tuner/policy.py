@@ -65,6 +65,7 @@ class Estimate:
     mean: float  # predicted reward: log speedup over eager
     bonus: float  # alpha · the regression's standard error at this context
     seconds: float  # predicted trial time
+    prior: bool = False  # `seconds` is the family's prior (its build), not the arm's own regression
 
     @property
     def upper(self) -> float:
@@ -95,7 +96,7 @@ class Policy:
         prior_s = PRIOR_TRIAL_S.get(name, PRIOR_OTHER_TRIAL_S)
         # Shrunk toward the prior while the arm has few trials: its regression starts at log(1 s).
         seconds = math.exp(float(a_inv @ arm.b_logcost @ x)) if arm.n >= 3 else prior_s
-        return Estimate(name=name, mean=mean, bonus=bonus, seconds=seconds)
+        return Estimate(name=name, mean=mean, bonus=bonus, seconds=seconds, prior=arm.n < 3)
 
     def rank(self, context: Sequence[float], names: Sequence[str]) -> list[Estimate]:
         """`names` best first by upper confidence bound; ties (an untrained policy) keep the given order."""

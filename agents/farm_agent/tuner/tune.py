@@ -253,6 +253,9 @@ def search(names: Sequence[str], context: Sequence[float], policy: Policy, budge
         in_round = [*(["eager"] if first else []), *batch, *baseline]
         if first:
             eager_ms = by_name["eager"].median_ms
+            if (eager_s := by_name["eager"].seconds) is not None:
+                # A prior is a family's build; checking, timing and metering the model's call costs what eager's did.
+                estimates = {n: replace(e, seconds=e.seconds + eager_s) if e.prior else e for n, e in estimates.items()}
         weights = {n: estimates[n].seconds if n in estimates else PRIOR_OTHER_TRIAL_S for n in [*in_round, "eager"]}
         total = sum(weights.values())
         for name in in_round:
