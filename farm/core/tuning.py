@@ -28,8 +28,9 @@ PRIOR_GAIN = 0.15
 # analysing the model, the idle draw, the evaluator's child: its CUDA context, the model, the reference's FLOPs),
 # then eager, the job's untuned baseline and one candidate, each checked, timed and metered. On an H100 a job's run
 # with a 20 s budget and a 93 ms call spent 28.6 s and 5,226 J measuring the reference alone (2026-12-06, before
-# the rounds shared one child).
-TUNING_START_S = 10.0
+# the rounds shared one child); after, runs of that model spent 8.4 s and 13.4 s outside their candidates (saving,
+# analysis, the idle draw, the evaluator's start), and 5.0-7.2 s measuring each (docs/h100-2026-12-06-d.md).
+TUNING_START_S = 12.0
 # Calls a measurement makes: 3 checked calls and their 3 references, 3 warm-up, 20 timed, 1 more reference
 # (farm_agent.tuner.worker); its energy run lasts METER_STEPS of the meter's steps (NVML's: 100 ms), a call at least.
 CALLS_PER_MEASUREMENT = 30
