@@ -340,7 +340,7 @@ class _Group:
     def run(self, group: list[Candidate], raw: dict[str, dict[str, Any]], deadline: float | None) -> None:
         """Each candidate's raw answer into `raw`, with the seconds its evaluation took (`seconds`); past
         `deadline` (time.monotonic()), none is asked for and one still running is stopped."""
-        for candidate in group:
+        for index, candidate in enumerate(group):
             wait = self.timeout_s
             if deadline is not None:
                 wait = min(self.timeout_s, deadline - time.monotonic())
@@ -360,8 +360,9 @@ class _Group:
                     continue
                 finally:
                     self.start_s += time.perf_counter() - began
-                if not answer.get("ok"):
-                    raw[candidate.name] = _failure(self.problem, candidate, answer.get("error", "setup failed"))
+                if not answer.get("ok"):  # the problem's own setup failed: so it would for every one left
+                    for left in group[index:]:
+                        raw[left.name] = _failure(self.problem, left, answer.get("error", "setup failed"))
                     self.close()
                     return
                 self.info = self.info or answer["info"]
