@@ -99,8 +99,8 @@ def describe_outcome(outcome: TuningOutcome) -> str:
             " (its joules not measured: no energy counter)"
         if spent := [c.seconds for c in outcome.candidates if c.seconds is not None]:
             rest = max(outcome.tuning_s - sum(spent), 0.0)
-            cost += (f", {rest:.1f} s of it outside its candidates (saving and analysing the model, the evaluator's "
-                     "start)")
+            cost += (f", {rest:.1f} s of it outside its candidates (saving and analysing the model, the idle draw, "
+                     "the evaluator's start)")
     measured = ("; its candidates, per call: " + "; ".join(c.describe() for c in outcome.candidates)
                 if outcome.candidates else "")
     return f"{ran} ({outcome.reason or 'no reason given'}){cost}{measured}"

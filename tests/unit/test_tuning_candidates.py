@@ -26,5 +26,5 @@ def test_the_explain_line_says_what_measuring_each_candidate_took_and_what_the_r
     timed = (CandidateFigures("eager", 92.79, 39.6, seconds=5.0), CandidateFigures("channels-last", 80.0, seconds=4.5))
     said = describe_outcome(TuningOutcome(reason="tuned", tuning_s=20.0, tuning_j=5000.0, candidates=timed))
     assert ("the tuning took 20.0 s and 5,000 J above idle, 10.5 s of it outside its candidates (saving and "
-            "analysing the model, the evaluator's start); its candidates, per call: eager 92.79 ms, 39.6 J, "
+            "analysing the model, the idle draw, the evaluator's start); its candidates, per call: eager 92.79 ms, 39.6 J, "
             "5.0 s to measure; channels-last 80.00 ms, 4.5 s to measure") in said
