@@ -50,7 +50,8 @@ def main() -> None:
             wall = time.perf_counter() - began
         print(f"## {args.label} {args.model} batch {args.batch_size}, tolerance {rtol:g}, budget {args.budget:g} s, "
               f"objective {args.objective}: {wall:.1f} s in all, tuning {outcome.tuning_s:.1f} s, "
-              f"{outcome.tuning_j or 0:,.0f} J above idle; winner {outcome.winner or 'untuned'}")
+              f"{'-' if outcome.tuning_j is None else f'{outcome.tuning_j:,.0f}'} J above idle; "
+              f"winner {outcome.winner or 'untuned'}")
         print(f"  {outcome.reason}")
         for figures in outcome.candidates:
             print(f"  {figures.describe()}")
