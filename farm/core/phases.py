@@ -1,5 +1,6 @@
 """Where an inference shard's time went on its node, as it reports it in its figures' metrics (numbers only): before
-its measured window (loading the model, waiting for the first batch, warming the model up on it) and inside it
+its measured window (loading the model, waiting for the first batch, tuning it for the device where the job asks,
+warming the model up on it) and inside it
 (waiting for the next batch to be read and decoded, sending the outputs to the head; the rest is the model's). A job
 that waits on its input is bound by reading, one whose window is the model's by its device: `farm job --explain`
 says which, per device. Pure: the figures are a node's, so they are bounded here, never trusted."""
@@ -21,6 +22,7 @@ class ShardPhases:
     load: float = 0.0  # the model loaded (nothing where this worker already holds it)
     first_batch: float = 0.0  # the shard's first batch awaited (read ahead: often already there)
     warm_up: float = 0.0  # the model run once on each batch shape it has not run yet here (CUDA's, cuDNN's first)
+    tuning: float = 0.0  # of the warm-up's first batch: a tuning run for this device (a job's tune_budget_s)
     input_wait: float = 0.0  # in the window: the next batch awaited (reading and decoding slower than the model)
     output: float = 0.0  # in the window: the outputs handed to the head's upload
 
@@ -52,7 +54,7 @@ class ShardPhases:
 
     @property
     def before(self) -> float:
-        return self.load + self.first_batch + self.warm_up
+        return self.load + self.first_batch + self.warm_up + self.tuning
 
     def __add__(self, other: ShardPhases) -> ShardPhases:
         return ShardPhases(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -64,8 +66,9 @@ def _bounded(value: float | None, most: float) -> float:
 
 def before_text(phases: ShardPhases) -> str:
     """What came before the window, the largest parts named: 'loading the model 0.31 s, first batch 0.90 s,
-    warm-up 1.21 s'."""
-    parts = [("loading the model", phases.load), ("first batch", phases.first_batch), ("warm-up", phases.warm_up)]
+    tuning 33.70 s, warm-up 1.21 s'."""
+    parts = [("loading the model", phases.load), ("first batch", phases.first_batch), ("tuning", phases.tuning),
+             ("warm-up", phases.warm_up)]
     return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in parts if seconds >= 0.005) or "nothing"
 
 

@@ -16,9 +16,9 @@ from tests.unit.test_store import HW, add_job
 
 def test_a_nodes_figures_are_bounded_and_the_windows_parts_fit_the_window() -> None:
     hostile = {"time_load_s": -3.0, "time_first_batch_s": math.nan, "time_warm_up_s": 1e30,
-               "time_input_wait_s": 50.0, "time_output_s": 7.0}
+               "time_input_wait_s": 50.0, "time_output_s": 7.0, "time_tuning_s": math.inf}
     phases = ShardPhases.of(hostile, window=10.0)
-    assert phases == ShardPhases(load=0.0, first_batch=0.0, warm_up=MAX_S, input_wait=10.0, output=0.0)
+    assert phases == ShardPhases(load=0.0, first_batch=0.0, warm_up=MAX_S, input_wait=10.0, output=0.0, tuning=0.0)
     assert ShardPhases.of({"time_input_wait_s": 4.0, "time_output_s": 9.0}, window=10.0) == ShardPhases(
         input_wait=4.0, output=6.0)
     assert ShardPhases.of({"tuning_s": 1.0}, window=10.0) is None  # a kind or a node that reports none

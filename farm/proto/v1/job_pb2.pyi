@@ -93,18 +93,20 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., state: _Optional[str] = ..., node_id: _Optional[str] = ..., node_name: _Optional[str] = ..., backend: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., items: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., attempts: _Optional[int] = ..., energy_j: _Optional[float] = ..., energy_source: _Optional[str] = ..., energy_scope: _Optional[str] = ..., device: _Optional[str] = ..., peak_memory_bytes: _Optional[int] = ..., marginal_j: _Optional[float] = ..., read_route: _Optional[str] = ..., forward: _Optional[str] = ..., time: _Optional[_Union[ShardTime, _Mapping]] = ..., placed_at: _Optional[float] = ..., finished_at: _Optional[float] = ...) -> None: ...
 
 class ShardTime(_message.Message):
-    __slots__ = ("load_s", "first_batch_s", "warm_up_s", "input_wait_s", "output_s")
+    __slots__ = ("load_s", "first_batch_s", "warm_up_s", "input_wait_s", "output_s", "tuning_s")
     LOAD_S_FIELD_NUMBER: _ClassVar[int]
     FIRST_BATCH_S_FIELD_NUMBER: _ClassVar[int]
     WARM_UP_S_FIELD_NUMBER: _ClassVar[int]
     INPUT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_S_FIELD_NUMBER: _ClassVar[int]
+    TUNING_S_FIELD_NUMBER: _ClassVar[int]
     load_s: float
     first_batch_s: float
     warm_up_s: float
     input_wait_s: float
     output_s: float
-    def __init__(self, load_s: _Optional[float] = ..., first_batch_s: _Optional[float] = ..., warm_up_s: _Optional[float] = ..., input_wait_s: _Optional[float] = ..., output_s: _Optional[float] = ...) -> None: ...
+    tuning_s: float
+    def __init__(self, load_s: _Optional[float] = ..., first_batch_s: _Optional[float] = ..., warm_up_s: _Optional[float] = ..., input_wait_s: _Optional[float] = ..., output_s: _Optional[float] = ..., tuning_s: _Optional[float] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "name", "kind", "state", "shards", "output", "error", "created_at", "started_at", "finished_at", "items", "metrics", "explanation", "spec_yaml", "energy_j", "energy_sources", "marginal_j", "run")

@@ -120,10 +120,14 @@ def _run(task: ShardTask, module: torch.nn.Module, backend: Backend, stream: Ite
         sent += ended - clock
         waited += clock - ready  # the reader's end, after the last batch
         seconds = ended - began
-    phases = ShardPhases(load=loaded, first_batch=came - asked, warm_up=warmed, input_wait=waited, output=sent)
     # The forward the shard's full batches ran and what its tuning cost (a backend with a tuner says: cuda's), taken
     # even by the A/B's eager side, whose shard ran none: the next shard reports only its own.
     outcome = getattr(backend, "take_outcome", lambda m, d: None)(module, task.device)
+    # A tuning run made on the warm-up's batch is its own phase (one made later, on a full batch in the window, stays
+    # in the model's share there).
+    tuned = outcome.tuning_s if outcome is not None and outcome.tuning_s <= warmed else 0.0
+    phases = ShardPhases(load=loaded, first_batch=came - asked, warm_up=warmed - tuned, tuning=tuned,
+                         input_wait=waited, output=sent)
     outcome = None if task.tuning.eager else outcome
     result = replace(_result(task, rows, seconds, correct, None if later else window.energy), tuning=outcome,
                      phases=phases)
