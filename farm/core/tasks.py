@@ -42,6 +42,9 @@ class Tuning:
     # nothing (the eager side, or a job whose winner lost in its own shards).
     eager: bool = False
     shared: tuple[SharedWinner, ...] = ()  # winners other nodes found for this job's model: a fitting one is run
+    # The device's idle draw as its agent read it on its energy counter: the job's energy is above it, and so a
+    # tuning run's candidates' joules are (None: the tuning run reads it, 2 s of its budget).
+    idle_w: float | None = None
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
+from farm.core.energy import EnergySource
 from farm.core.models import Shard, ShardState
 from farm.core.spec import InferenceSpec, parse_spec
 from farm.core.tasks import Tuning
@@ -34,7 +36,16 @@ def shard_tuning(store: Store, job: Job, spec: InferenceSpec, node_id: str, devi
     verdict = ab_verdict(ab_shards(job, node_id, device), base.objective, ab_min_items(job.items))
     if not verdict.runs_winner:
         return replace(base, eager=True)
-    return replace(base, shared=tuple(store.winners_for(job.model_key, base.atol, base.rtol, base.objective)))
+    return replace(base, shared=tuple(store.winners_for(job.model_key, base.atol, base.rtol, base.objective)),
+                   idle_w=counter_idle_w(store, node_id, device))
+
+
+def counter_idle_w(store: Store, node_id: str, device: str) -> float | None:
+    """The device's idle draw its agent read on its energy counter (the one a tuning run reads joules on), if it
+    read one there."""
+    offers = [o for node in store.nodes(node_id) for o in node.backends if o.device == device]
+    idle = next((o.idle_w for o in offers if o.idle_source == EnergySource.COUNTER.value), None)
+    return idle if idle is not None and math.isfinite(idle) and idle >= 0 else None
 
 
 def ab_shards(job: Job, node_id: str, device: str, before: int | None = None) -> list[AbShard]:

@@ -28,7 +28,7 @@ from farm.scheduler.types import Assignment
 
 HW = Hardware(hostname="box", os="linux", arch="x86_64", cpu_model="cpu", cpu_cores=4, memory_bytes=2**33)
 NODE = Node(id="n-1", name="gpu-box", state=NodeState.READY, hardware=HW,
-            backends=(BackendOffer(name=BackendName.CUDA, device="cuda:0"),))
+            backends=(BackendOffer(name=BackendName.CUDA, device="cuda:0", idle_w=100.0, idle_source="counter"),))
 SPEC = "name: tuned\nmodel: m:build\ndataset: d:rows\nshards: 8\ntune_budget_s: 60\nbackends: [cuda]\n"
 SHAPES = ("float32[16, 8]",)
 
@@ -149,3 +149,18 @@ def test_a_shared_winner_that_names_no_known_family_is_refused_by_the_node(tmp_p
     assert shared_winner(key, [SharedWinner(wk, "triton-fused", (("precision", "ieee"),))]) is not None
     assert shared_winner(key, [SharedWinner(wk, "no-such-family")]) is None
     assert shared_winner(key, [SharedWinner(wk, "triton-fused", (("precision", "fp16"),))]) is None  # not its own
+
+
+def test_a_tuning_shard_carries_its_device_s_idle_draw_as_its_agent_read_it_on_the_counter(tmp_path: Path) -> None:
+    """A tuning run read the device's idle draw itself (2 s of a 34 s budget on an H100), and its candidates' joules
+    were above that reading, not the one the job's energy is above. The head hands it the agent's counter reading;
+    a reading on another meter (a model estimate) is not the counter's, and is not handed."""
+    head = Head(tmp_path)
+    head.submit("j-1", "model-a")
+    assert head.task("j-1", 0).tuning.eager and head.task("j-1", 0).tuning.idle_w is None  # the A/B's eager side
+    head.shard("j-1", 0, 1.0, 300.0)  # 1,000 eager items, of the 800 an 8,000-item job's A/B needs
+    tuning = head.task("j-1", 1).tuning
+    assert not tuning.eager and tuning.idle_w == 100.0
+    estimated = BackendOffer(name=BackendName.CUDA, device="cuda:0", idle_w=0.0, idle_source="model_estimate")
+    head.store.upsert_node("n-1", "gpu-box", HW, [estimated], "127.0.0.1", "h1")
+    assert head.task("j-1", 1).tuning.idle_w is None

@@ -74,7 +74,8 @@ def _tuned_forward(module: torch.nn.Module, example: torch.Tensor, tuning: Tunin
     if key not in built:
         built[key] = tuned_forward(module, example.to(device), tolerance, device,
                                    tune_first=tuning.budget_s is not None, budget_s=tuning.budget_s or 0.0,
-                                   objective=tuning.objective, rows_left=tuning.rows_left, shared=tuning.shared)
+                                   objective=tuning.objective, rows_left=tuning.rows_left, shared=tuning.shared,
+                                   idle_w=tuning.idle_w)
     _last.setdefault(module, {})[device] = key
     return built[key][0]
 

@@ -396,7 +396,7 @@ def get_init_inputs():
 def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
                 device: str = "cuda", budget_s: float = 120.0, cache: WinnerCache | None = None,
                 policy: Policy | None = None, objective: Objective = Objective.TIME,
-                deadline: float | None = None) -> TuneReport:
+                deadline: float | None = None, idle_w: float | None = None) -> TuneReport:
     """Tune a job's model for batches shaped like `example_batch`: the model is saved whole and wrapped in a
     problem file, so that the evaluator measures it in its own process like any problem; the winner is cached
     under the job's model itself."""
@@ -414,7 +414,7 @@ def tune_module(module: torch.nn.Module, example_batch: torch.Tensor, tolerance:
             sys_path=[p for p in sys.path if p], model_file=str(model_file), shape=list(example_batch.shape),
             dtype=str(example_batch.dtype).removeprefix("torch."), low=low, high=high))
         return tune(problem, budget_s=budget_s, atol=atol, rtol=rtol, device=device, cache=cache, cache_key=key,
-                    policy=policy, objective=objective, deadline=deadline, report_baselines=False)
+                    policy=policy, objective=objective, deadline=deadline, report_baselines=False, idle_w=idle_w)
 
 
 def save_whole(module: torch.nn.Module, path: Path) -> None:
@@ -495,20 +495,21 @@ def disagreement(forward: Callable[..., Any], module: torch.nn.Module, batch: to
 
 @torch.inference_mode(False)  # a shard runs in it: the run's analysis (features, candidates) sees what a script sees
 def _tuning_run(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float], device: str,
-                budget_s: float, cache: WinnerCache, objective: Objective
+                budget_s: float, cache: WinnerCache, objective: Objective, idle_w: float | None = None
                 ) -> tuple[float, float | None, TuneReport]:
     """A tuning run now: its seconds, its joules above the device's idle draw where a counter read them, and its
-    report. The budget holds from here: saving the model and reading the idle draw count against it."""
+    report. The budget holds from here: saving the model and reading the idle draw (unless `idle_w` gives the
+    agent's reading, which the job's energy is above) count against it."""
     meter = open_meter(torch.device(device)) if torch.device(device).type == "cuda" else None
     began = time.perf_counter()
     deadline = time.monotonic() + budget_s
     if meter is None:
         report = tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective,
-                             deadline=deadline)
+                             deadline=deadline, idle_w=idle_w)
         return time.perf_counter() - began, None, report
     with meter.window() as window:
         report = tune_module(module, example_batch, tolerance, device, budget_s, cache, objective=objective,
-                             deadline=deadline)
+                             deadline=deadline, idle_w=idle_w)
     seconds, energy = time.perf_counter() - began, window.energy
     if energy is None:
         return seconds, None, report
@@ -533,12 +534,14 @@ def candidate_figures(report: TuneReport) -> tuple[CandidateFigures, ...]:
 def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, tolerance: tuple[float, float] = STRICT,
                   device: str = "cuda", cache: WinnerCache | None = None, tune_first: bool = False,
                   budget_s: float = 120.0, objective: Objective = Objective.TIME, rows_left: int | None = None,
-                  shared: Sequence[SharedWinner] = ()) -> tuple[Callable[..., Any], TuningOutcome]:
+                  shared: Sequence[SharedWinner] = (), idle_w: float | None = None
+                  ) -> tuple[Callable[..., Any], TuningOutcome]:
     """`module` as the tuner's winner runs it, for this GPU, model, batch shape, tolerance and objective, and what
     was run and why (reported with the shard, farm.core.tuning.TuningOutcome). The winner is this node's cached
     one, else one the farm shares (`shared`), else, with `tune_first`, the winner of a tuning run made now if it can
     pay for itself over `rows_left` (farm.core.tuning.plan_tuning; None: no cap but the budget). Untuned, the model
-    runs at PyTorch's defaults (untuned_precision); a winner at the precision it was measured at (as_measured)."""
+    runs at PyTorch's defaults (untuned_precision); a winner at the precision it was measured at (as_measured).
+    `idle_w`: the device's idle draw as its agent read it (farm.core.tasks.Tuning.idle_w)."""
     atol, rtol = tolerance
     cache = cache or WinnerCache()
     key = make_key(module, [example_batch], atol, rtol, device, objective)
@@ -566,7 +569,7 @@ def tuned_forward(module: torch.nn.Module, example_batch: torch.Tensor, toleranc
             began = time.perf_counter()
             try:
                 seconds, joules, report = _tuning_run(module, example_batch, tolerance, device, plan.budget_s,
-                                                      cache, objective)
+                                                      cache, objective, idle_w)
                 cost = (seconds, joules)
                 figures = candidate_figures(report)
                 winner = cache.get(key)
