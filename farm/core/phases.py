@@ -1,7 +1,7 @@
 """Where an inference shard's time went on its node, as it reports it in its figures' metrics (numbers only): before
 its measured window (loading the model, waiting for the first batch, tuning it for the device where the job asks,
-warming the model up on it) and inside it
-(waiting for the next batch to be read and decoded, sending the outputs to the head; the rest is the model's). A job
+warming the model up on it) and inside it (waiting for the next batch to be read and decoded, sending the outputs
+to the head; the rest is the model's). A job
 that waits on its input is bound by reading, one whose window is the model's by its device: `farm job --explain`
 says which, per device. Pure: the figures are a node's, so they are bounded here, never trusted."""
 
@@ -22,7 +22,7 @@ class ShardPhases:
     load: float = 0.0  # the model loaded (nothing where this worker already holds it)
     first_batch: float = 0.0  # the shard's first batch awaited (read ahead: often already there)
     warm_up: float = 0.0  # the model run once on each batch shape it has not run yet here (CUDA's, cuDNN's first)
-    tuning: float = 0.0  # of the warm-up's first batch: a tuning run for this device (a job's tune_budget_s)
+    tuning: float = 0.0  # a tuning run for this device on the warm-up batch (a job's tune_budget_s), not in warm_up
     input_wait: float = 0.0  # in the window: the next batch awaited (reading and decoding slower than the model)
     output: float = 0.0  # in the window: the outputs handed to the head's upload
 
