@@ -1,9 +1,9 @@
 """Where an inference shard's time went on its node, as it reports it in its figures' metrics (numbers only): before
 its measured window (loading the model, waiting for the first batch, tuning it for the device where the job asks,
 warming the model up on it) and inside it (waiting for the next batch to be read and decoded, sending the outputs
-to the head; the rest is the model's). A job
-that waits on its input is bound by reading, one whose window is the model's by its device: `farm job --explain`
-says which, per device. Pure: the figures are a node's, so they are bounded here, never trusted."""
+to the head; the rest is the model's). A job that waits on its input is bound by reading, one whose window is the
+model's by its device: `farm job --explain` says which, per device. Pure: the figures are a node's, so they are
+bounded here, never trusted."""
 
 from __future__ import annotations
 
