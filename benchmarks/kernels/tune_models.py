@@ -4,7 +4,7 @@ under `time` (the throughput policy's), each against the baseline the job would 
 gain over that baseline and over torch.compile's default.
 
     python benchmarks/kernels/tune_models.py [--budget-s 90] [--rtol 1e-4] [--only NAME ...] [--families ...]
-        [--out models.json]
+        [--time-limit-s S] [--out models.json]
 
 GPU only (the energy figures come from NVML's counter: ~2 s of back-to-back calls per candidate). The rtol decides
 the baseline: strict fp32 eager below 1e-3, PyTorch's defaults (cuDNN TF32) from 1e-3.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -27,7 +28,8 @@ from farm_agent.tuner.problem import problem_paths  # noqa: E402
 from farm_agent.tuner.tune import TuneReport, choose, summarize, tune  # noqa: E402
 
 FAMILIES = ("compile-default", "cuda-graph", "compile-reduce-overhead", "channels-last", "compile-max-autotune",
-            "triton-fused", "tf32", "compile-tf32", "autocast-bf16", "autocast-fp16")
+            "triton-fused", "triton-templates-3xtf32", "triton-templates-3xtf32-graph",
+            "triton-templates-3xtf32-compile-graph", "tf32", "compile-tf32", "autocast-bf16", "autocast-fp16")
 
 
 def rows(report: TuneReport) -> list[dict[str, object]]:
@@ -48,6 +50,10 @@ def rows(report: TuneReport) -> list[dict[str, object]]:
                     "j": won.joules_per_call if won else None, "base_ms": base.median_ms if base else None,
                     "base_j": base.joules_per_call if base else None, "vs_base": ratio(base),
                     "vs_compile": ratio(compiled)})
+    # Every candidate measured, for the record (the rows above are only each objective's winner).
+    out[0]["trials"] = [{"candidate": t.candidate, "ms": t.median_ms, "j": t.joules_per_call, "correct": t.correct,
+                         "correct_strict": t.correct_strict, "seconds": round(t.seconds, 1),
+                         "error": (t.error or "")[:300] or None} for t in report.trials]
     return out
 
 
@@ -87,19 +93,27 @@ def main() -> None:
     parser.add_argument("--rtol", type=float, default=1e-4)
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES))
+    parser.add_argument("--time-limit-s", type=float, default=None, help="start no model after this many seconds")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    started = time.monotonic()
     policy = Policy()
     lines: list[dict[str, object]] = []
     reports: list[TuneReport] = []
     for path in problem_paths(MODELS):
         if args.only and path.stem not in args.only:
             continue
+        if args.time_limit_s is not None and time.monotonic() - started > args.time_limit_s:
+            print(f"time limit: {path.stem} and the models after it not run", flush=True)
+            break
         report = tune(path, budget_s=args.budget_s, atol=args.rtol, rtol=args.rtol, policy=policy,
                       candidates=args.families, objective=Objective.ENERGY, runs=10, candidate_timeout_s=120.0)
         lines += rows(report)
         reports.append(report)
         print(table(lines[-2:]).split("\n", 1)[1], flush=True)
+        for t in lines[-2]["trials"]:  # type: ignore[union-attr]
+            print(f"    {t['candidate']:<38} {t['ms'] or 0:8.3f} ms {t['j'] or 0:8.3f} J {t['seconds']:6.1f} s"
+                  f"{'' if t['correct'] else '  wrong/failed: ' + str(t['error'])[:150]}", flush=True)
         if args.out:
             args.out.write_text(json.dumps(lines, indent=1))
     print("\n" + table(lines) + "\n\n" + goals(reports))

@@ -61,7 +61,8 @@ def test_precision_is_lowered_only_when_the_tolerance_allows_and_is_marked() -> 
     assert [c.name for c in strict if c.lowers_precision] == ["pytorch-defaults"]
     assert [c.name for c in strict] == ["eager", "pytorch-defaults", "compile-default", "compile-max-autotune",
                                         "compile-reduce-overhead", "cuda-graph", "triton-fused", "triton-templates",
-                                        "triton-templates-3xtf32", "triton-templates-compile"]
+                                        "triton-templates-3xtf32", "triton-templates-3xtf32-graph",
+                                        "triton-templates-3xtf32-compile-graph", "triton-templates-compile"]
     tf32_only = names(model, inputs, 1e-3, "cuda")
     assert "tf32" in tf32_only and "autocast-fp16" not in tf32_only
     loose = candidates_for(model, inputs, 1e-2, "cuda")
@@ -146,7 +147,8 @@ def test_the_cuda_graph_families_refuse_what_one_static_graph_cannot_hold_with_a
     assert graph_capture_refusal(Block().eval(), x) is None
     assert "host sync" in (graph_capture_refusal(HostSync(), x) or "")
     assert "data-dependent shape" in (graph_capture_refusal(DataShaped(), x) or "")
-    for family in ("cuda-graph", "compile-reduce-overhead"):  # refused before anything touches CUDA
+    for family in ("cuda-graph", "compile-reduce-overhead", "triton-templates-3xtf32-graph",
+                   "triton-templates-3xtf32-compile-graph"):  # refused before anything touches CUDA
         with pytest.raises(ValueError, match="not capturable as a static CUDA graph: a host sync"):
             build(family, HostSync(), x, {})
 

@@ -65,6 +65,13 @@ FAMILIES: tuple[Family, ...] = (
     Family("triton-fused", needs_cuda=True, needs_triton_match=True, params=(("precision", "ieee"),)),
     Family("triton-templates", needs_cuda=True, needs_template="any", params=(("precision", "ieee"),)),
     Family("triton-templates-3xtf32", needs_cuda=True, needs_template="dot", params=(("precision", "tf32x3"),)),
+    # Whole models: the templates' regions with the rest of the forward left to eager or to Inductor, the lot
+    # captured as one CUDA graph, which removes the launches between them (each refuses a model one static graph
+    # cannot hold, as cuda-graph does).
+    Family("triton-templates-3xtf32-graph", needs_cuda=True, needs_template="dot",
+           params=(("precision", "tf32x3"),)),
+    Family("triton-templates-3xtf32-compile-graph", needs_cuda=True, needs_template="dot",
+           params=(("precision", "tf32x3"),)),
     Family("triton-templates-compile", needs_cuda=True, needs_template="any", params=(("precision", "ieee"),)),
     Family("tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
     Family("compile-tf32", needs_cuda=True, lowers_precision=True, min_rtol=TF32_MIN_RTOL, needs_gemm=True),
@@ -85,7 +92,8 @@ BASELINES = ("eager", "compile-default")  # always measured: every speedup is re
 # What the job runs when no candidate beats it (farm_agent.tuner.tune.baseline_for): run untuned, not built.
 UNTUNED = frozenset({"eager", "pytorch-defaults"})
 # Families whose fp32 result comes from split-TF32 products (see the module's docstring): marked in tables.
-EMULATED_FP32 = frozenset({"triton-templates-3xtf32"})
+EMULATED_FP32 = frozenset({"triton-templates-3xtf32", "triton-templates-3xtf32-graph",
+                           "triton-templates-3xtf32-compile-graph"})
 
 
 def has_convolution(model: nn.Module) -> bool:
@@ -247,7 +255,7 @@ class _Graphed:
     replay, so each call returns a copy of it.
     """
 
-    def __init__(self, model: nn.Module, example_inputs: Sequence[Any]) -> None:
+    def __init__(self, model: Built, example_inputs: Sequence[Any]) -> None:
         self.model = model
         self.static_inputs = [x.clone() if isinstance(x, torch.Tensor) else x for x in example_inputs]
         side = torch.cuda.Stream()
@@ -312,11 +320,14 @@ def graph_capture_refusal(model: nn.Module, example_inputs: Sequence[Any]) -> st
     return None if shapes[0] == shapes[1] else "not capturable as a static CUDA graph: output shapes follow the data"
 
 
-def _graphed_fp32(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
+def _graphed_fp32(model: nn.Module, example_inputs: Sequence[Any],
+                  transform: Callable[[nn.Module], Built] | None = None) -> Built:
+    """`model`, or `transform(model)`, captured as one CUDA graph; refused where `model` cannot be one (the check
+    runs the user's model: the transforms here compute the same ops, and a compiled one must not be traced by it)."""
     if (refusal := graph_capture_refusal(model, example_inputs)) is not None:
         raise ValueError(refusal)
-    with _tf32(False):  # the graph keeps the kernels chosen while capturing: choose fp32 ones
-        return _Graphed(model, example_inputs)
+    with _tf32(False):  # the graph keeps the kernels chosen while capturing (and Inductor's): choose fp32 ones
+        return _Graphed(transform(model) if transform is not None else model, example_inputs)
 
 
 def _reduce_overhead(model: nn.Module, example_inputs: Sequence[Any]) -> Built:
@@ -388,6 +399,10 @@ def build(transform: str, model: nn.Module, example_inputs: list[Any], params: d
         "triton-fused-fp16": lambda: _triton_fused(model, "fp16"),
         "triton-templates": lambda: _with_fp32(_templates(model, example_inputs, "ieee")),
         "triton-templates-3xtf32": lambda: _with_fp32(_templates(model, example_inputs, "tf32x3")),
+        "triton-templates-3xtf32-graph": lambda: _graphed_fp32(
+            model, example_inputs, lambda m: _templates(m, example_inputs, "tf32x3")),
+        "triton-templates-3xtf32-compile-graph": lambda: _graphed_fp32(
+            model, example_inputs, lambda m: torch.compile(_templates(m, example_inputs, "tf32x3"))),
         # The rest of the model to Inductor; each region is a graph break (TemplateRegion.forward).
         "triton-templates-compile": lambda: _with_fp32(torch.compile(_templates(model, example_inputs, "ieee"))),
         "triton-templates-tf32": lambda: _with_tf32(_templates(model, example_inputs, "tf32")),

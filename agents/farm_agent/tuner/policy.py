@@ -31,7 +31,7 @@ STATE_VERSION = 1
 # Before an arm has data: seconds a trial is expected to take (torch.compile builds; max-autotune benchmarks GEMM
 # configurations). Used only for the budget, until the arm's own cost regression takes over.
 PRIOR_TRIAL_S = {"compile-default": 20.0, "compile-max-autotune": 90.0, "compile-reduce-overhead": 25.0,
-                 "compile-tf32": 20.0, "compile-autocast-fp16": 25.0}
+                 "compile-tf32": 20.0, "compile-autocast-fp16": 25.0, "triton-templates-3xtf32-compile-graph": 25.0}
 PRIOR_OTHER_TRIAL_S = 3.0
 
 

@@ -11,7 +11,9 @@ x.mean(...)), written anywhere in the forward: the graph is what is matched, not
 stays as it was, for eager or Inductor to run.
 
 Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
-against the region's output. A model fx cannot trace as a whole has its children matched one by one.
+against the region's output. A model fx cannot trace as a whole has its children matched one by one. PyTorch's
+composite modules (nn.TransformerEncoder ...), which fx keeps as leaves, are first written out as their ops
+(templates.expand).
 
 Each kind of region (its TemplateRegion and its anchor finder) is a module of templates.regions, tried in the order
 of regions.FINDERS; this module holds what they share: the walk, the elementwise chains, the rewrite and the tracing.
@@ -38,6 +40,7 @@ from torch.fx.experimental.meta_tracer import gen_constructor_wrapper
 from torch.fx.passes.shape_prop import ShapeProp
 
 from farm_agent.tuner.templates.epilogue import Step
+from farm_agent.tuner.templates.expand import expand
 from farm_agent.tuner.templates.regions import FINDERS
 from farm_agent.tuner.templates.regions.attention import AttentionRegion
 from farm_agent.tuner.templates.regions.base import Anchor, TemplateRegion, dtype_of, shape_of
@@ -339,6 +342,7 @@ def rewrite(model: nn.Module, example_inputs: Sequence[Any], precision: str = "i
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}")
     model = copy.deepcopy(model).eval()
+    expand(model)
     try:
         return _rewrite_traced(model, example_inputs, precision)
     except (fx.proxy.TraceError, TypeError, NotImplementedError, RuntimeError, AttributeError):
