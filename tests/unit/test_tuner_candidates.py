@@ -169,3 +169,18 @@ def test_an_untuned_job_runs_pytorch_s_defaults_whatever_its_tolerance() -> None
     Untuned(Probe())(torch.zeros(1))
     assert seen == [(True, "highest")] and torch.backends.cudnn.allow_tf32 is False  # restored after
     torch.backends.cudnn.allow_tf32 = True
+
+
+def test_where_the_tolerance_allows_tf32_an_untrained_search_tries_the_lowered_families_first() -> None:
+    from farm_agent.tuner.candidates import untried_order
+
+    model, inputs = Block().eval(), [torch.randn(4, 16)]
+    strict = names(model, inputs, 1e-4, "cuda")
+    assert untried_order(strict, 1e-4) == strict  # nothing lowered to try: FAMILIES order
+    loose = names(model, inputs, 1e-2, "cuda")
+    ordered = untried_order(loose, 1e-2)
+    lowered = ["tf32", "compile-tf32", "triton-fused-tf32", "triton-templates-tf32", "autocast-bf16",
+               "autocast-fp16", "compile-autocast-fp16", "triton-fused-fp16"]
+    assert ordered[:len(lowered)] == lowered  # in FAMILIES order among themselves
+    assert ordered.index("pytorch-defaults") > len(lowered)  # the baseline is measured anyway, not tried as a rival
+    assert sorted(ordered) == sorted(loose)

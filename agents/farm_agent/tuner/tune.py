@@ -33,7 +33,7 @@ from farm.core.tuning import (MAX_CANDIDATES, MAX_TEXT, CallCost, CandidateFigur
 from farm.core.tuning import pick as pick_winner
 from farm_agent.tuner.cache import CacheKey, Winner, WinnerCache, make_key
 from farm_agent.tuner.candidates import (BASELINES, EMULATED_FP32, FAMILY_BY_NAME, UNTUNED, as_measured, build,
-                                         candidate, candidates_for, Untuned, untuned_precision)
+                                         candidate, candidates_for, Untuned, untried_order, untuned_precision)
 from farm_agent.tuner.energy import idle_watts, open_meter
 from farm_agent.tuner.evaluator import OUT_OF_BUDGET, Candidate, Evaluation, Result
 from farm_agent.tuner.features import model_features
@@ -313,7 +313,7 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     context = features.vector()
     owns_policy = policy is None
     policy = policy if policy is not None else Policy.load(policy_path)
-    names = [c.name for c in candidates_for(model, inputs, rtol, device)]
+    names = untried_order([c.name for c in candidates_for(model, inputs, rtol, device)], rtol)
     baseline = baseline_for(names)
     if candidates is not None:
         names = [n for n in names if n in candidates or n in BASELINES or n == baseline]
