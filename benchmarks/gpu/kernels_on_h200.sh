@@ -1,6 +1,6 @@
 #!/bin/bash
 # The kernel optimizer on the lent H200, in one command of about 9 minutes (no Ray, no head: the optimizer on the
-# bare GPU; the image's Python 3.12, torch and Triton, nothing installed):
+# bare GPU; the image's Python 3.12, torch and Triton, and pydantic from .whl/pyd):
 #   1. benchmarks/kernels/template_check.py inside tune_h200.py: every problem's template regions compiled and
 #      checked against eager in 12 processes (failures recorded, never fatal), warming Triton's and Inductor's caches;
 #   2. benchmarks/kernels/tune_h200.py: every problem (template-covered ones first) measured by the hardened
@@ -15,7 +15,10 @@
 # energy ones as strict-energy.txt and so on).
 # Run from the repository root:  bash benchmarks/gpu/kernels_on_h200.sh
 OUT=${OUT:-/tmp/kernels-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 COLUMNS=220 PYTHONPATH=$PWD:$PWD/agents FARM_STATE_DIR=/tmp/farm-kernels-state
+export PYTHONUNBUFFERED=1 COLUMNS=220 PYTHONPATH=$PWD:$PWD/agents:/tmp/site FARM_STATE_DIR=/tmp/farm-kernels-state
+# farm.core needs pydantic, which the image lacks: its wheels carried as .whl/pyd (see models_h200.sh)
+python3 -c "import pydantic" 2>/dev/null || pip install -q --no-index --no-deps --target /tmp/site .whl/pyd/*.whl \
+  || { echo "pydantic: install failed"; exit 3; }
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1
