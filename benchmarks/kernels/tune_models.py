@@ -5,6 +5,7 @@ gain over that baseline and over torch.compile's default.
 
     python benchmarks/kernels/tune_models.py [--budget-s 90] [--rtol 1e-4] [--only NAME ...] [--families ...]
         [--time-limit-s S] [--out models.json]
+    python benchmarks/kernels/tune_models.py --merge a.json b.json    # one suite's tables from runs in parts
 
 GPU only (the energy figures come from NVML's counter: ~2 s of back-to-back calls per candidate). The rtol decides
 the baseline: strict fp32 eager below 1e-3, PyTorch's defaults (cuDNN TF32) from 1e-3.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 from farm.core.tuning import Objective  # noqa: E402
 from farm_agent.tuner.policy import Policy  # noqa: E402
 from farm_agent.tuner.problem import problem_paths  # noqa: E402
-from farm_agent.tuner.tune import TuneReport, choose, summarize, tune  # noqa: E402
+from farm_agent.tuner.tune import Trial, TuneReport, choose, summarize, tune  # noqa: E402
 
 FAMILIES = ("compile-default", "cuda-graph", "compile-reduce-overhead", "channels-last", "compile-max-autotune",
             "triton-fused", "triton-templates-3xtf32", "triton-templates-3xtf32-graph",
@@ -87,6 +89,15 @@ def goals(reports: list[TuneReport]) -> str:
     return "\n".join(out)
 
 
+def load_reports(path: Path) -> list[TuneReport]:
+    """The reports an --out file holds (the rows are made again from them)."""
+    reports = []
+    for data in json.loads(path.read_text())["reports"]:
+        trials = [Trial(**t) for t in data.pop("trials")]
+        reports.append(TuneReport(**{**data, "trials": trials, "objective": Objective(data["objective"])}))
+    return reports
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=90.0)
@@ -95,7 +106,12 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES))
     parser.add_argument("--time-limit-s", type=float, default=None, help="start no model after this many seconds")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--merge", nargs="+", type=Path, default=None, help="--out files: their tables, together")
     args = parser.parse_args()
+    if args.merge:
+        merged = [report for path in args.merge for report in load_reports(path)]
+        print(table([line for report in merged for line in rows(report)]) + "\n\n" + goals(merged))
+        return
     started = time.monotonic()
     policy = Policy()
     lines: list[dict[str, object]] = []
@@ -114,8 +130,9 @@ def main() -> None:
         for t in lines[-2]["trials"]:  # type: ignore[union-attr]
             print(f"    {t['candidate']:<38} {t['ms'] or 0:8.3f} ms {t['j'] or 0:8.3f} J {t['seconds']:6.1f} s"
                   f"{'' if t['correct'] else '  wrong/failed: ' + str(t['error'])[:150]}", flush=True)
-        if args.out:
-            args.out.write_text(json.dumps(lines, indent=1))
+        if args.out:  # after every model: a call cut short keeps what it measured
+            args.out.write_text(json.dumps({"rows": lines, "reports": [asdict(r) for r in reports]}, indent=1,
+                                           default=str))
     print("\n" + table(lines) + "\n\n" + goals(reports))
 
 
