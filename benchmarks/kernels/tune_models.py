@@ -6,6 +6,7 @@ gain over that baseline and over torch.compile's default.
     python benchmarks/kernels/tune_models.py [--budget-s 90] [--rtol 1e-4] [--only NAME ...] [--families ...]
         [--time-limit-s S] [--out models.json]
     python benchmarks/kernels/tune_models.py --merge a.json b.json    # one suite's tables from runs in parts
+                                                                      # (a model in both: b's run)
 
 GPU only (the energy figures come from NVML's counter: ~2 s of back-to-back calls per candidate). The rtol decides
 the baseline: strict fp32 eager below 1e-3, PyTorch's defaults (cuDNN TF32) from 1e-3.
@@ -109,7 +110,8 @@ def main() -> None:
     parser.add_argument("--merge", nargs="+", type=Path, default=None, help="--out files: their tables, together")
     args = parser.parse_args()
     if args.merge:
-        merged = [report for path in args.merge for report in load_reports(path)]
+        # A later file's run of a model replaces an earlier one's (a re-run with more budget, say).
+        merged = list({r.problem: r for path in args.merge for r in load_reports(path)}.values())
         print(table([line for report in merged for line in rows(report)]) + "\n\n" + goals(merged))
         return
     started = time.monotonic()
