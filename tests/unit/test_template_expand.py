@@ -78,3 +78,29 @@ def test_the_matcher_reaches_inside_a_transformer_encoder() -> None:
         assert counts["attention"] == 2 and counts["gemm"] >= 7 and counts["rows"] >= 4, counts
         torch.testing.assert_close(rewritten(x), expected, rtol=1e-5, atol=1e-5)
     assert isinstance(model.body, nn.TransformerEncoder)  # the caller's model is left as it was
+
+
+class SelfAttending(nn.Module):
+    def __init__(self, batch_first: bool) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 2, batch_first=batch_first)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.attn(x, x, x, need_weights=False)
+        return out + x
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_a_multihead_self_attention_is_written_out_and_other_calls_stay_pytorch_s(batch_first: bool) -> None:
+    torch.manual_seed(0)
+    model, x, y = SelfAttending(batch_first).eval(), torch.randn(3, 8, 32), torch.randn(3, 8, 32)
+    with torch.no_grad():
+        expected = model(x)
+        weights_expected = model.attn(x, y, y)  # cross-attention, with its weights: not covered
+        rewritten, counts = rewrite(model, [x], "tf32x3")
+        assert counts["attention"] == 1 and counts["gemm"] >= 2, counts
+        torch.testing.assert_close(rewritten(x), expected, rtol=1e-5, atol=1e-5)
+        expand(model)
+        out, weights = model.attn(x, y, y)
+        torch.testing.assert_close(out, weights_expected[0])
+        torch.testing.assert_close(weights, weights_expected[1])

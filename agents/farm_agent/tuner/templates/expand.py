@@ -46,6 +46,30 @@ def self_attention(mha: nn.MultiheadAttention) -> SelfAttention | None:
     return SelfAttention(mha)
 
 
+class MultiheadAttention(nn.Module):
+    """nn.MultiheadAttention called as self-attention, mha(x, x, x, need_weights=False), without masks: written
+    out; any other call (cross-attention, masks, the attention weights asked for) runs the original."""
+
+    def __init__(self, mha: nn.MultiheadAttention, attention: SelfAttention) -> None:
+        super().__init__()
+        self.original, self.attention = mha, attention
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if query is key and key is value and key_padding_mask is None and not need_weights and attn_mask is None \
+                and not is_causal:
+            return self.attention(query), None
+        return self.original(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                             attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+
+
+def multihead_attention(mha: nn.MultiheadAttention) -> MultiheadAttention | None:
+    attention = self_attention(mha)
+    return MultiheadAttention(mha, attention) if attention is not None else None
+
+
 class EncoderLayer(nn.Module):
     """nn.TransformerEncoderLayer in eval mode (its dropouts are the identity), pre- or post-norm."""
 
@@ -101,6 +125,7 @@ def encoder(module: nn.TransformerEncoder) -> Encoder | None:
 EXPANDERS: dict[type[nn.Module], Callable[[nn.Module], nn.Module | None]] = {
     nn.TransformerEncoder: encoder,  # type: ignore[dict-item]  # each expander takes its own type
     nn.TransformerEncoderLayer: encoder_layer,  # type: ignore[dict-item]
+    nn.MultiheadAttention: multihead_attention,  # type: ignore[dict-item]
 }
 
 
