@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "models"
