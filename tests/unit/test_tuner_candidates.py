@@ -184,3 +184,19 @@ def test_where_the_tolerance_allows_tf32_an_untrained_search_tries_the_lowered_f
     assert ordered[:len(lowered)] == lowered  # in FAMILIES order among themselves
     assert ordered.index("pytorch-defaults") > len(lowered)  # the baseline is measured anyway, not tried as a rival
     assert sorted(ordered) == sorted(loose)
+
+
+def test_on_a_whole_model_an_untrained_search_tries_the_graph_families_first() -> None:
+    from farm_agent.tuner.candidates import WHOLE_MODEL_OPS, untried_order
+
+    offered = ["eager", "pytorch-defaults", "compile-default", "compile-reduce-overhead", "cuda-graph",
+               "triton-templates", "triton-templates-3xtf32", "triton-templates-3xtf32-graph",
+               "triton-templates-3xtf32-compile-graph"]
+    assert untried_order(offered, 1e-4, op_count=1) == offered  # one operator: FAMILIES order
+    whole = untried_order(offered, 1e-4, op_count=WHOLE_MODEL_OPS)
+    assert whole[:4] == ["triton-templates-3xtf32-graph", "triton-templates-3xtf32-compile-graph", "cuda-graph",
+                         "compile-reduce-overhead"]
+    assert whole[4:] == ["eager", "pytorch-defaults", "compile-default", "triton-templates",
+                         "triton-templates-3xtf32"]
+    # Where TF32 is allowed, the lowered families still come first, then the graphs.
+    assert untried_order([*offered, "tf32"], 1e-3, op_count=50)[:2] == ["tf32", "triton-templates-3xtf32-graph"]

@@ -139,15 +139,26 @@ def candidates_for(model: nn.Module, example_inputs: Sequence[Any], tolerance: f
     return found
 
 
-def untried_order(names: Sequence[str], tolerance: float) -> list[str]:
-    """`names` in the order an untrained policy tries them (its ties keep the order given): where the tolerance
-    allows TF32, the families that lower precision come first. The user has said the error is acceptable, and
-    lowered arithmetic is the largest gain on matrix products; in FAMILIES order they came last, and a 45 s run on a
-    ConvNeXt at 1e-3 reached none of them (lease M). Otherwise FAMILIES order."""
-    if tolerance < TF32_MIN_RTOL:
-        return list(names)
-    return sorted(names, key=lambda n: not (n in FAMILY_BY_NAME and FAMILY_BY_NAME[n].lowers_precision
-                                            and n not in UNTUNED))
+# A model of this many arithmetic ops (features.op_count) is launch-bound enough for one CUDA graph to matter: the
+# whole models measured have 10 to 3,594, the single-operator problems 1 to 11 (benchmarks/kernels).
+WHOLE_MODEL_OPS = 10
+# The graph families, in the order an untrained search tries them on a whole model. On the 13-model suite (H100,
+# docs/h100-2026-12-06-e.md) they made 12 of the 13 strict time picks (11 the split-TF32 templates captured, one
+# cuda-graph); the templates captured without Inductor came within 1-6 % of those with it, at a fraction of the build.
+GRAPH_FIRST = ("triton-templates-3xtf32-graph", "triton-templates-3xtf32-compile-graph", "cuda-graph",
+               "compile-reduce-overhead")
+
+
+def untried_order(names: Sequence[str], tolerance: float, op_count: int = 1) -> list[str]:
+    """`names` in the order an untrained policy tries them (its ties keep the order given), FAMILIES order but:
+    - where the tolerance allows TF32, the families that lower precision come first. The user has said the error is
+      acceptable, and lowered arithmetic is the largest gain on matrix products; in FAMILIES order they came last,
+      and a 45 s run on a ConvNeXt at 1e-3 reached none of them (lease M);
+    - on a whole model (`op_count` ops or more: WHOLE_MODEL_OPS), the graph families come next (GRAPH_FIRST)."""
+    lowered = [n for n in names if tolerance >= TF32_MIN_RTOL and n in FAMILY_BY_NAME
+               and FAMILY_BY_NAME[n].lowers_precision and n not in UNTUNED]
+    graphs = [n for n in GRAPH_FIRST if n in names] if op_count >= WHOLE_MODEL_OPS else []
+    return [*lowered, *graphs, *(n for n in names if n not in lowered and n not in graphs)]
 
 
 def template_wanted(needs: str, kinds: dict[str, int]) -> bool:

@@ -313,7 +313,7 @@ def tune(problem: Path | str | Problem, *, budget_s: float = 120.0, atol: float 
     context = features.vector()
     owns_policy = policy is None
     policy = policy if policy is not None else Policy.load(policy_path)
-    names = untried_order([c.name for c in candidates_for(model, inputs, rtol, device)], rtol)
+    names = untried_order([c.name for c in candidates_for(model, inputs, rtol, device)], rtol, features.op_count)
     baseline = baseline_for(names)
     if candidates is not None:
         names = [n for n in names if n in candidates or n in BASELINES or n == baseline]
