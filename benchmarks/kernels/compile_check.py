@@ -62,6 +62,8 @@ def cases() -> list[tuple[Any, ...]]:
     epi = "".join(f"{p}, " for p in params)
     ints = lambda *names: {n: "i32" for n in names}  # noqa: E731
     geometry = dict(SD=2, SH=2, SW=1, PD=1, PH=1, PW=0, DD=1, DH=1, DW=2, KD=3, KH=3, KW=2)
+    phase_steps = {f"{c}{dim}": v for dim in "DHW"  # the phased form's per-dim gcd (G*) and inverse (I*)
+                   for c, v in zip("GI", conv.phase_steps(geometry[f"S{dim}"], geometry[f"D{dim}"]), strict=True)}
     for transposed in (False, True):
         src = conv._GEMM_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines),
                                        helpers=conv._GEMM_HELPERS)
@@ -82,7 +84,7 @@ def cases() -> list[tuple[Any, ...]]:
                               {"X": "*fp32", "Wp": "*fp32", "Y": "*fp32", **epi_types(params),
                                **ints("M", "C_IN", "D", "H", "W", "CO", "OD", "OH", "OW", "QD", "QH", "QW", "CG",
                                       "COG")},
-                              {**{k: v for k, v in geometry.items() if k[0] != "D"}, "PRECISION": precision,
+                              {**geometry, **phase_steps, "PRECISION": precision,
                                "B_K_MAJOR": precision != "ieee", "BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32}, 4,
                               3))
         src = conv._DIRECT_SOURCE.format(epi_params=epi, coords=conv._COORDS, epilogue="\n".join(lines),

@@ -10,6 +10,7 @@ no Triton, so those tests skip there, and the GPU benchmark (benchmarks/gpu/kern
 from __future__ import annotations
 
 import ast
+import math
 import os
 import sys
 import types
@@ -61,6 +62,9 @@ CONVS = [  # (spec, input shape, weight shape)
     (ConvSpec(1, (3,), (1,), (1,), transposed=True, output_padding=(2,)), (2, 8, 7), (8, 4, 5)),
     (ConvSpec(3, (2, 1, 2), (1, 0, 1), (1, 1, 1), transposed=True), (1, 8, 3, 4, 3), (8, 2, 3, 2, 4)),
     (ConvSpec(2, (2, 2), (1, 1), (2, 1), groups=2, transposed=True), (1, 16, 5, 4), (16, 3, 3, 3)),
+    # dilated and strided: along H a first tap that is not (r + p) mod s (d/g = 2 has inverse 2 mod 3); along W
+    # gcd(s, d) = 3, so phases no tap reaches get the epilogue alone
+    (ConvSpec(2, (3, 3), (1, 0), (2, 3), transposed=True), (1, 8, 4, 5), (8, 4, 3, 2)),
 ]
 
 
@@ -93,23 +97,29 @@ def test_conv_specs_come_from_modules_and_refuse_what_the_kernel_does_not_do() -
     assert not uses_direct(ConvSpec(2, (1, 1), (1, 1), (1, 1)), (1, 64, 8, 8), (32, 64, 3, 3))
 
 
-@pytest.mark.parametrize(("kernel", "stride", "padding"), [(4, 2, 1), (3, 2, 1), (8, 4, 2), (5, 3, 0), (2, 3, 2),
-                                                            (7, 2, 3)])
-def test_transposed_phases_meet_exactly_the_taps_that_reach_them(kernel: int, stride: int, padding: int) -> None:
+@pytest.mark.parametrize(("kernel", "stride", "padding", "dilation"),
+                         [(4, 2, 1, 1), (3, 2, 1, 1), (8, 4, 2, 1), (5, 3, 0, 1), (2, 3, 2, 1), (7, 2, 3, 1),
+                          (3, 2, 1, 2), (3, 2, 2, 3), (4, 3, 1, 2), (3, 4, 0, 2), (5, 6, 3, 4), (3, 2, 0, 5)])
+def test_transposed_phases_meet_exactly_the_taps_that_reach_them(kernel: int, stride: int, padding: int,
+                                                                  dilation: int) -> None:
     size = 6
-    out = (size - 1) * stride - 2 * padding + kernel
+    out = (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + 1
+    g = math.gcd(stride, dilation)
     for o in range(out):
         q, phase = divmod(o, stride)
-        k0, base, count = phase_plan(phase, kernel, stride, padding)
-        by_phase = {(k0 + j * stride, q + base - j) for j in range(count) if 0 <= q + base - j < size}
+        k0, base, count = phase_plan(phase, kernel, stride, padding, dilation)
+        by_phase = {(k0 + j * (stride // g), q + base - j * (dilation // g)) for j in range(count)
+                    if 0 <= q + base - j * (dilation // g) < size}
         by_gather = set()
         for k in range(kernel):
-            index, valid = source_coords(torch.tensor([o]), k, size, stride, padding, 1, transposed=True)
+            index, valid = source_coords(torch.tensor([o]), k, size, stride, padding, dilation, transposed=True)
             if bool(valid):
                 by_gather.add((k, int(index)))
         assert by_phase == by_gather, (o, by_phase, by_gather)
     assert uses_phases(ConvSpec(2, (2, 2), (1, 1), (1, 1), transposed=True))
-    assert not uses_phases(ConvSpec(2, (2, 2), (1, 1), (2, 1), transposed=True))  # dilated: the gather form
+    # Dilated too: the gather form multiplied every tap, three in four of them missing at a 2-D stride 2.
+    assert uses_phases(ConvSpec(2, (2, 2), (1, 1), (2, 1), transposed=True))
+    assert not uses_phases(ConvSpec(2, (1, 1), (1, 1), (2, 1), transposed=True))  # stride 1: every tap reaches
     assert not uses_phases(ConvSpec(2, (2, 2), (1, 1), (1, 1)))
 
 

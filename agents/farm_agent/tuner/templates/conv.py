@@ -8,9 +8,10 @@ of output o at tap k is o*s - p + k*d; for a transposed one (its gather form) it
 divides and lands inside the input. `gather_reference` computes exactly that in PyTorch, which the tests hold
 against F.conv*; the Triton kernel does the same arithmetic on tiles, with the epilogue chain before its store.
 
-A strided transposed convolution (dilation 1) runs phase by phase instead: the outputs o = q*s + r of one phase r
-meet only every s-th tap, at consecutive inputs, so each phase is a dense stride-1 convolution and no multiply is
-spent on taps that miss (the gather form would waste s^dims - 1 of every s^dims: 75% for a 2-D stride 2).
+A strided transposed convolution runs phase by phase instead: the outputs o = q*s + r of one phase r meet only the
+taps k = k0 + j*(s/g) (g = gcd(s, d); every s-th tap at dilation 1), at inputs j*(d/g) apart, so each phase is a
+dense convolution and no multiply is spent on taps that miss (the gather form would waste s^dims - 1 of every
+s^dims: 75% for a 2-D stride 2); a phase no tap reaches (r + p not a multiple of g) gets the epilogue alone.
 
 Groups with few input channels per group (depthwise and the like, where a dot of 16-wide tiles would mostly multiply
 zeros) get the direct kernel instead: for 2-D ones with stride and dilation 1 along rows (depthwise 3x3 and the
@@ -337,10 +338,13 @@ import triton.language as tl
 @triton.jit
 def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, CG, COG,
            SD: tl.constexpr, SH: tl.constexpr, SW: tl.constexpr, PD: tl.constexpr, PH: tl.constexpr,
-           PW: tl.constexpr, KD: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr, PRECISION: tl.constexpr,
+           PW: tl.constexpr, DD: tl.constexpr, DH: tl.constexpr, DW: tl.constexpr, KD: tl.constexpr,
+           KH: tl.constexpr, KW: tl.constexpr, GD: tl.constexpr, GH: tl.constexpr, GW: tl.constexpr,
+           ID: tl.constexpr, IH: tl.constexpr, IW: tl.constexpr, PRECISION: tl.constexpr,
            B_K_MAJOR: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    # One output phase r per program (o = q * s + r): it meets only the taps k = k0 + j * s, k0 = (r + p) mod s,
-    # at input q + (r + p - k0) / s - j (phase_plan, in Python, is the same arithmetic).
+    # One output phase r per program (o = q * s + r): it meets only the taps k = k0 + j * s/g (g = gcd(s, d), G*
+    # here; k0 = ((r + p) / g * I) mod s/g, I the inverse of d/g mod s/g, where g divides r + p; none elsewhere), at
+    # input q + (r + p - k0 * d) / s - j * d/g (phase_plan, in Python, is the same arithmetic).
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_z = tl.program_id(2)
@@ -351,15 +355,16 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, C
     rd = ph // (SH * SW)
     rh = (ph // SW) % SH
     rw = ph % SW
-    k0d = (rd + PD) % SD
-    k0h = (rh + PH) % SH
-    k0w = (rw + PW) % SW
-    bd = (rd + PD - k0d) // SD
-    bh = (rh + PH - k0h) // SH
-    bw = (rw + PW - k0w) // SW
-    td = (KD - k0d + SD - 1) // SD  # the taps that reach this phase, per dim
-    th = (KH - k0h + SH - 1) // SH
-    tw = (KW - k0w + SW - 1) // SW
+    k0d = (rd + PD) // GD * ID % (SD // GD)
+    k0h = (rh + PH) // GH * IH % (SH // GH)
+    k0w = (rw + PW) // GW * IW % (SW // GW)
+    bd = (rd + PD - k0d * DD) // SD  # exact where a tap reaches the phase (and unused where none does)
+    bh = (rh + PH - k0h * DH) // SH
+    bw = (rw + PW - k0w * DW) // SW
+    # the taps that reach this phase, per dim
+    td = (KD - k0d + SD // GD - 1) // (SD // GD) * ((rd + PD) % GD == 0).to(tl.int32)
+    th = (KH - k0h + SH // GH - 1) // (SH // GH) * ((rh + PH) % GH == 0).to(tl.int32)
+    tw = (KW - k0w + SW // GW - 1) // (SW // GW) * ((rw + PW) % GW == 0).to(tl.int32)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     qw = rm % QW
     t = rm // QW
@@ -384,11 +389,11 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, C
         jd = j // (th * tw)
         jh = (j // tw) % th
         jw = j % tw
-        id_ = qd + bd - jd
-        ih = qh + bh - jh
-        iw = qw + bw - jw
+        id_ = qd + bd - jd * (DD // GD)
+        ih = qh + bh - jh * (DH // GH)
+        iw = qw + bw - jw * (DW // GW)
         ok = m_ok & (id_ >= 0) & (id_ < D) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        tap = ((k0d + jd * SD) * KH + k0h + jh * SH) * KW + k0w + jw * SW
+        tap = ((k0d + jd * (SD // GD)) * KH + k0h + jh * (SH // GH)) * KW + k0w + jw * (SW // GW)
         acc = channel_step(acc, x_rows, (id_ * H + ih) * W + iw, ok, Wp, g * TAPS + tap, c0, rk, rn, n_ok, CG, COG,
                            DHW, PRECISION, B_K_MAJOR)
     chan, offs, mask = output_tile(nb, od, oh, ow, g, rn, m_ok, n_ok, CO, COG, OD, OH, OW)
@@ -397,17 +402,29 @@ def kernel(X, Wp, Y, {epi_params}M, C_IN, D, H, W, CO, OD, OH, OW, QD, QH, QW, C
 """
 
 
-def phase_plan(phase: int, kernel: int, stride: int, padding: int) -> tuple[int, int, int]:
-    """For the outputs o = q * stride + phase of a transposed convolution (dilation 1): the first tap k0 that
-    reaches them, the input offset b (input q + b - j for tap k0 + j * stride) and how many taps reach them."""
-    k0 = (phase + padding) % stride
-    return k0, (phase + padding - k0) // stride, max(0, -(-(kernel - k0) // stride))
+def phase_steps(stride: int, dilation: int) -> tuple[int, int]:
+    """g = gcd(stride, dilation) and the inverse of dilation/g modulo stride/g (0 where stride/g is 1): what the
+    phased kernel takes per dim (G*, I*) to find each phase's first tap."""
+    g = math.gcd(stride, dilation)
+    return g, pow(dilation // g, -1, stride // g) if stride // g > 1 else 0
+
+
+def phase_plan(phase: int, kernel: int, stride: int, padding: int, dilation: int = 1) -> tuple[int, int, int]:
+    """For the outputs o = q * stride + phase of a transposed convolution: the first tap k0 that reaches them, the
+    input offset b (input q + b - j * dilation/g for tap k0 + j * stride/g, g = gcd(stride, dilation)) and how many
+    taps reach them (none where g does not divide phase + padding)."""
+    g, inverse = phase_steps(stride, dilation)
+    step = stride // g
+    if (phase + padding) % g:
+        return 0, 0, 0
+    k0 = (phase + padding) // g * inverse % step
+    return k0, (phase + padding - k0 * dilation) // stride, max(0, -(-(kernel - k0) // step))
 
 
 def uses_phases(spec: ConvSpec) -> bool:
-    """A transposed convolution with unit dilation runs phase by phase: the gather form would multiply the
-    stride^dims - 1 of every stride^dims taps that miss."""
-    return spec.transposed and set(spec.dilation) == {1} and max(spec.stride) > 1
+    """A strided transposed convolution runs phase by phase: the gather form would multiply the stride^dims - 1 of
+    every stride^dims taps that miss."""
+    return spec.transposed and max(spec.stride) > 1
 
 
 STREAM_WEIGHTS = 32  # a streamed program holds its plane's weights in registers: CG x KH x KW of them at most
@@ -521,7 +538,9 @@ class ConvKernel:
             m = n * qd * qh * qw
             kernel = self._kernel("phased", cg, cog, m)
             assert packed is not None
-            phased = {k: v for k, v in geometry.items() if k[0] != "D" and k != "TRANSPOSED"}
+            phased = {k: v for k, v in geometry.items() if k != "TRANSPOSED"}
+            for dim, stride_, dilation in zip("DHW", p3["stride"], p3["dilation"], strict=True):
+                phased[f"G{dim}"], phased[f"I{dim}"] = phase_steps(stride_, dilation)
             kernel[lambda meta: (triton_cdiv(m, meta["BLOCK_M"]), triton_cdiv(cog, meta["BLOCK_N"]),
                                  spec.groups * sd * sh * sw)](
                 x, packed, y, *operands, m, c_in, d, h, w, co, od, oh, ow, qd, qh, qw, cg, cog, **phased,
