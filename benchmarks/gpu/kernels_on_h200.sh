@@ -15,10 +15,8 @@
 # energy ones as strict-energy.txt and so on).
 # Run from the repository root:  bash benchmarks/gpu/kernels_on_h200.sh
 OUT=${OUT:-/tmp/kernels-out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 COLUMNS=220 PYTHONPATH=$PWD:$PWD/agents:/tmp/site FARM_STATE_DIR=/tmp/farm-kernels-state
-# farm.core needs pydantic, which the image lacks: its wheels carried as .whl/pyd (see models_h200.sh)
-python3 -c "import pydantic" 2>/dev/null || pip install -q --no-index --no-deps --target /tmp/site .whl/pyd/*.whl \
-  || { echo "pydantic: install failed"; exit 3; }
+export PYTHONUNBUFFERED=1 COLUMNS=220 FARM_STATE_DIR=/tmp/farm-kernels-state
+. benchmarks/gpu/pydantic.sh
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1

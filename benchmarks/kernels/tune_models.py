@@ -53,10 +53,6 @@ def rows(report: TuneReport) -> list[dict[str, object]]:
                     "j": won.joules_per_call if won else None, "base_ms": base.median_ms if base else None,
                     "base_j": base.joules_per_call if base else None, "vs_base": ratio(base),
                     "vs_compile": ratio(compiled)})
-    # Every candidate measured, for the record (the rows above are only each objective's winner).
-    out[0]["trials"] = [{"candidate": t.candidate, "ms": t.median_ms, "j": t.joules_per_call, "correct": t.correct,
-                         "correct_strict": t.correct_strict, "seconds": round(t.seconds, 1),
-                         "error": (t.error or "")[:300] or None} for t in report.trials]
     return out
 
 
@@ -129,9 +125,9 @@ def main() -> None:
         lines += rows(report)
         reports.append(report)
         print(table(lines[-2:]).split("\n", 1)[1], flush=True)
-        for t in lines[-2]["trials"]:  # type: ignore[union-attr]
-            print(f"    {t['candidate']:<38} {t['ms'] or 0:8.3f} ms {t['j'] or 0:8.3f} J {t['seconds']:6.1f} s"
-                  f"{'' if t['correct'] else '  wrong/failed: ' + str(t['error'])[:150]}", flush=True)
+        for t in report.trials:  # every candidate measured (the rows are each objective's winner)
+            print(f"    {t.candidate:<38} {t.median_ms or 0:8.3f} ms {t.joules_per_call or 0:8.3f} J "
+                  f"{t.seconds:6.1f} s{'' if t.correct else '  wrong/failed: ' + str(t.error)[:150]}", flush=True)
         if args.out:  # after every model: a call cut short keeps what it measured
             args.out.write_text(json.dumps({"rows": lines, "reports": [asdict(r) for r in reports]}, indent=1,
                                            default=str))
