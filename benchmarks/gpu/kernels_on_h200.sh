@@ -12,7 +12,10 @@
 # WORKERS (check processes, default 12), RUNS (timed runs per candidate, default 10), FAMILIES (candidate families,
 # default tune_h200.py's), ONLY (problem names: only these, e.g. the ones a first run's time limit left out),
 # OBJECTIVE=energy (each candidate's joules per call read too, ~2 s more each: tables under both objectives, the
-# energy ones as strict-energy.txt and so on).
+# energy ones as strict-energy.txt and so on), TABLES (the tables' folder, default $OUT: an energy run's ten files
+# are more than a call brings back, so TABLES=/tmp/tables keeps them out of it), MAX_AUTOTUNE=0 (no max-autotune
+# baseline after the problems). Runs in parts (ONLY=...) make one set of tables here:
+#   python3 benchmarks/kernels/tune_h200.py --merge part1/h200.json part2/h200.json --tables DIR
 # Run from the repository root:  bash benchmarks/gpu/kernels_on_h200.sh
 OUT=${OUT:-/tmp/kernels-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=220 FARM_STATE_DIR=/tmp/farm-kernels-state
@@ -31,8 +34,11 @@ FAM=()
 timeout 570 python3 benchmarks/kernels/tune_h200.py benchmarks/kernels/problems \
   --time-limit-s "${LIMIT_S:-510}" --check-workers "${WORKERS:-12}" --check-limit-s "${CHECK_S:-180}" \
   --runs "${RUNS:-10}" --objective "${OBJECTIVE:-time}" \
-  --candidate-timeout-s 90 --max-autotune "${FAM[@]}" --out "$OUT/h200.json" --tables "$OUT" > "$OUT/run.log" 2>&1
+  --candidate-timeout-s 90 $([ "${MAX_AUTOTUNE:-1}" = 0 ] || echo --max-autotune) "${FAM[@]}" \
+  --out "$OUT/h200.json" --tables "${TABLES:-$OUT}" > "$OUT/run.log" 2>&1
 echo "== tune_h200.py rc=$? after $SECONDS s"
 grep -v "^    " "$OUT/run.log" | grep -E "^(==|check:|[a-z0-9_]+: (strict|not))" | tail -70
-for t in loose strict-ieee strict loose-energy strict-ieee-energy strict-energy summary; do echo "== $t"; cat "$OUT/$t.txt" 2>/dev/null; done
+for t in loose strict-ieee strict loose-energy strict-ieee-energy strict-energy summary; do
+  echo "== $t"; cat "${TABLES:-$OUT}/$t.txt" 2>/dev/null
+done
 true

@@ -4,6 +4,7 @@ geometric-mean speedups over eager and torch.compile, each winner's share of the
     python benchmarks/kernels/tune_h200.py benchmarks/kernels/problems [--time-limit-s 520] [--check-workers 8]
         [--check-limit-s 170] [--families eager compile-default triton-templates ...] [--runs 10] [--only NAME ...]
         [--max-autotune] [--objective time|energy] [--out h200.json] [--tables DIR]
+    python benchmarks/kernels/tune_h200.py --merge a/h200.json b/h200.json --tables DIR   # runs in parts, together
 
 1. Template check (template_check.py, parallel processes): every problem's template regions compiled (at the
    precisions of the template families asked for) and checked against eager, failures recorded (a template that does not compile is skipped, never fatal), and the Triton and
@@ -90,7 +91,7 @@ def checked_families(name: str, families: list[str], check: dict[str, Any]) -> l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("problems", nargs="+", type=Path)
+    parser.add_argument("problems", nargs="*", type=Path)
     parser.add_argument("--time-limit-s", type=float, default=520.0, help="start no problem after this many seconds")
     parser.add_argument("--check-workers", type=int, default=8, help="template check processes (0: no check)")
     parser.add_argument("--check-limit-s", type=float, default=170.0)
@@ -105,7 +106,14 @@ def main() -> None:
                         help="energy: each candidate's joules per call read too, and tables under both objectives")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--tables", type=Path, default=None, help="folder for the text tables")
+    parser.add_argument("--merge", nargs="+", type=Path, default=None,
+                        help="--out files of runs in parts (ONLY=...): their tables and summary, together")
     args = parser.parse_args()
+    if args.merge:
+        merge(args)
+        return
+    if not args.problems:
+        parser.error("a folder of problems, or --merge")
 
     started = time.perf_counter()
     paths = [p for folder in args.problems for p in problem_paths(folder)]
@@ -165,6 +173,35 @@ def main() -> None:
             print(f"\n== {scoring} ({objective.value}) ==")
             print(format_table(reports, scoring, objective=objective))
     print("\n" + summary_text(reports, failures, check, time.perf_counter() - started, objectives(args)))
+
+
+def merge(args: argparse.Namespace) -> None:
+    """One run's tables from runs in parts: a later file's report of a problem replaces an earlier one's; each
+    file's failures count where no file measured the problem."""
+    reports: dict[str, TuneReport] = {}
+    failures: dict[str, str] = {}
+    check: dict[str, Any] = {"problems": {}, "wall_s": 0.0}
+    wall = 0.0
+    for path in args.merge:
+        data = json.loads(path.read_text())
+        reports |= {r.problem: r for r in map(TuneReport.from_json, data["reports"])}
+        failures |= data.get("failures", {})
+        check["problems"] |= (data.get("template_check") or {}).get("problems", {})
+        check["wall_s"] += (data.get("template_check") or {}).get("wall_s", 0.0)
+        wall += data.get("wall_s", 0.0)
+        if args.objective == Objective.TIME.value and any(t.get("joules_per_call") is not None
+                                                          for r in data["reports"] for t in r["trials"]):
+            args.objective = Objective.ENERGY.value
+    failures = {name: why for name, why in failures.items() if name not in reports}
+    args.out, args.merge = None, [str(p) for p in args.merge]
+    state = {"args": args, "started": time.perf_counter() - wall, "check": check}
+    merged = sorted(reports.values(), key=lambda r: r.problem)
+    write(state, merged, failures)
+    for objective in objectives(args):
+        for scoring in SCORINGS:
+            print(f"\n== {scoring} ({objective.value}) ==")
+            print(format_table(merged, scoring, objective=objective))
+    print("\n" + summary_text(merged, failures, check, wall, objectives(args)))
 
 
 def objectives(args: argparse.Namespace) -> tuple[Objective, ...]:

@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 from farm.core.tuning import Objective  # noqa: E402
 from farm_agent.tuner.policy import Policy  # noqa: E402
 from farm_agent.tuner.problem import problem_paths  # noqa: E402
-from farm_agent.tuner.tune import Trial, TuneReport, choose, summarize, tune  # noqa: E402
+from farm_agent.tuner.tune import TuneReport, choose, summarize, tune  # noqa: E402
 
 FAMILIES = ("compile-default", "cuda-graph", "compile-reduce-overhead", "channels-last", "compile-max-autotune",
             "triton-fused", "triton-templates-3xtf32", "triton-templates-3xtf32-graph",
@@ -88,11 +88,7 @@ def goals(reports: list[TuneReport]) -> str:
 
 def load_reports(path: Path) -> list[TuneReport]:
     """The reports an --out file holds (the rows are made again from them)."""
-    reports = []
-    for data in json.loads(path.read_text())["reports"]:
-        trials = [Trial(**t) for t in data.pop("trials")]
-        reports.append(TuneReport(**{**data, "trials": trials, "objective": Objective(data["objective"])}))
-    return reports
+    return [TuneReport.from_json(data) for data in json.loads(path.read_text())["reports"]]
 
 
 def main() -> None:

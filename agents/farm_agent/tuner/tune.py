@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +156,15 @@ class TuneReport:
                 "speedup_vs_eager": self.speedup("eager"), "speedup_vs_compile": self.speedup("compile-default"),
                 "speed_of_light": asdict(sol) if sol is not None else None,
                 "sol_share": {s: self.sol_share(s) for s in ("run", "strict", "loose")}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TuneReport:
+        """A report from to_json's dict (or asdict's): what to_json derives is made again, not read."""
+        names = {f.name for f in fields(cls)}
+        kept = {k: v for k, v in data.items() if k in names}
+        kept["trials"] = [Trial(**t) for t in kept["trials"]]
+        kept["objective"] = Objective(kept.get("objective", Objective.TIME.value))
+        return cls(**kept)
 
 
 def _trial(result: Result, cand: Candidate, seconds: float, searched: bool, idle_w: float | None = None) -> Trial:
