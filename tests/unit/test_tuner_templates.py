@@ -664,6 +664,45 @@ def test_the_matcher_fuses_elementwise_ops_before_norms_and_pools() -> None:
         torch.testing.assert_close(got, want)
 
 
+class GemmGroupNorm(nn.Module):
+    """A Linear's [N, C] output group-normed, then gated (swish, a per-channel scale, swish again)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.gn = nn.Linear(12, 16), nn.GroupNorm(4, 16)
+        self.scale = nn.Parameter(torch.rand(16) + 0.5)
+        with torch.no_grad():
+            self.gn.weight.uniform_(0.5, 1.5)
+            self.gn.bias.normal_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.gn(self.fc(x))
+        y = y * torch.sigmoid(y) * self.scale
+        return y * torch.sigmoid(y)
+
+
+def test_a_group_norm_over_a_linears_features_is_a_row_region() -> None:
+    model, x = GemmGroupNorm().eval(), torch.randn(6, 12)
+    rewritten, counts = rewrite(model, [x], "tf32x3")
+    assert counts == {"gemm": 1, "rows": 1}  # 2-D group norms were left to PyTorch
+    # the swish written out (y read twice) is one step of the chain, so the whole gate joins the norm's kernel
+    assert sorted(r.describe() for r in regions(rewritten)) == ["gemm tf32x3 add[channel]",
+                                                                "group_norm silu+mul[channel]+silu"]
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten(x), model(x))
+
+
+def test_a_swish_whose_sigmoid_is_read_elsewhere_ends_the_chain() -> None:
+    class Shared(nn.Module):
+        def forward(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = F.linear(x, w)
+            gate = y.sigmoid()
+            return y * gate, gate
+
+    rewritten, _ = rewrite(Shared(), [torch.randn(3, 4), torch.randn(5, 4)], "tf32x3")
+    assert [r.describe() for r in regions(rewritten)] == ["gemm tf32x3 -"]
+
+
 class WrittenOut(nn.Module):
     """Norms as models write them out: RMSNorm by hand (three spellings of the square) with a weight, F.normalize;
     and forms left alone (the mean read twice, the norm along another dim)."""
@@ -820,7 +859,9 @@ def test_gather_tiles_hold_a_row_or_walk_it_in_chunks() -> None:
                                              ("gemm_tall_skinny", {"gemm": 1}), ("cumsum_rows", {"scan": 1}),
                                              ("causal_masked_softmax", {"rows": 1}),
                                              ("attention_sdpa", {"attention": 1}), ("embedding_gather", {"gather": 1}),
-                                             ("rms_norm", {"rows": 1}), ("l2_normalize", {"rows": 1})])
+                                             ("rms_norm", {"rows": 1}), ("l2_normalize", {"rows": 1}),
+                                             ("linear_groupnorm_silu_residual", {"gemm": 1, "rows": 1}),
+                                             ("conv_transpose2d_dilated", {"conv": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -830,6 +871,10 @@ def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(nam
         assert "torch.ones" not in rewritten.code and "triu" not in rewritten.code
     if name == "rms_norm":  # written out: the square, mean, eps, rsqrt and product one row op, the weight its chain
         assert [r.describe() for r in regions(rewritten)] == ["rms_norm mul[channel]"]
+    if name == "linear_groupnorm_silu_residual":  # the norm, its swish and the residual one row kernel
+        assert [r.describe() for r in regions(rewritten)][1] == "group_norm silu+add[full]"
+    if name == "conv_transpose2d_dilated":  # phase by phase (dilation 3, stride 2)
+        assert uses_phases(regions(rewritten)[0].spec)
     if name in ("depthwise_bn_hardswish", "conv_transpose3d_bn_relu"):  # BatchNorm and the activation fused
         assert [r.describe().split()[-1] for r in regions(rewritten)] in (
             ["add[channel]+mul[channel]+add[channel]+relu"], ["mul[channel]+add[channel]+hardswish"])
@@ -998,6 +1043,15 @@ def test_row_ops_with_a_prologue_run_under_the_interpreter(interpreter: None) ->
         for got, want in zip(rewritten(x, r, y), model(x, r, y), strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert not any(q.failed for q in regions(rewritten)), codegen.FAILURES
+
+
+def test_a_group_norm_over_a_linears_features_runs_under_the_interpreter(interpreter: None) -> None:
+    model, x = GemmGroupNorm().eval(), torch.randn(6, 12)
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert counts == {"rows": 1}  # the GEMM with a bias alone is left to cuBLAS under ieee
+    with torch.no_grad():
+        torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
+    assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
 
 
 def test_attention_runs_under_the_interpreter(interpreter: None) -> None:

@@ -225,7 +225,15 @@ class Matcher:
                 continue
             tail = anchor.end or node
             chain_nodes = [tail]
-            while anchor.chainable and len(tail.users) == 1:
+            while anchor.chainable:
+                gate = _written_silu(tail)
+                if gate is not None:  # y * sigmoid(y): one step, its two nodes
+                    anchor.chain.append(Step("silu"))
+                    chain_nodes.extend(gate)
+                    tail = gate[-1]
+                    continue
+                if len(tail.users) != 1:
+                    break
                 user = next(iter(tail.users))
                 step, operand = self.step(user, tail, anchor)
                 if step is None:
@@ -266,6 +274,24 @@ class Matcher:
 _BUILDER_FUNCTIONS = (torch.ones, torch.triu, torch.tril, operator.getitem, getattr, operator.invert,
                       torch.logical_not)
 _BUILDER_METHODS = ("triu", "tril", "bool", "to", "size", "logical_not", "bitwise_not")
+
+
+def _written_silu(tail: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(sigmoid(y), y * sigmoid(y)) where these are y's only two users and the product alone reads the sigmoid:
+    SiLU as models write it out (a swish), which reads y twice and so would end a chain of single users."""
+    if len(tail.users) != 2:
+        return None
+    gate = next((u for u in tail.users if ACT_FUNCTIONS.get(u.target) == "sigmoid" and u.op == "call_function"
+                 or u.op == "call_method" and u.target == "sigmoid"), None)
+    if gate is None or gate.args != (tail,) or gate.kwargs or len(gate.users) != 1:
+        return None
+    product = next(iter(gate.users))
+    mul = BINARY_FUNCTIONS.get(product.target) if product.op == "call_function" else \
+        BINARY_METHODS.get(str(product.target)) if product.op == "call_method" else None
+    if mul != "mul" or product.kwargs or set(product.args) != {tail, gate} or len(product.args) != 2 \
+            or product not in tail.users:
+        return None
+    return gate, product
 
 
 def _erase_unused(graph: fx.Graph, nodes: Sequence[fx.Node], erased: set[fx.Node]) -> None:

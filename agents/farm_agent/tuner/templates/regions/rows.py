@@ -104,8 +104,6 @@ def find(matcher: Matcher, node: fx.Node, mod: nn.Module | None) -> Anchor | Non
             return written
     if spec is None:
         return None
-    if spec.op == "group_norm" and ndim < 3:
-        return None
     if spec.op in ROW_OUTPUT:
         out_nd = len(spec.output_shape(shape))
         if out_nd == 0:
