@@ -4,7 +4,7 @@ under `time` (the throughput policy's), each against the baseline the job would 
 gain over that baseline and over torch.compile's default.
 
     python benchmarks/kernels/tune_models.py [--budget-s 90] [--rtol 1e-4] [--only NAME ...] [--families ...]
-        [--time-limit-s S] [--out models.json]
+        [--time-limit-s S] [--out models.json] [--policy policy.json]
     python benchmarks/kernels/tune_models.py --merge a.json b.json    # one suite's tables from runs in parts
                                                                       # (a model in both: b's run)
 
@@ -99,6 +99,9 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES))
     parser.add_argument("--time-limit-s", type=float, default=None, help="start no model after this many seconds")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="the tuner's policy to start from and save after every model (an agent's is "
+                             "~/.farm/tuner/policy.json): what the suite taught it, for a node of this GPU kind")
     parser.add_argument("--merge", nargs="+", type=Path, default=None, help="--out files: their tables, together")
     args = parser.parse_args()
     if args.merge:
@@ -107,7 +110,7 @@ def main() -> None:
         print(table([line for report in merged for line in rows(report)]) + "\n\n" + goals(merged))
         return
     started = time.monotonic()
-    policy = Policy()
+    policy = Policy.load(args.policy) if args.policy else Policy()
     lines: list[dict[str, object]] = []
     reports: list[TuneReport] = []
     for path in problem_paths(MODELS):
@@ -124,6 +127,8 @@ def main() -> None:
         for t in report.trials:  # every candidate measured (the rows are each objective's winner)
             print(f"    {t.candidate:<38} {t.median_ms or 0:8.3f} ms {t.joules_per_call or 0:8.3f} J "
                   f"{t.seconds:6.1f} s{'' if t.correct else '  wrong/failed: ' + str(t.error)[:150]}", flush=True)
+        if args.policy:
+            policy.save(args.policy)
         if args.out:  # after every model: a call cut short keeps what it measured
             args.out.write_text(json.dumps({"rows": lines, "reports": [asdict(r) for r in reports]}, indent=1,
                                            default=str))
