@@ -248,3 +248,16 @@ def test_a_tuning_run_made_inside_inference_mode_sees_the_model_s_products(tmp_p
         *_, report = tune._tuning_run(model, batch, (1e-4, 1e-4), "cpu", 0.0, WinnerCache(tmp_path),
                                       Objective.TIME)
     assert report.features["shares"]["matmul"] > 0 and report.features["shares"]["conv"] > 0
+
+
+def test_a_report_read_back_from_its_json_is_the_same_report(tmp_path: Path) -> None:
+    """tune_h200.py --merge and tune_models.py --merge make one suite's tables from the JSON of runs in parts: the
+    report read back must judge as the one written (to_json's derived figures are made again, not read)."""
+    import json
+
+    from farm_agent.tuner.tune import TuneReport, tune
+
+    report = tune(PROBLEMS / "relu.py", device="cpu", budget_s=5.0, cache=WinnerCache(tmp_path), runs=3)
+    back = TuneReport.from_json(json.loads(json.dumps(report.to_json(), default=str)))
+    assert back == report
+    assert back.pick("strict") == report.pick("strict") and back.speedup("eager") == report.speedup("eager")

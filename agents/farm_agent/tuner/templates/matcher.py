@@ -288,8 +288,7 @@ def _written_silu(tail: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     product = next(iter(gate.users))
     mul = BINARY_FUNCTIONS.get(product.target) if product.op == "call_function" else \
         BINARY_METHODS.get(str(product.target)) if product.op == "call_method" else None
-    if mul != "mul" or product.kwargs or set(product.args) != {tail, gate} or len(product.args) != 2 \
-            or product not in tail.users:
+    if mul != "mul" or product.kwargs or len(product.args) != 2 or set(product.args) != {tail, gate}:
         return None
     return gate, product
 
