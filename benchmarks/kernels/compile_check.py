@@ -2,7 +2,8 @@
 ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
 precision; GEMM and pairwise distances; attention, each precision, causal or not; pooling max and average; each row
 op one-pass and looped, with and without a prologue; each scan packed and looped; the embedding gather, each tile,
-int32 and int64 ids, a row in one chunk and in a loop), each with an epilogue chain of every operand kind.
+int32 and int64 ids, a row in one chunk and in a loop; an elementwise graph), each with an epilogue chain of every
+operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 
@@ -22,8 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
-from farm_agent.tuner.templates import (attention, codegen, conv, gather, gemm, plane, pool, rowreduce,  # noqa: E402
-                                        scan, stream)
+from farm_agent.tuner.templates import (attention, codegen, conv, gather, gemm, plane, pointwise,  # noqa: E402
+                                        pool, rowreduce, scan, stream)
 from farm_agent.tuner.templates import prologue as prologue_module  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
@@ -178,6 +179,16 @@ def cases() -> list[tuple[Any, ...]]:
                                **ints("N", "V", "D", "s_w")},
                               {"ROWS": rows, "BLOCK_D": block}, warps, 2,
                               {"debug": True, "sanitize_overflow": False}))  # as GatherKernel launches it: the assert
+    # an elementwise graph of every step kind: a register read at several points, a second input, numbers, a clamp
+    body = tuple(pointwise.Instruction(step, a, b) for step, a, b in (
+        (Step("mul", "scalar", value=1.7), 0, None), (Step("tanh"), 2, None), (Step("sigmoid"), 0, None),
+        (Step("mul", "full"), 3, 4), (Step("rsub", "full"), 5, 1), (Step("clamp", lo=-2.0, hi=2.0), 6, None),
+        (Step("gelu"), 7, None)))
+    program = pointwise.Program(2, body)
+    module = codegen.load_source(pointwise.source(program), "check_pointwise")
+    for block, warps in pointwise.plan():
+        found.append((f"pointwise {program.describe()} {block}", module.kernel,
+                      {"X0": "*fp32", "X1": "*fp32", "Y": "*fp32", "N": "i64"}, {"BLOCK": block}, warps, 2))
     return found
 
 

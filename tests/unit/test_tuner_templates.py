@@ -38,6 +38,7 @@ from farm_agent.tuner.templates.gemm import GemmKernel, k_major
 from farm_agent.tuner.templates.matcher import (AttentionRegion, ConvRegion, CrossEntropyRegion, DistanceRegion,
                                                 GatherRegion, GemmRegion, PoolRegion, RowRegion, ScanRegion, regions,
                                                 rewrite)
+from farm_agent.tuner.templates.pointwise import Instruction, Program
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
 from farm_agent.tuner.templates.rowreduce import RowKernel, RowSpec, plan, torch_rows
@@ -702,6 +703,30 @@ def test_a_swish_whose_sigmoid_is_read_elsewhere_ends_the_chain() -> None:
     assert [r.describe() for r in regions(rewritten)] == ["gemm tf32x3 -"]
 
 
+class Elementwise(nn.Module):
+    """Elementwise graphs with no producer: one reading its input at four points, a gate over two inputs, one too
+    small to be worth a launch, and one whose middle value is also an output (it ends the graph there)."""
+
+    def forward(self, x: torch.Tensor, g: torch.Tensor, small: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.tanh(x * 0.5 - 1.0)
+        shared = torch.sigmoid(g) * 3.0
+        return (y * torch.sigmoid(x) + 0.1 * x * x, g * F.silu(x), F.relu(small) * 2.0,
+                torch.clamp(shared.exp(), max=4.0), shared)
+
+
+def test_elementwise_graphs_left_over_are_one_pointwise_region_each() -> None:
+    model, inputs = Elementwise(), [torch.randn(256, 256), torch.randn(256, 256), torch.randn(8, 8)]
+    rewritten, counts = rewrite(model, inputs, "ieee")
+    assert counts == {"pointwise": 4}  # the 8 x 8 one left to PyTorch
+    # the middle value read outside (`shared`) ends one graph and starts the next
+    assert sorted(r.describe() for r in regions(rewritten)) == [
+        "pointwise exp+clamp", "pointwise mul+sub+tanh+sigmoid+mul+mul+mul+add", "pointwise sigmoid+mul",
+        "pointwise silu+mul"]
+    assert "relu" in rewritten.code
+    for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 class WrittenOut(nn.Module):
     """Norms as models write them out: RMSNorm by hand (three spellings of the square) with a weight, F.normalize;
     and forms left alone (the mean read twice, the norm along another dim)."""
@@ -860,7 +885,8 @@ def test_gather_tiles_hold_a_row_or_walk_it_in_chunks() -> None:
                                              ("attention_sdpa", {"attention": 1}), ("embedding_gather", {"gather": 1}),
                                              ("rms_norm", {"rows": 1}), ("l2_normalize", {"rows": 1}),
                                              ("linear_groupnorm_silu_residual", {"gemm": 1, "rows": 1}),
-                                             ("conv_transpose2d_dilated", {"conv": 1})])
+                                             ("conv_transpose2d_dilated", {"conv": 1}),
+                                             ("elementwise_chain", {"pointwise": 1}), ("silu_gate", {"pointwise": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -1051,6 +1077,27 @@ def test_a_group_norm_over_a_linears_features_runs_under_the_interpreter(interpr
     with torch.no_grad():
         torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
     assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_elementwise_graphs_run_as_one_kernel_each_under_the_interpreter(interpreter: None) -> None:
+    model, inputs = Elementwise(), [torch.randn(256, 256), torch.randn(256, 256) * 3.0, torch.randn(8, 8)]
+    rewritten, counts = rewrite(model, inputs, "ieee")
+    assert counts == {"pointwise": 4}
+    with torch.no_grad():
+        for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_a_pointwise_program_reads_only_registers_it_has() -> None:
+    gate = Instruction(Step("mul", "full"), 0, 1)
+    assert Program(2, (gate,)).describe() == "mul"
+    with pytest.raises(ValueError, match="not yet computed"):
+        Program(1, (gate,))
+    with pytest.raises(ValueError, match="second register"):
+        Instruction(Step("relu"), 0, 1)
+    with pytest.raises(ValueError, match="per-channel"):
+        Program(1, (Instruction(Step("mul", "channel"), 0),))
 
 
 def test_attention_runs_under_the_interpreter(interpreter: None) -> None:

@@ -7,8 +7,9 @@ it, with at most one other operand that is a number, a per-channel vector (a bia
 scale) or a tensor of the output's own shape (a residual). The anchor can be a module (nn.Conv2d, nn.Linear,
 nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss, nn.Embedding ...), a function (F.linear, torch.matmul, torch.cdist,
 F.scaled_dot_product_attention, torch.softmax, F.cross_entropy, F.embedding ...) or a method (x.softmax(-1),
-x.mean(...)), written anywhere in the forward: the graph is what is matched, not the module tree. Everything else
-stays as it was, for eager or Inductor to run.
+x.mean(...)), written anywhere in the forward: the graph is what is matched, not the module tree. Then the
+elementwise graphs left over tensors of one shape (regions.pointwise) become one kernel each. Everything else stays
+as it was, for eager or Inductor to run.
 
 Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
 against the region's output. A model fx cannot trace as a whole has its children matched one by one. PyTorch's
@@ -41,7 +42,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from farm_agent.tuner.templates.epilogue import Step
 from farm_agent.tuner.templates.expand import expand
-from farm_agent.tuner.templates.regions import FINDERS
+from farm_agent.tuner.templates.regions import FINDERS, pointwise
 from farm_agent.tuner.templates.regions.attention import AttentionRegion
 from farm_agent.tuner.templates.regions.base import Anchor, TemplateRegion, dtype_of, shape_of
 from farm_agent.tuner.templates.regions.conv import ConvRegion
@@ -49,13 +50,14 @@ from farm_agent.tuner.templates.regions.cross_entropy import CrossEntropyRegion
 from farm_agent.tuner.templates.regions.distance import DistanceRegion
 from farm_agent.tuner.templates.regions.gather import GatherRegion
 from farm_agent.tuner.templates.regions.gemm import GemmRegion
+from farm_agent.tuner.templates.regions.pointwise import PointwiseRegion
 from farm_agent.tuner.templates.regions.pool import PoolRegion
 from farm_agent.tuner.templates.regions.rows import RowRegion
 from farm_agent.tuner.templates.regions.scan import ScanRegion
 
 __all__ = ["PRECISIONS", "Anchor", "AttentionRegion", "ConvRegion", "CrossEntropyRegion", "DistanceRegion",
-           "GatherRegion", "GemmRegion", "Matcher", "PoolRegion", "RowRegion", "ScanRegion", "TemplateRegion",
-           "regions", "rewrite"]
+           "GatherRegion", "GemmRegion", "Matcher", "PointwiseRegion", "PoolRegion", "RowRegion", "ScanRegion",
+           "TemplateRegion", "regions", "rewrite"]
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
@@ -265,6 +267,7 @@ class Matcher:
                 graph.erase_node(old)
                 erased.add(old)
             _erase_unused(graph, anchor.builders, erased)
+        count += pointwise.fuse(self, count)  # the elementwise graphs no anchored region took
         graph.lint()
         self.gm.recompile()
         return count
