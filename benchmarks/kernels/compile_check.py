@@ -144,9 +144,10 @@ def cases() -> list[tuple[Any, ...]]:
                 for mask in masks[:1] if op not in ("softmax", "layer_norm") else masks:
                     found.append((f"rows {op} one_pass={one_pass}" + (f" prologue mask={mask}" if prologue else ""),
                                   module.kernel,
-                                  {"X": "*fp32", "Y": "*fp32", "Wt": "*fp32", "Bs": "*fp32", "T": "*i64",
-                                   **epi_types(params), **pro_types,
-                                   **ints("R", "L", "CHANNELS", "G", "S", "IGNORE", "Q", "DIAG"), "eps": "fp32"},
+                                  {"X": "*fp32", "Y": "*fp32", "Y2": "*fp32", "Wt": "*fp32", "Bs": "*fp32",
+                                   "T": "*i64", **epi_types(params), **pro_types,
+                                   **ints("R", "L", "CHANNELS", "G", "S", "CORR", "IGNORE", "Q", "DIAG"),
+                                   "eps": "fp32"},
                                   {"OP": rowreduce.OP_CODE[op], "LSE": op in rowreduce.LSE_OPS, "HAS_W": True,
                                    "HAS_B": True, "ONE_PASS": one_pass, "ROW_OUT": op in rowreduce.ROW_OUTPUT,
                                    "HAS_PRO": bool(prologue), "MASK": mask, "ROWS": rows, "BLOCK": block},

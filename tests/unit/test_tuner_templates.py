@@ -727,6 +727,26 @@ def test_elementwise_graphs_left_over_are_one_pointwise_region_each() -> None:
         torch.testing.assert_close(got, want)
 
 
+class VarMeans(nn.Module):
+    """torch.var_mean over trailing dims (Bessel's correction or none, keepdim), and over a leading dim (not rows)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        var, mean = torch.var_mean(x, dim=-1)
+        b = torch.var_mean(x * 2.0, dim=(1, 2), correction=0, keepdim=True)
+        c = torch.var_mean(x, dim=2, unbiased=False)
+        d = torch.var_mean(x, 0)
+        return var, mean, b[0], b[1], c[0], c[1], d[0], d[1]
+
+
+def test_var_means_over_rows_are_one_row_region_with_two_outputs() -> None:
+    model, x = VarMeans(), torch.randn(3, 5, 7) * 2.0 + 0.5
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert counts == {"rows": 3}  # var_mean was left to PyTorch; over dim 0 it still is
+    assert sorted(r.describe() for r in regions(rewritten)) == ["mul[scalar] var_mean -", "var_mean -", "var_mean -"]
+    for got, want in zip(rewritten(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 class WrittenOut(nn.Module):
     """Norms as models write them out: RMSNorm by hand (three spellings of the square) with a weight, F.normalize;
     and forms left alone (the mean read twice, the norm along another dim)."""
@@ -886,7 +906,8 @@ def test_gather_tiles_hold_a_row_or_walk_it_in_chunks() -> None:
                                              ("rms_norm", {"rows": 1}), ("l2_normalize", {"rows": 1}),
                                              ("linear_groupnorm_silu_residual", {"gemm": 1, "rows": 1}),
                                              ("conv_transpose2d_dilated", {"conv": 1}),
-                                             ("elementwise_chain", {"pointwise": 1}), ("silu_gate", {"pointwise": 1})])
+                                             ("elementwise_chain", {"pointwise": 1}), ("silu_gate", {"pointwise": 1}),
+                                             ("var_mean_rows", {"rows": 1})])
 def test_the_benchmark_problems_low_on_the_speed_of_light_have_their_regions(name: str, kinds: dict) -> None:
     problem = load_problem(PROBLEMS / f"{name}.py")  # on the meta device, as tune_h200.py counts them
     rewritten, counts = rewrite(problem.model("meta"), problem.inputs("meta", seed=0), "tf32x3")
@@ -1098,6 +1119,18 @@ def test_a_pointwise_program_reads_only_registers_it_has() -> None:
         Instruction(Step("relu"), 0, 1)
     with pytest.raises(ValueError, match="per-channel"):
         Program(1, (Instruction(Step("mul", "channel"), 0),))
+
+
+def test_var_means_run_under_the_interpreter(interpreter: None) -> None:
+    model = VarMeans()
+    for shape in ((3, 5, 7), (2, 1, 17000)):  # one pass, and rows longer than MAX_ONE_PASS (statistics, then the rest)
+        x = torch.randn(shape) * 2.0 + 0.5
+        rewritten, counts = rewrite(model, [x], "ieee")
+        assert counts == {"rows": 3}
+        with torch.no_grad():
+            for got, want in zip(rewritten(x), model(x), strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
 
 
 def test_attention_runs_under_the_interpreter(interpreter: None) -> None:

@@ -1,5 +1,4 @@
-"""A dilated transposed convolution upsampling 64 x 64 maps to 128 x 128 (kernel 3, stride 2, dilation 3: an atrous
-decoder's wider window), 256 to 128 channels. Each output phase meets a different subset of the taps."""
+"""Dilated transposed convolution (kernel 3, stride 2, dilation 3: an atrous decoder) from 64 x 64 to 128 x 128 maps."""
 
 import torch
 

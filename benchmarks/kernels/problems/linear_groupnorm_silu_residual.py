@@ -1,5 +1,4 @@
-"""Linear, GroupNorm over its features, SiLU written out (y * sigmoid(y)), then the residual: a diffusion model's
-MLP block, where GroupNorm sits on a Linear's [tokens, features] output."""
+"""Linear, GroupNorm over its features, SiLU written out (y * sigmoid(y)), then the residual: a diffusion MLP block."""
 
 import torch
 

@@ -89,7 +89,7 @@ class Matcher:
 
     def anchor(self, node: fx.Node) -> Anchor | None:
         """The first region kind's anchor at `node` (regions.FINDERS, in order), or None."""
-        if shape_of(node) is None or dtype_of(node) != torch.float32:
+        if (shape_of(node) is None or dtype_of(node) != torch.float32) and not _fp32_tensors(node):
             return None
         mod = self.module(node)
         try:
@@ -277,6 +277,13 @@ class Matcher:
 _BUILDER_FUNCTIONS = (torch.ones, torch.triu, torch.tril, operator.getitem, getattr, operator.invert,
                       torch.logical_not)
 _BUILDER_METHODS = ("triu", "tril", "bool", "to", "size", "logical_not", "bitwise_not")
+
+
+def _fp32_tensors(node: fx.Node) -> bool:
+    """Whether the node's value is a tuple of fp32 tensors (torch.var_mean's (variance, mean)): a finder may take it
+    as a region of several outputs."""
+    meta = node.meta.get("tensor_meta")
+    return isinstance(meta, tuple) and bool(meta) and all(getattr(m, "dtype", None) == torch.float32 for m in meta)
 
 
 def _written_silu(tail: fx.Node) -> tuple[fx.Node, fx.Node] | None:

@@ -1,5 +1,6 @@
-"""One-pass row reductions: softmax, log-softmax, logsumexp, LayerNorm, RMSNorm, GroupNorm, sum, mean, amax, and the
-per-row loss of a cross-entropy (logsumexp minus the target's logit: one read of the row).
+"""One-pass row reductions: softmax, log-softmax, logsumexp, LayerNorm, RMSNorm, GroupNorm, sum, mean, amax, the
+per-row loss of a cross-entropy (logsumexp minus the target's logit: one read of the row), and torch.var_mean (two
+outputs from one read: the variance at Y, the mean at Y2).
 
 The input is viewed as rows of length L (the reduced dims, contiguous): a LayerNorm's or softmax's last dim, a
 GroupNorm's (channels of a group x spatial), a global average pool's spatial dims. A prologue (templates.prologue: a
@@ -25,8 +26,8 @@ from farm_agent.tuner.templates.prologue import Prologue, check, fill_of
 from farm_agent.tuner.templates.prologue import triton_lines as prologue_lines
 
 OPS = ("softmax", "log_softmax", "logsumexp", "layer_norm", "rms_norm", "group_norm", "sum", "mean", "amax",
-       "cross_entropy", "normalize")
-ROW_OUTPUT = ("logsumexp", "sum", "mean", "amax", "cross_entropy")
+       "cross_entropy", "normalize", "var_mean")
+ROW_OUTPUT = ("logsumexp", "sum", "mean", "amax", "cross_entropy", "var_mean")
 LSE_OPS = ("softmax", "log_softmax", "logsumexp", "cross_entropy")
 MAX_ONE_PASS = 16384
 
@@ -41,6 +42,7 @@ class RowSpec:
     groups: int = 1  # group_norm only
     keepdim: bool = False  # row outputs: keep the reduced dims as size 1
     ignore_index: int = -100  # cross_entropy only: rows with this target count 0
+    correction: int = 1  # var_mean only: the variance divides by L - correction (1: Bessel's, PyTorch's default)
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -96,6 +98,8 @@ def torch_rows(x: torch.Tensor, spec: RowSpec, weight: torch.Tensor | None = Non
         return F.group_norm(x, spec.groups, weight, bias, spec.eps)
     if spec.op == "normalize":
         return F.normalize(x, p=2.0, dim=-1, eps=spec.eps)
+    if spec.op == "var_mean":  # a tuple: (variance, mean)
+        return torch.var_mean(x, dim=dims, correction=spec.correction, keepdim=spec.keepdim)  # type: ignore[return-value]
     if spec.op == "sum":
         return x.sum(dim=dims, keepdim=spec.keepdim)
     if spec.op == "mean":
@@ -133,13 +137,14 @@ def load_tile(X, rows, r_ok, c, L, Q, DIAG, {pro_params}other, HAS_PRO: tl.const
 
 
 @triton.jit
-def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, IGNORE, Q, DIAG,
+def kernel(X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, CORR, IGNORE, Q, DIAG,
            OP: tl.constexpr, LSE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_PASS: tl.constexpr,
            ROW_OUT: tl.constexpr, HAS_PRO: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
            BLOCK: tl.constexpr):
     # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax,
     # 9 cross_entropy (per row: logsumexp minus the logit at the row's target T, 0 where the target is IGNORE),
-    # 10 normalize (x / max(|x|, eps), F.normalize's p = 2);
+    # 10 normalize (x / max(|x|, eps), F.normalize's p = 2), 11 var_mean (the variance over L - CORR at Y, the
+    # mean at Y2);
     # LSE: the row's max and sum of exponentials are its statistics (0, 1, 2 and 9)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     r_ok = rows < R
@@ -176,6 +181,10 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
             row = tl.sum(x, axis=1)
         elif OP == 7:
             row = tl.sum(x, axis=1) / L
+        elif OP == 11:
+            mean = tl.sum(x, axis=1) / L
+            xc = tl.where(m2, x - mean[:, None], 0.0)
+            row = tl.sum(xc * xc, axis=1) / (L - CORR)
         else:
             row = tl.max(tl.where(m2, x, float("-inf")), axis=1)
     else:
@@ -183,7 +192,7 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
         if LSE:
             run_max = tl.full((ROWS, BLOCK), float("-inf"), dtype=tl.float32)
             run_sum = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
-        elif OP == 4 or OP >= 6:
+        elif OP == 4 or (OP >= 6 and OP != 11):
             shift = tl.zeros((ROWS,), dtype=tl.float32)
         elif HAS_PRO:  # the mean of the row's first block after the prologue (near the row's mean, usually)
             first = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
@@ -231,6 +240,8 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
                 row = s1
             elif OP == 8:
                 row = tl.max(accm, axis=1)
+            elif OP == 11:
+                row = tl.maximum(s2 - s1 * s1, 0.0) * L / (L - CORR)
     if ROW_OUT:
         if OP == 9:
             t = tl.load(T + rows, mask=r_ok, other=IGNORE)
@@ -242,6 +253,8 @@ def kernel(X, Y, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, I
         mask = r_ok
 {epilogue_row}
         tl.store(Y + offs, acc, mask=mask)
+        if OP == 11:
+            tl.store(Y2 + offs, mean, mask=mask)
     elif ONE_PASS:
         acc = full
         mask = r_ok[:, None] & (cols[None, :] < L)
@@ -333,14 +346,15 @@ class RowKernel:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                  operands: Sequence[torch.Tensor], channels: int = 1, targets: torch.Tensor | None = None,
-                 pro_operands: Sequence[torch.Tensor] = ()) -> torch.Tensor:
-        """pro_operands: the prologue's tensors, of x's shape."""
+                 pro_operands: Sequence[torch.Tensor] = ()) -> Any:
+        """pro_operands: the prologue's tensors, of x's shape. A tensor; for var_mean, (variance, mean)."""
         import triton
 
         spec = self.spec
         x = x.contiguous()
         r, length = spec.rows(x.shape)
         y = torch.empty(spec.output_shape(x.shape), device=x.device, dtype=torch.float32)
+        y2 = torch.empty_like(y) if spec.op == "var_mean" else y
         one_pass = length <= MAX_ONE_PASS
         spatial = 1
         if spec.op == "group_norm":
@@ -351,11 +365,11 @@ class RowKernel:
         if fill is not None and x.dim() < 2:
             raise ValueError("a causal fill needs a [..., Q, K] input")
         kernel[lambda meta: (triton.cdiv(r, meta["ROWS"]),)](
-            x, y, weight if weight is not None else x, bias if bias is not None else x,
+            x, y, y2, weight if weight is not None else x, bias if bias is not None else x,
             targets.contiguous() if targets is not None else x, *operands,
             *(t.float().expand(x.shape).contiguous() for t in pro_operands), r, length, channels, spec.groups,
-            spatial, spec.eps, spec.ignore_index, x.shape[-2] if fill is not None else 1,
+            spatial, spec.eps, spec.correction, spec.ignore_index, x.shape[-2] if fill is not None else 1,
             fill.diagonal if fill is not None else 0, OP=OP_CODE[spec.op], LSE=spec.op in LSE_OPS,
             HAS_W=weight is not None, HAS_B=bias is not None, ONE_PASS=one_pass, ROW_OUT=spec.op in ROW_OUTPUT,
             HAS_PRO=bool(self.prologue), MASK=fill.code if fill is not None else 0)
-        return y
+        return (y, y2) if spec.op == "var_mean" else y

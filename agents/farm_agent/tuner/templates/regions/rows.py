@@ -1,6 +1,6 @@
 """Row ops (templates.rowreduce): softmax, log-softmax, logsumexp, sum, mean (adaptive average pools to 1 too), amax,
-LayerNorm, RMSNorm (the module, or written out), GroupNorm and F.normalize, each with the elementwise prologue before
-it (templates.prologue: what only it reads, a causal masked_fill included) and the chain after it."""
+torch.var_mean, LayerNorm, RMSNorm (the module, or written out), GroupNorm and F.normalize, each with the elementwise
+prologue before it (templates.prologue: what only it reads, a causal masked_fill included) and the chain after it."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def find(matcher: Matcher, node: fx.Node, mod: nn.Module | None) -> Anchor | Non
     # a multi-dim LayerNorm's feature index spans several dims: a per-channel operand would not be one vector
     allows = not (spec.op in ("layer_norm", "rms_norm") and spec.reduced > 1)
     return Anchor("rows", [start, *pro_operands], channel_dim, make_rows, allows_channel=allows,
-                  absorbed=absorbed, builders=builders)
+                  absorbed=absorbed, builders=builders, chainable=spec.op != "var_mean")  # var_mean: a tuple
 
 
 def _rms_written_out(mean: fx.Node, spec: RowSpec | None) -> Anchor | None:
@@ -241,6 +241,8 @@ def _row_call(node: fx.Node, ndim: int) -> tuple[RowSpec | None, int]:
     normalize = _normalize_call(node, ndim)
     if normalize is not None:
         return normalize, -1
+    if node.op == "call_function" and node.target is torch.var_mean:
+        return _var_mean_call(node, ndim), -1
     if node.op == "call_function" and node.target not in (torch.softmax, F.softmax, torch.log_softmax,
                                                             F.log_softmax, torch.logsumexp, torch.sum, torch.mean,
                                                             torch.amax):
@@ -261,6 +263,21 @@ def _row_call(node: fx.Node, ndim: int) -> tuple[RowSpec | None, int]:
     if name in ("logsumexp", "sum", "mean", "amax"):
         return RowSpec(name, reduced=reduced, keepdim=keepdim), -1
     return None, -1
+
+
+def _var_mean_call(node: fx.Node, ndim: int) -> RowSpec | None:
+    """torch.var_mean(x, dim, [unbiased,] keepdim=..., correction=...) over trailing dims (numbers, not nodes)."""
+    args = dict(zip(("input", "dim", "unbiased", "keepdim"), node.args, strict=False)) | dict(node.kwargs)
+    args.pop("input", None)
+    dims = _dim_list(args.pop("dim", None), ndim)
+    unbiased, correction = args.pop("unbiased", None), args.pop("correction", None)
+    keepdim = args.pop("keepdim", False)
+    if args or dims is None or dims != list(range(ndim - len(dims), ndim)) or not isinstance(keepdim, bool) \
+            or any(v is not None and (isinstance(v, fx.Node) or not isinstance(v, (bool, int))) for v in
+                   (unbiased, correction)) or (unbiased is not None and correction is not None):
+        return None
+    corr = int(correction) if correction is not None else (0 if unbiased is False else 1)
+    return RowSpec("var_mean", reduced=len(dims), keepdim=keepdim, correction=corr)
 
 
 def _normalize_call(node: fx.Node, ndim: int) -> RowSpec | None:
