@@ -747,6 +747,20 @@ def test_var_means_over_rows_are_one_row_region_with_two_outputs() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_other_ops_of_several_outputs_are_left_alone() -> None:
+    class Tuples(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            pooled, where = F.max_pool2d(x, 2, return_indices=True)
+            top = torch.max(x, dim=-1)
+            return pooled, where, top.values, top.indices, torch.std_mean(x, dim=-1)[0]
+
+    model, x = Tuples(), torch.randn(2, 3, 8, 8)
+    rewritten, counts = rewrite(model, [x], "ieee")
+    assert not counts
+    for got, want in zip(rewritten(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
 class WrittenOut(nn.Module):
     """Norms as models write them out: RMSNorm by hand (three spellings of the square) with a weight, F.normalize;
     and forms left alone (the mean read twice, the norm along another dim)."""
