@@ -140,9 +140,11 @@ def cases() -> list[tuple[Any, ...]]:
         for op in rowreduce.OPS:
             if prologue and op in ("cross_entropy", "group_norm"):
                 continue
-            for one_pass, rows, block, warps in ((True, 4, 1024, 8), (False, 1, 4096, 8)):
+            for one_pass, rows, block, warps, persist in ((True, 4, 1024, 8, False), (False, 1, 4096, 8, False),
+                                                          (False, 1, 4096, 8, True)):
                 for mask in masks[:1] if op not in ("softmax", "layer_norm") else masks:
-                    found.append((f"rows {op} one_pass={one_pass}" + (f" prologue mask={mask}" if prologue else ""),
+                    found.append((f"rows {op} one_pass={one_pass} persist={persist}"
+                                  + (f" prologue mask={mask}" if prologue else ""),
                                   module.kernel,
                                   {"X": "*fp32", "Y": "*fp32", "Y2": "*fp32", "Wt": "*fp32", "Bs": "*fp32",
                                    "T": "*i64", **epi_types(params), **pro_types,
@@ -150,7 +152,8 @@ def cases() -> list[tuple[Any, ...]]:
                                    "eps": "fp32"},
                                   {"OP": rowreduce.OP_CODE[op], "LSE": op in rowreduce.LSE_OPS, "HAS_W": True,
                                    "HAS_B": True, "ONE_PASS": one_pass, "ROW_OUT": op in rowreduce.ROW_OUTPUT,
-                                   "HAS_PRO": bool(prologue), "MASK": mask, "ROWS": rows, "BLOCK": block},
+                                   "HAS_PRO": bool(prologue), "MASK": mask, "ROWS": rows, "BLOCK": block,
+                                   "PERSIST": persist},
                                   warps, 2))
     module = codegen.load_source(scan.ScanKernel(scan.ScanSpec("cumsum"), CHAIN).source(), "check_scan")
     for op in scan.OPS:

@@ -41,6 +41,7 @@ from farm_agent.tuner.templates.matcher import (AttentionRegion, ConvRegion, Cro
 from farm_agent.tuner.templates.pointwise import Instruction, Program
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
+from farm_agent.tuner.templates import rowreduce
 from farm_agent.tuner.templates.rowreduce import RowKernel, RowSpec, plan, torch_rows
 from farm_agent.tuner.templates.scan import plan as scan_plan
 
@@ -1145,6 +1146,26 @@ def test_var_means_run_under_the_interpreter(interpreter: None) -> None:
             for got, want in zip(rewritten(x), model(x), strict=True):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_rows_read_twice_run_on_a_persistent_grid_under_the_interpreter(interpreter: None,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The persistent tiles (a program walking several row blocks, the second read evict-first) give the same
+    rows: forced here, since the interpreter runs only an autotuner's first config."""
+    assert rowreduce.configs(17000)[-1][-1] and not any(p for *_, p in rowreduce.configs(4096))
+    monkeypatch.setattr(rowreduce, "configs", lambda length: [(1, 4096, 8, True)])
+    x = torch.randn(7, 17000) * 3.0 + 1.0  # 7 rows over 3 programs (_sm_count off a GPU)
+    weight, bias = torch.rand(17000) + 0.5, torch.randn(17000)
+    for spec, w, b, want in ((RowSpec("layer_norm"), weight, bias, F.layer_norm(x, (17000,), weight, bias)),
+                             (RowSpec("log_softmax"), None, None, torch.log_softmax(x, -1)),
+                             (RowSpec("var_mean"), None, None, torch.var_mean(x, -1))):
+        got = RowKernel(spec, ())(x, w, b, ())
+        for g, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,),
+                        strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+    groups = torch.randn(3, 8, 64, 70)  # 6 rows (3 maps x 2 groups) of 4 x 4480 = 17,920
+    torch.testing.assert_close(RowKernel(RowSpec("group_norm", groups=2), ())(groups, None, None, ()),
+                               F.group_norm(groups, 2), rtol=1e-4, atol=1e-4)
 
 
 def test_attention_runs_under_the_interpreter(interpreter: None) -> None:

@@ -113,7 +113,8 @@ import triton.language as tl
 
 
 @triton.jit
-def load_tile(X, rows, r_ok, c, L, Q, DIAG, {pro_params}other, HAS_PRO: tl.constexpr, MASK: tl.constexpr):
+def load_tile(X, rows, r_ok, c, L, Q, DIAG, {pro_params}other, HAS_PRO: tl.constexpr, MASK: tl.constexpr,
+              EVICT: tl.constexpr):
     # the rows' elements at columns c as fp32, after the prologue; `other` past the row's end. MASK (a causal
     # fill): 1 keeps the columns before q + DIAG, 2 those after it, q the row's index in its [Q, L] matrix. The
     # filled elements are read all the same: the evaluator takes a time under (every input and output byte) /
@@ -128,11 +129,11 @@ def load_tile(X, rows, r_ok, c, L, Q, DIAG, {pro_params}other, HAS_PRO: tl.const
             keep = c[None, :] > (rows % Q + DIAG)[:, None]
         else:
             keep = inside
-        acc = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        acc = tl.load(X + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
 {prologue}
         acc = tl.where(inside, acc, other)
     else:
-        acc = tl.load(X + offs, mask=inside, other=other).to(tl.float32)
+        acc = tl.load(X + offs, mask=inside, other=other, eviction_policy=EVICT).to(tl.float32)
     return acc
 
 
@@ -140,19 +141,37 @@ def load_tile(X, rows, r_ok, c, L, Q, DIAG, {pro_params}other, HAS_PRO: tl.const
 def kernel(X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, CORR, IGNORE, Q, DIAG,
            OP: tl.constexpr, LSE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ONE_PASS: tl.constexpr,
            ROW_OUT: tl.constexpr, HAS_PRO: tl.constexpr, MASK: tl.constexpr, ROWS: tl.constexpr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, PERSIST: tl.constexpr):
+    # PERSIST (rows read twice): as many programs as SMs, each finishing its rows one block after the other, so
+    # that the rows read by the first pass are few enough to be in L2 still when the second pass reads them
+    if PERSIST:
+        for pid in range(tl.program_id(0), tl.cdiv(R, ROWS), tl.num_programs(0)):
+            row_block(pid, X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, CORR, IGNORE, Q,
+                      DIAG, OP, LSE, HAS_W, HAS_B, ONE_PASS, ROW_OUT, HAS_PRO, MASK, ROWS, BLOCK, "evict_last",
+                      "evict_first")
+    else:
+        row_block(tl.program_id(0), X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, CORR,
+                  IGNORE, Q, DIAG, OP, LSE, HAS_W, HAS_B, ONE_PASS, ROW_OUT, HAS_PRO, MASK, ROWS, BLOCK, "", "")
+
+
+@triton.jit
+def row_block(pid, X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, eps, CORR, IGNORE, Q, DIAG,
+              OP: tl.constexpr, LSE: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+              ONE_PASS: tl.constexpr, ROW_OUT: tl.constexpr, HAS_PRO: tl.constexpr, MASK: tl.constexpr,
+              ROWS: tl.constexpr, BLOCK: tl.constexpr, EVICT1: tl.constexpr, EVICT2: tl.constexpr):
+    # EVICT1, EVICT2: the first and second reads' eviction policies (two-pass rows)
     # OP: 0 softmax, 1 log_softmax, 2 logsumexp, 3 layer_norm, 4 rms_norm, 5 group_norm, 6 sum, 7 mean, 8 amax,
     # 9 cross_entropy (per row: logsumexp minus the logit at the row's target T, 0 where the target is IGNORE),
     # 10 normalize (x / max(|x|, eps), F.normalize's p = 2), 11 var_mean (the variance over L - CORR at Y, the
     # mean at Y2);
     # LSE: the row's max and sum of exponentials are its statistics (0, 1, 2 and 9)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rows = pid * ROWS + tl.arange(0, ROWS)
     r_ok = rows < R
     cols = tl.arange(0, BLOCK)
     y_rows = Y + rows.to(tl.int64)[:, None] * L
     if ONE_PASS:
         m2 = r_ok[:, None] & (cols[None, :] < L)
-        x = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
+        x = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK, "")
         if LSE:
             xm = tl.where(m2, x, float("-inf"))
             mx = tl.max(xm, axis=1)
@@ -195,7 +214,7 @@ def kernel(X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, ep
         elif OP == 4 or (OP >= 6 and OP != 11):
             shift = tl.zeros((ROWS,), dtype=tl.float32)
         elif HAS_PRO:  # the mean of the row's first block after the prologue (near the row's mean, usually)
-            first = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
+            first = load_tile(X, rows, r_ok, cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK, EVICT1)
             shift = tl.sum(first, axis=1) / tl.minimum(L, BLOCK)
         else:
             shift = tl.load(X + rows.to(tl.int64) * L, mask=r_ok, other=0.0).to(tl.float32)
@@ -206,13 +225,14 @@ def kernel(X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, ep
         for start in range(0, L, BLOCK):
             m2 = r_ok[:, None] & ((start + cols)[None, :] < L)
             if LSE:
-                x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}float("-inf"), HAS_PRO, MASK)
+                x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}float("-inf"), HAS_PRO, MASK,
+                              EVICT1)
                 new_max = tl.maximum(run_max, x)
                 scale = tl.where(new_max == float("-inf"), 0.0, tl.exp(run_max - new_max))
                 run_sum = run_sum * scale + tl.where(x == float("-inf"), 0.0, tl.exp(x - new_max))
                 run_max = new_max
             else:
-                x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
+                x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK, EVICT1)
                 d = tl.where(m2, x - shift[:, None], 0.0)
                 acc1 += d
                 acc2 += d * d
@@ -272,7 +292,7 @@ def kernel(X, Y, Y2, Wt, Bs, T, {epi_params}{pro_params}R, L, CHANNELS, G, S, ep
     else:
         for start in range(0, L, BLOCK):
             mask = r_ok[:, None] & ((start + cols)[None, :] < L)
-            x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK)
+            x = load_tile(X, rows, r_ok, start + cols, L, Q, DIAG, {pro_args}0.0, HAS_PRO, MASK, EVICT2)
             if OP == 0:
                 acc = tl.exp(x - row[:, None])
             elif OP == 1:
@@ -315,6 +335,15 @@ def plan(length: int) -> list[tuple[int, int, int]]:
     return [(1, 4096, 8), (1, 2048, 4), (1, 8192, 16)]
 
 
+def configs(length: int) -> list[tuple[int, int, int, bool]]:
+    """(ROWS, BLOCK, num_warps, PERSIST): plan's tiles, and for rows read twice the same tiles on a persistent grid
+    (one program an SM: the rows in flight are few enough that the second read finds them in L2). The autotuner
+    times both: the persistent grid is a choice, never forced."""
+    tiles = plan(length)
+    return [(r, b, w, False) for r, b, w in tiles] + \
+        ([(r, b, w, True) for r, b, w in tiles] if length > MAX_ONE_PASS else [])
+
+
 class RowKernel:
     def __init__(self, spec: RowSpec, chain: tuple[Step, ...], prologue: Prologue = ()) -> None:
         check(prologue)
@@ -340,8 +369,9 @@ class RowKernel:
 
         if one_pass not in self._kernels:
             module = codegen.load_source(self.source(), "rows")
-            configs = [triton.Config({"ROWS": r, "BLOCK": b}, num_warps=w) for r, b, w in plan(length)]
-            self._kernels[one_pass] = codegen.autotuned(module.kernel, configs, ["R", "L"])
+            tiles = [triton.Config({"ROWS": r, "BLOCK": b, "PERSIST": p}, num_warps=w)
+                     for r, b, w, p in configs(length)]
+            self._kernels[one_pass] = codegen.autotuned(module.kernel, tiles, ["R", "L"])
         return self._kernels[one_pass]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
@@ -364,7 +394,9 @@ class RowKernel:
         fill = fill_of(self.prologue)
         if fill is not None and x.dim() < 2:
             raise ValueError("a causal fill needs a [..., Q, K] input")
-        kernel[lambda meta: (triton.cdiv(r, meta["ROWS"]),)](
+        programs = _sm_count(x.device)
+        kernel[lambda meta: (min(triton.cdiv(r, meta["ROWS"]), programs) if meta["PERSIST"] else
+                             triton.cdiv(r, meta["ROWS"]),)](
             x, y, y2, weight if weight is not None else x, bias if bias is not None else x,
             targets.contiguous() if targets is not None else x, *operands,
             *(t.float().expand(x.shape).contiguous() for t in pro_operands), r, length, channels, spec.groups,
@@ -373,3 +405,10 @@ class RowKernel:
             HAS_W=weight is not None, HAS_B=bias is not None, ONE_PASS=one_pass, ROW_OUT=spec.op in ROW_OUTPUT,
             HAS_PRO=bool(self.prologue), MASK=fill.code if fill is not None else 0)
         return (y, y2) if spec.op == "var_mean" else y
+
+
+def _sm_count(device: torch.device) -> int:
+    """The persistent grid's size: the GPU's SMs (under the CPU interpreter, a few, so that programs loop)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 3
