@@ -1106,23 +1106,26 @@ def test_row_ops_with_a_prologue_run_under_the_interpreter(interpreter: None) ->
     assert not any(q.failed for q in regions(rewritten)), codegen.FAILURES
 
 
-def test_a_group_norm_over_a_linears_features_runs_under_the_interpreter(interpreter: None) -> None:
-    model, x = GemmGroupNorm().eval(), torch.randn(6, 16)
-    rewritten, counts = rewrite(model, [x], "ieee")
-    assert counts == {"rows": 1}  # the GEMM with a bias alone is left to cuBLAS under ieee
+def runs_as_templates(model: nn.Module, inputs: list[torch.Tensor], counts: dict[str, int],
+                      precision: str = "ieee", tol: float = 1e-4) -> None:
+    """The model rewritten has these regions, every one ran its kernel, and it computes the model's outputs."""
+    rewritten, found = rewrite(model, inputs, precision)
+    assert found == counts
     with torch.no_grad():
-        torch.testing.assert_close(rewritten(x), model(x), rtol=1e-4, atol=1e-4)
+        got, want = (o if isinstance(o, tuple) else (o,) for o in (rewritten(*inputs), model(*inputs)))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=tol, atol=tol)
     assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+
+
+def test_a_group_norm_over_a_linears_features_runs_under_the_interpreter(interpreter: None) -> None:
+    # the GEMM with a bias alone is left to cuBLAS under ieee
+    runs_as_templates(GemmGroupNorm().eval(), [torch.randn(6, 16)], {"rows": 1})
 
 
 def test_elementwise_graphs_run_as_one_kernel_each_under_the_interpreter(interpreter: None) -> None:
-    model, inputs = Elementwise(), [torch.randn(256, 256), torch.randn(256, 256) * 3.0, torch.randn(8, 8)]
-    rewritten, counts = rewrite(model, inputs, "ieee")
-    assert counts == {"pointwise": 4}
-    with torch.no_grad():
-        for got, want in zip(rewritten(*inputs), model(*inputs), strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+    inputs = [torch.randn(256, 256), torch.randn(256, 256) * 3.0, torch.randn(8, 8)]
+    runs_as_templates(Elementwise(), inputs, {"pointwise": 4}, tol=1e-5)
 
 
 def test_a_pointwise_program_reads_only_registers_it_has() -> None:
@@ -1137,15 +1140,8 @@ def test_a_pointwise_program_reads_only_registers_it_has() -> None:
 
 
 def test_var_means_run_under_the_interpreter(interpreter: None) -> None:
-    model = VarMeans()
     for shape in ((3, 5, 7), (2, 1, 17000)):  # one pass, and rows longer than MAX_ONE_PASS (statistics, then the rest)
-        x = torch.randn(shape) * 2.0 + 0.5
-        rewritten, counts = rewrite(model, [x], "ieee")
-        assert counts == {"rows": 3}
-        with torch.no_grad():
-            for got, want in zip(rewritten(x), model(x), strict=True):
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        assert not any(r.failed for r in regions(rewritten)), codegen.FAILURES
+        runs_as_templates(VarMeans(), [torch.randn(shape) * 2.0 + 0.5], {"rows": 3})
 
 
 def test_rows_read_twice_run_on_a_persistent_grid_under_the_interpreter(interpreter: None,
