@@ -13,6 +13,7 @@ channel (group norm) or the row's channel (row outputs: logsumexp, sum, mean, am
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -407,6 +408,7 @@ class RowKernel:
         return (y, y2) if spec.op == "var_mean" else y
 
 
+@functools.cache  # read once a device: a template's launch is on the timed path
 def _sm_count(device: torch.device) -> int:
     """The persistent grid's size: the GPU's SMs (under the CPU interpreter, a few, so that programs loop)."""
     if device.type == "cuda":
