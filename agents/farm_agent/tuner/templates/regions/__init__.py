@@ -2,7 +2,8 @@
 (`find(matcher, node, mod) -> Anchor | None`). Adding a kind is a new module and a line in FINDERS.
 
 A node is offered to each finder in FINDERS' order and the first anchor found is its region's. The finders claim
-disjoint nodes but the row ops' finder, the most general (any row op, and the elementwise nodes before it), is last."""
+disjoint nodes but the row ops' finder, the most general (any row op, and the elementwise nodes before it), is last.
+What no anchored region took, pointwise.fuse (not a finder) takes last: the elementwise graphs left."""
 
 from __future__ import annotations
 
