@@ -5,7 +5,8 @@
 # (benchmarks/gpu/pydantic.sh, from a .whl/pyd carry). Env: ONLY (model names), BUDGET (s per model, default 75),
 # LIMIT_S (start no model after it, default 480), RTOL (default 1e-4), FAMILIES (default: the rivals below).
 # Writes $OUT/models.json, $OUT/models.log and $OUT/policy.json (what the suite taught the tuner's policy: copy
-# it to a node's ~/.farm/tuner/policy.json and its first job searches in that order).  Run from the repository root:  bash benchmarks/gpu/models_h200.sh
+# it to a node's ~/.farm/tuner/policy.json and its first job searches in that order).
+# Run from the repository root:  bash benchmarks/gpu/models_h200.sh
 OUT=${OUT:-/tmp/models-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FARM_STATE_DIR=/tmp/farm-models-state
 . benchmarks/gpu/pydantic.sh

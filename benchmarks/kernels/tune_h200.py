@@ -193,7 +193,7 @@ def merge(args: argparse.Namespace) -> None:
                                                           for r in data["reports"] for t in r["trials"]):
             args.objective = Objective.ENERGY.value
     failures = {name: why for name, why in failures.items() if name not in reports}
-    args.out, args.merge = None, [str(p) for p in args.merge]
+    args.out = None  # the parts' JSON files stay the record
     state = {"args": args, "started": time.perf_counter() - wall, "check": check}
     merged = sorted(reports.values(), key=lambda r: r.problem)
     write(state, merged, failures)

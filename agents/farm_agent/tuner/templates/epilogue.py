@@ -170,6 +170,11 @@ def literal(value: float) -> str:
     return repr(value) if math.isfinite(value) else f'float("{value}")'
 
 
+# A binary step's Triton expression: the running value `acc` and the other operand {o}.
+BINARY_SOURCE = {"add": "acc + {o}", "sub": "acc - {o}", "rsub": "{o} - acc", "mul": "acc * {o}", "div": "acc / {o}",
+                 "rdiv": "{o} / acc"}
+
+
 def step_expression(step: Step, operand: str | None = None, hoisted: bool = False) -> str:
     """The new value of `acc` after `step`; `operand`: the pointer parameter of its tensor, read at `chan`
     (channel) or `offs` (full) under `mask` (hoisted: a channel operand is the value `channel_lines` loaded)."""
@@ -181,8 +186,7 @@ def step_expression(step: Step, operand: str | None = None, hoisted: bool = Fals
         else:
             index = "chan" if step.operand == "channel" else "offs"
             other = f"tl.load({operand} + {index}, mask=mask, other=1.0).to(tl.float32)"
-        return {"add": "acc + {o}", "sub": "acc - {o}", "rsub": "{o} - acc", "mul": "acc * {o}",
-                "div": "acc / {o}", "rdiv": "{o} / acc"}[step.op].format(o=other)
+        return BINARY_SOURCE[step.op].format(o=other)
     if step.op == "clamp":
         expression = "acc"
         if step.lo is not None:

@@ -291,8 +291,8 @@ def _written_silu(tail: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     SiLU as models write it out (a swish), which reads y twice and so would end a chain of single users."""
     if len(tail.users) != 2:
         return None
-    gate = next((u for u in tail.users if ACT_FUNCTIONS.get(u.target) == "sigmoid" and u.op == "call_function"
-                 or u.op == "call_method" and u.target == "sigmoid"), None)
+    gate = next((u for u in tail.users if (u.op == "call_function" and ACT_FUNCTIONS.get(u.target) == "sigmoid")
+                 or (u.op == "call_method" and u.target == "sigmoid")), None)
     if gate is None or gate.args != (tail,) or gate.kwargs or len(gate.users) != 1:
         return None
     product = next(iter(gate.users))

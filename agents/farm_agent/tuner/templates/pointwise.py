@@ -20,11 +20,7 @@ from typing import Any
 import torch
 
 from farm_agent.tuner.templates import codegen
-from farm_agent.tuner.templates.epilogue import BINARY, Step, reference, step_expression
-
-_BINARY_SOURCE = {"add": "{a} + {b}", "sub": "{a} - {b}", "rsub": "{b} - {a}", "mul": "{a} * {b}",
-                  "div": "{a} / {b}", "rdiv": "{b} / {a}"}
-
+from farm_agent.tuner.templates.epilogue import BINARY, BINARY_SOURCE, Step, reference, step_expression
 
 @dataclass(frozen=True)
 class Instruction:
@@ -86,11 +82,10 @@ def source(program: Program) -> str:
              for i in range(program.inputs)]
     body = []
     for i, ins in enumerate(program.body):
-        a = f"v{ins.a}"
-        if ins.b is not None:
-            expression = _BINARY_SOURCE[ins.step.op].format(a=a, b=f"v{ins.b}")
-        else:  # the epilogue's expression of the step on `acc`, on this register instead
-            expression = re.sub(r"\bacc\b", a, step_expression(ins.step))
+        # the epilogue's expression of the step on `acc` (and a register for a full operand), on this register
+        expression = BINARY_SOURCE[ins.step.op].format(o=f"v{ins.b}") if ins.b is not None else \
+            step_expression(ins.step)
+        expression = re.sub(r"\bacc\b", f"v{ins.a}", expression)
         body.append(f"    v{program.inputs + i} = {expression}")
     return _SOURCE.format(inputs="".join(f"X{i}, " for i in range(program.inputs)), loads="\n".join(loads),
                           body="\n".join(body), last=program.inputs + len(program.body) - 1)
