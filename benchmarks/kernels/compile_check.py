@@ -2,7 +2,8 @@
 ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and direct, normal and transposed, each
 precision; GEMM and pairwise distances; attention, each precision, causal or not; pooling max and average; each row
 op one-pass and looped, with and without a prologue; each scan packed and looped; the embedding gather, each tile,
-int32 and int64 ids, a row in one chunk and in a loop; an elementwise graph), each with an epilogue chain of every
+int32 and int64 ids, a row in one chunk and in a loop; an elementwise graph; a GRU's and an LSTM's recurrence, each
+tile and precision), each with an epilogue chain of every
 operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "agents")]
 
 from farm_agent.tuner.templates import (attention, codegen, conv, gather, gemm, plane, pointwise,  # noqa: E402
-                                        pool, rowreduce, scan, stream)
+                                        pool, recurrence, rowreduce, scan, stream)
 from farm_agent.tuner.templates import prologue as prologue_module  # noqa: E402
 from farm_agent.tuner.templates.epilogue import Step, triton_lines  # noqa: E402
 
@@ -193,6 +194,16 @@ def cases() -> list[tuple[Any, ...]]:
     for block, warps in pointwise.plan():
         found.append((f"pointwise {program.describe()} {block}", module.kernel,
                       {"X0": "*fp32", "X1": "*fp32", "Y": "*fp32", "N": "i64"}, {"BLOCK": block}, warps, 2))
+    module = codegen.load_source(recurrence._SOURCE, "check_recurrence")
+    for lstm, hidden in ((False, 128), (True, 256), (True, 100)):
+        for precision in ("ieee", "tf32x3"):
+            for config in recurrence.configs(512, hidden):
+                bb, bn = config.kwargs["BLOCK_B"], config.kwargs["BLOCK_N"]
+                found.append((f"recurrence {'lstm' if lstm else 'gru'} {precision} h={hidden} {bb}x{bn}",
+                              module.kernel, {**{n: "*fp32" for n in ("XP", "W", "BHN", "Y", "C")},
+                                              **ints("B", "T", "s_xb", "s_xt", "s_yb", "s_yt")},
+                              {"H": hidden, "G": 4 if lstm else 3, "LSTM": lstm, "PRECISION": precision,
+                               **config.kwargs}, config.num_warps, config.num_stages))
     return found
 
 

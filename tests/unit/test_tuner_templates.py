@@ -40,6 +40,7 @@ from farm_agent.tuner.templates.matcher import (AttentionRegion, ConvRegion, Cro
                                                 rewrite)
 from farm_agent.tuner.templates.pointwise import Instruction, Program
 from farm_agent.tuner.templates.pool import PoolSpec, torch_pool, window_reference
+from farm_agent.tuner.templates.recurrence import pack, torch_layer
 from farm_agent.tuner.templates.pool import streamed as pool_streamed
 from farm_agent.tuner.templates import rowreduce
 from farm_agent.tuner.templates.rowreduce import RowKernel, RowSpec, plan, torch_rows
@@ -762,6 +763,53 @@ def test_other_ops_of_several_outputs_are_left_alone() -> None:
         torch.testing.assert_close(got, want)
 
 
+class Recurrent(nn.Module):
+    """A stacked bidirectional GRU (batch first) and an LSTM without biases over time-major input, their final
+    states read too; and forms left to PyTorch: a GRU given its initial state, an LSTM with a projection, nn.RNN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(6, 20, num_layers=2, batch_first=True, bidirectional=True)
+        self.lstm = nn.LSTM(6, 12, bias=False)
+        self.seeded = nn.GRU(6, 8, batch_first=True)
+        self.projected = nn.LSTM(6, 8, proj_size=4, batch_first=True)
+        self.plain = nn.RNN(6, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out, h = self.gru(x)
+        seq, (h_lstm, c_lstm) = self.lstm(x.transpose(0, 1))
+        seeded, _ = self.seeded(x, x.new_ones(1, x.shape[0], 8))
+        return out, h, seq, h_lstm, c_lstm, seeded, self.projected(x)[0], self.plain(x)[0]
+
+
+def test_grus_and_lstms_without_a_state_given_are_one_recurrence_region_each() -> None:
+    model, x = Recurrent().eval(), torch.randn(3, 5, 6)
+    rewritten, counts = rewrite(model, [x], "tf32x3")
+    assert counts == {"recurrence": 2}
+    assert sorted(r.describe() for r in regions(rewritten)) == ["gru tf32x3 layers=2 bidirectional",
+                                                                "lstm tf32x3 layers=1"]
+    for got, want in zip(rewritten(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def test_the_recurrence_kernels_arithmetic_is_pytorchs() -> None:
+    """Layer by layer from the packed weights (the biases folded into the projection but a GRU's b_hn), both
+    directions, batch first or time first: each layer's output and an LSTM's last cell state."""
+    torch.manual_seed(0)
+    for rnn in (nn.GRU(6, 20, num_layers=2, batch_first=True, bidirectional=True), nn.GRU(6, 9, bias=False),
+                nn.LSTM(6, 12, num_layers=2, bidirectional=True), nn.LSTM(6, 7, batch_first=True)):
+        x = torch.randn(3, 5, 6)
+        with torch.no_grad():
+            want, state = rnn(x)
+            seq, cells = x, []
+            for layer in range(rnn.num_layers):
+                seq, c = torch_layer(seq, pack(rnn, layer), isinstance(rnn, nn.LSTM), rnn.batch_first)
+                cells.append(c)
+        torch.testing.assert_close(seq, want, rtol=1e-5, atol=1e-5)
+        if isinstance(rnn, nn.LSTM):
+            torch.testing.assert_close(torch.cat(cells), state[1], rtol=1e-5, atol=1e-5)
+
+
 class WrittenOut(nn.Module):
     """Norms as models write them out: RMSNorm by hand (three spellings of the square) with a weight, F.normalize;
     and forms left alone (the mean read twice, the norm along another dim)."""
@@ -1162,6 +1210,11 @@ def test_rows_read_twice_run_on_a_persistent_grid_under_the_interpreter(interpre
     groups = torch.randn(3, 8, 64, 70)  # 6 rows (3 maps x 2 groups) of 4 x 4480 = 17,920
     torch.testing.assert_close(RowKernel(RowSpec("group_norm", groups=2), ())(groups, None, None, ()),
                                F.group_norm(groups, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_grus_and_lstms_run_as_recurrence_kernels_under_the_interpreter(interpreter: None) -> None:
+    for precision in ("ieee", "tf32x3"):
+        runs_as_templates(Recurrent().eval(), [torch.randn(3, 5, 6)], {"recurrence": 2}, precision)
 
 
 def test_attention_runs_under_the_interpreter(interpreter: None) -> None:

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.experimental.meta_tracer import gen_constructor_wrapper
-from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from farm_agent.tuner.templates.epilogue import Step
 from farm_agent.tuner.templates.expand import expand
@@ -52,11 +52,13 @@ from farm_agent.tuner.templates.regions.gather import GatherRegion
 from farm_agent.tuner.templates.regions.gemm import GemmRegion
 from farm_agent.tuner.templates.regions.pointwise import PointwiseRegion
 from farm_agent.tuner.templates.regions.pool import PoolRegion
+from farm_agent.tuner.templates.regions.recurrence import RecurrenceRegion
 from farm_agent.tuner.templates.regions.rows import RowRegion
 from farm_agent.tuner.templates.regions.scan import ScanRegion
 
 __all__ = ["PRECISIONS", "Anchor", "AttentionRegion", "ConvRegion", "CrossEntropyRegion", "DistanceRegion",
-           "GatherRegion", "GemmRegion", "Matcher", "PointwiseRegion", "PoolRegion", "RowRegion", "ScanRegion",
+           "GatherRegion", "GemmRegion", "Matcher", "PointwiseRegion", "PoolRegion", "RecurrenceRegion", "RowRegion",
+           "ScanRegion",
            "TemplateRegion", "regions", "rewrite"]
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
@@ -280,10 +282,14 @@ _BUILDER_METHODS = ("triu", "tril", "bool", "to", "size", "logical_not", "bitwis
 
 
 def _fp32_tensors(node: fx.Node) -> bool:
-    """Whether the node's value is a tuple of fp32 tensors (torch.var_mean's (variance, mean)): a finder may take it
-    as a region of several outputs."""
+    """Whether the node's value is a tuple of fp32 tensors, or of such tuples (torch.var_mean's (variance, mean), an
+    LSTM's (output, (h_n, c_n))): a finder may take it as a region of several outputs."""
+    def fp32(meta: Any) -> bool:  # a TensorMetadata is a named tuple itself
+        if isinstance(meta, TensorMetadata):
+            return meta.dtype == torch.float32
+        return isinstance(meta, tuple) and bool(meta) and all(fp32(m) for m in meta)
     meta = node.meta.get("tensor_meta")
-    return isinstance(meta, tuple) and bool(meta) and all(getattr(m, "dtype", None) == torch.float32 for m in meta)
+    return not isinstance(meta, TensorMetadata) and fp32(meta)
 
 
 def _written_silu(tail: fx.Node) -> tuple[fx.Node, fx.Node] | None:

@@ -7,8 +7,8 @@ What no anchored region took, pointwise.fuse (not a finder) takes last: the elem
 
 from __future__ import annotations
 
-from farm_agent.tuner.templates.regions import (attention, conv, cross_entropy, distance, gather, gemm, pool, rows,
-                                                scan)
+from farm_agent.tuner.templates.regions import (attention, conv, cross_entropy, distance, gather, gemm, pool,
+                                                recurrence, rows, scan)
 from farm_agent.tuner.templates.regions.base import Finder
 
 FINDERS: tuple[Finder, ...] = (
@@ -20,5 +20,6 @@ FINDERS: tuple[Finder, ...] = (
     gather.find,
     pool.find,
     scan.find,
+    recurrence.find,  # nn.GRU, nn.LSTM
     rows.find,  # last: it reads any op on a tensor's rows (and the elementwise nodes before it)
 )
