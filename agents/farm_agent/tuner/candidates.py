@@ -87,7 +87,7 @@ FAMILIES: tuple[Family, ...] = (
 )
 FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 # The region kinds whose templates compute matrix products (the only work tf32x3 and tf32 change).
-DOT_REGIONS = ("conv", "gemm", "distance", "attention")
+DOT_REGIONS = ("conv", "gemm", "distance", "attention", "recurrence")
 BASELINES = ("eager", "compile-default")  # always measured: every speedup is reported against them
 # What the job runs when no candidate beats it (farm_agent.tuner.tune.baseline_for): run untuned, not built.
 UNTUNED = frozenset({"eager", "pytorch-defaults"})
