@@ -45,7 +45,7 @@ def main() -> None:
             rows = []
             for tf32 in (False, True):
                 torch.backends.cudnn.allow_tf32 = tf32
-                ms = triton.testing.do_bench(lambda: rnn(x), warmup=10, rep=100)
+                ms = triton.testing.do_bench(lambda r=rnn, a=x: r(a), warmup=10, rep=100)
                 rows.append((f"cudnn {'tf32' if tf32 else 'fp32'}", ms, (rnn(x)[0] - want).abs().max().item()))
             torch.backends.cudnn.allow_tf32 = False
             packed = recurrence.pack(rnn, 0)
@@ -54,7 +54,7 @@ def main() -> None:
                 for config in recurrence.configs(batch, rnn.hidden_size):
                     kernel = recurrence.RecurrenceKernel(lstm, precision)
                     kernel._kernel = codegen.Launcher(codegen._Fixed(module.kernel, config), module.kernel, [])
-                    ms = triton.testing.do_bench(lambda k=kernel: k(x, packed, True), warmup=10, rep=100)
+                    ms = triton.testing.do_bench(lambda k=kernel, a=x, p=packed: k(a, p, True), warmup=10, rep=100)
                     got = kernel(x, packed, True)[0]
                     tile = "x".join(str(v) for v in config.kwargs.values())
                     rows.append((f"template {precision} {tile} w{config.num_warps} s{config.num_stages}", ms,
