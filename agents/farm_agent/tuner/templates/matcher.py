@@ -1,14 +1,14 @@
 """The fx matcher: finds the regions of a model that a template covers and rewrites the model to call them.
 
 A region is an anchor (a convolution, a GEMM, pairwise distances, scaled dot-product attention, a pooling, a row
-reduction or normalisation, a cross-entropy, a cumsum or cumprod along the last dim, an embedding lookup) and the
-elementwise chain that follows it: each next node is the previous one's only user and applies one elementwise op to
-it, with at most one other operand that is a number, a per-channel vector (a bias, a BatchNorm in eval, a learned
-scale) or a tensor of the output's own shape (a residual). The anchor can be a module (nn.Conv2d, nn.Linear,
-nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss, nn.Embedding ...), a function (F.linear, torch.matmul, torch.cdist,
-F.scaled_dot_product_attention, torch.softmax, F.cross_entropy, F.embedding ...) or a method (x.softmax(-1),
-x.mean(...)), written anywhere in the forward: the graph is what is matched, not the module tree. Then the
-elementwise graphs left over tensors of one shape (regions.pointwise) become one kernel each. Everything else stays
+reduction or normalisation, a cross-entropy, a cumsum or cumprod along the last dim, an embedding lookup, a GRU or an
+LSTM) and the elementwise chain that follows it: each next node is the previous one's only user and applies one
+elementwise op to it, with at most one other operand that is a number, a per-channel vector (a bias, a BatchNorm in
+eval, a learned scale) or a tensor of the output's own shape (a residual). The anchor can be a module (nn.Conv2d,
+nn.Linear, nn.MaxPool3d, nn.GroupNorm, nn.CrossEntropyLoss, nn.Embedding ...), a function (F.linear, torch.matmul,
+torch.cdist, F.scaled_dot_product_attention, torch.softmax, F.cross_entropy, F.embedding ...) or a method
+(x.softmax(-1), x.mean(...)), written anywhere in the forward: the graph is what is matched, not the module tree. Then
+the elementwise graphs left over tensors of one shape (regions.pointwise) become one kernel each. Everything else stays
 as it was, for eager or Inductor to run.
 
 Shapes come from one run of the model on its example inputs (fx's ShapeProp): an operand is classified by its shape
@@ -58,8 +58,7 @@ from farm_agent.tuner.templates.regions.scan import ScanRegion
 
 __all__ = ["PRECISIONS", "Anchor", "AttentionRegion", "ConvRegion", "CrossEntropyRegion", "DistanceRegion",
            "GatherRegion", "GemmRegion", "Matcher", "PointwiseRegion", "PoolRegion", "RecurrenceRegion", "RowRegion",
-           "ScanRegion",
-           "TemplateRegion", "regions", "rewrite"]
+           "ScanRegion", "TemplateRegion", "regions", "rewrite"]
 
 PRECISIONS = ("ieee", "tf32x3", "tf32")
 
