@@ -129,8 +129,7 @@ def configs(batch: int, hidden: int) -> list[Any]:
 
 
 class RecurrenceKernel:
-    """One layer of a GRU or an LSTM (both directions of a bidirectional one), given its weights as PyTorch holds
-    them per direction (weight_ih [G*H, F], weight_hh [G*H, H], bias_ih and bias_hh [G*H] or None)."""
+    """One layer of a GRU or an LSTM (both directions of a bidirectional one), its weights packed by `pack`."""
 
     def __init__(self, lstm: bool, precision: str) -> None:
         if precision not in PRECISIONS:

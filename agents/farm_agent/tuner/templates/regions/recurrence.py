@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 
 class RecurrenceRegion(TemplateRegion):
+    """A held nn.GRU or nn.LSTM, layer after layer through templates.recurrence; its one input the sequence."""
+
     kind = "recurrence"
 
     def __init__(self, rnn: nn.GRU | nn.LSTM, precision: str) -> None:
