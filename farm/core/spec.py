@@ -457,7 +457,7 @@ def _first_problem(exc: ValidationError, data: Any = None) -> str:
     error = exc.errors()[0]
     loc = error["loc"][1:] if error["loc"] and error["loc"][0] in KINDS else error["loc"]  # the union's tag first
     loc = tuple(part for part in loc if part not in DATASET_FORMS)
-    field = ".".join(str(part) for part in loc) or "spec"
+    field = ".".join(_one_line(str(part)) for part in loc) or "spec"
     if error["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[-1]), _known_fields(data, loc), n=1, cutoff=0.6) if loc else []
         return f"unknown field '{field}'" + (f": did you mean '{close[0]}'?" if close else "")
@@ -477,6 +477,11 @@ def _first_problem(exc: ValidationError, data: Any = None) -> str:
     if error["type"] == "kind":
         return f"field 'kind': {message}{more}"
     return f"field '{field}': {message}{more}" if loc else f"{message}{more}"
+
+
+def _one_line(text: str) -> str:
+    """A key from the spec, its line breaks and other control characters escaped (a message is one line)."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _shown(value: Any) -> str:

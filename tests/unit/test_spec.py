@@ -127,6 +127,9 @@ BASE = "name: x\nmodel: m:build\ndataset: d:rows\n"
         ("batchsize: 2\n", "unknown field 'batchsize': did you mean 'batch_size'?"),
         ("tolerance: {atl: 1}\n", "unknown field 'tolerance.atl': did you mean 'atol'?"),
         ("zzz: 1\n", "unknown field 'zzz'"),
+        # a key holding a line break (the fuzzer's find: the message was two lines)
+        ('tolerance: {"\\n": null}\n', "unknown field 'tolerance.\\n'"),
+        ('"a\\tb\\x00": 1\n', "unknown field 'a\\tb\\x00'"),
     ],
 )
 def test_spec_errors_are_in_words_not_pydantics(extra: str, message: str) -> None:
