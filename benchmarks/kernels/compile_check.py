@@ -3,8 +3,7 @@ ptxas it ships, down to a cubin, for each template form (conv GEMM, phased and d
 precision; GEMM and pairwise distances; attention, each precision, causal or not; pooling max and average; each row
 op one-pass and looped, with and without a prologue; each scan packed and looped; the embedding gather, each tile,
 int32 and int64 ids, a row in one chunk and in a loop; an elementwise graph; a GRU's and an LSTM's recurrence, each
-tile and precision), each with an epilogue chain of every
-operand kind.
+tile and precision), each with an epilogue chain of every operand kind.
 
     python benchmarks/kernels/compile_check.py [--arch 90] [--warps 4]
 

@@ -22,6 +22,7 @@ import torch
 from farm_agent.tuner.templates import codegen
 from farm_agent.tuner.templates.epilogue import BINARY, BINARY_SOURCE, Step, reference, step_expression
 
+
 @dataclass(frozen=True)
 class Instruction:
     """Register `a` after `step`; `b`: the other register of a binary step whose operand is "full"."""

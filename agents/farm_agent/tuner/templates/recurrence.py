@@ -26,9 +26,7 @@ import torch
 
 from farm_agent.tuner.templates import codegen
 from farm_agent.tuner.templates.epilogue import Step
-from farm_agent.tuner.templates.gemm import GemmKernel
-
-PRECISIONS = ("ieee", "tf32x3", "tf32")
+from farm_agent.tuner.templates.gemm import PRECISIONS, GemmKernel
 
 _SOURCE = '''
 import triton
